@@ -1,0 +1,39 @@
+# Two entry points: `make demo` (sweep on the embedded default) and `make test`.
+# Each creates or refreshes .venv at the repository root.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SPEC ?= search_spaces/upcycle_lr.yaml
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# No CUDA driver here: take torch's CPU build first so the range in pyproject
+	# is already satisfied and pip does not pull a multi-GB CUDA build.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install -q --timeout 20 "torch==2.13.0" \
+			--index-url https://download.pytorch.org/whl/cpu || \
+		$(BIN)/python -m pip install -q "torch==2.13.0"; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/python -m sweeps.run $(SPEC)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/moe_layer.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,35 @@
+"""One exception tree for the whole project (OLMo-core style).
+
+The command-line front ends turn any ``UpcycleError`` into one clear line and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class UpcycleError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ConfigError(UpcycleError, ValueError):
+    """A configuration value is invalid. The message names the key and the fix."""
+
+
+class SearchSpaceError(ConfigError):
+    """A sweep's search space is invalid (raised by ``sweeps.spec``)."""
+
+
+class DivergenceError(UpcycleError, RuntimeError):
+    """Training produced a non-finite loss. Carries the step and the reason."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"diverged at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class CheckpointError(UpcycleError, RuntimeError):
+    """A checkpoint is missing, corrupt (checksum mismatch) or incompatible."""
+
+
+class FitError(UpcycleError, RuntimeError):
+    """A scaling-law fit could not be performed (too few points, bad columns, ...)."""
