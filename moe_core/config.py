@@ -1,0 +1,254 @@
+"""Frozen configuration dataclasses for the model, the MoE layer and its router.
+
+Each dataclass validates itself in ``__post_init__`` and raises ``ConfigError`` with a message that
+names the key (as it appears in a YAML spec: ``model.*``, ``moe.*``, ``router.*``) and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from moe_core.errors import ConfigError
+
+RouterOrder = Literal["softmax_topk", "topk_softmax"]
+AuxLossKind = Literal["switch", "squared", "none"]
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouterConfig:
+    """How tokens are routed to experts and how load is balanced."""
+
+    order: RouterOrder = "softmax_topk"
+    """``softmax_topk``: softmax over all experts, then top-K (004 §2.1.2). ``topk_softmax``:
+    top-K of the logits, then softmax over those K (000 Eq. 15, Mixtral)."""
+    renormalize: bool = False
+    """Divide the K selected weights by their sum (002 Eq. 2). Only changes ``softmax_topk``."""
+    logit_norm_lambda: float | None = None
+    """Gating logit normalization z̃ = λ(z − μ)/σ over experts (002 §4.1). None = off."""
+    aux_loss: AuxLossKind = "switch"
+    """Load balancing: ``switch`` (000 App. A.3; 004 §3.3), ``squared`` (002 Eq. 3), ``none``."""
+    aux_coef: float = 1e-3
+    """Coefficient α of the aux loss (000 Table 6 uses 1e-3; 004 uses 1e-2). Initial value when
+    ``adaptive_aux`` is on."""
+    z_loss_coef: float = 0.0
+    """Router z-loss coefficient (ST-MoE; 004 §3.3 tried 1e-3). 0 = off."""
+    adaptive_aux: bool = False
+    """Adaptive per-layer aux coefficients from the token drop rate (002 §4.2, Eq. 5–9)."""
+    adaptive_xi: float = 0.2
+    """ξ in f(d) = min(ξ·d, α_max) (002 Eq. 9)."""
+    adaptive_alpha_max: float = 0.01
+    """α_max in 002 Eq. 9."""
+    adaptive_beta: float = 0.99
+    """β of the moving average α_{i+1} = β·α_i + (1−β)·α̂_{i+1} (002 Eq. 6)."""
+    loss_free_rate: float = 0.0
+    """Loss-free load balancing (003 §2): per-expert selection bias updated after each step by
+    ``rate·sign(mean load − load)``. 0 = off."""
+    init_std: float | None = None
+    """Router weight init std; None = sqrt(2 / (5·d_model)) (000 App. A.6)."""
+
+    def __post_init__(self) -> None:
+        _check(
+            self.order in ("softmax_topk", "topk_softmax"),
+            f"router.order={self.order!r} is not known; use 'softmax_topk' or 'topk_softmax'",
+        )
+        _check(
+            self.aux_loss in ("switch", "squared", "none"),
+            f"router.aux_loss={self.aux_loss!r} is not known; use 'switch', 'squared' or 'none'",
+        )
+        _check(
+            self.logit_norm_lambda is None or self.logit_norm_lambda > 0,
+            f"router.logit_norm_lambda={self.logit_norm_lambda} must be > 0; "
+            "use null to switch gating logit normalization off",
+        )
+        for name in ("aux_coef", "z_loss_coef", "loss_free_rate"):
+            v = getattr(self, name)
+            _check(v >= 0 and math.isfinite(v), f"router.{name}={v} must be a finite value >= 0")
+        _check(self.adaptive_xi > 0, f"router.adaptive_xi={self.adaptive_xi} must be > 0")
+        _check(
+            self.adaptive_alpha_max > 0,
+            f"router.adaptive_alpha_max={self.adaptive_alpha_max} must be > 0",
+        )
+        _check(
+            0.0 <= self.adaptive_beta < 1.0,
+            f"router.adaptive_beta={self.adaptive_beta} must lie in [0, 1) (002 Eq. 6)",
+        )
+        _check(
+            self.init_std is None or self.init_std > 0,
+            f"router.init_std={self.init_std} must be > 0, or null for sqrt(2/(5 d_model))",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoEConfig:
+    """Shape of the MoE layers (E/G/T nomenclature of 004 §2.2)."""
+
+    num_experts: int = 8
+    """Total number of routed experts in each MoE layer."""
+    top_k: int = 2
+    """Experts each token is routed to (T in 004)."""
+    granularity: int = 1
+    """G: expert d_ff = d_ff / G (004 §2.2). Ignored when ``expert_d_ff`` is given."""
+    expert_d_ff: int | None = None
+    """Hidden size of each expert; None = model d_ff // granularity."""
+    num_shared_experts: int = 0
+    """Always-on shared experts of size ``expert_d_ff`` each (004 §3.9, DeepSeek-MoE)."""
+    capacity_factor: float | None = None
+    """None = dropless (default). Otherwise each expert takes at most
+    ceil(capacity_factor · tokens · top_k / num_experts) assignments; the rest are dropped."""
+    interleave: int = 1
+    """Every ``interleave``-th layer is MoE (layers i with (i + 1) % interleave == 0); 1 = every
+    layer; 2 = alternate dense and MoE as 003 §5.1 / Llama 4."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """Router and balancing options."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_experts >= 1, f"moe.num_experts={self.num_experts} must be >= 1")
+        _check(self.top_k >= 1, f"moe.top_k={self.top_k} must be >= 1")
+        _check(
+            self.top_k <= self.num_experts,
+            f"moe.top_k={self.top_k} exceeds moe.num_experts={self.num_experts}; "
+            "lower top_k or raise num_experts",
+        )
+        _check(self.granularity >= 1, f"moe.granularity={self.granularity} must be >= 1")
+        _check(
+            self.expert_d_ff is None or self.expert_d_ff >= 1,
+            f"moe.expert_d_ff={self.expert_d_ff} must be >= 1 (or null for d_ff / granularity)",
+        )
+        _check(
+            self.num_shared_experts >= 0,
+            f"moe.num_shared_experts={self.num_shared_experts} must be >= 0",
+        )
+        _check(
+            self.capacity_factor is None or self.capacity_factor > 0,
+            f"moe.capacity_factor={self.capacity_factor} must be > 0, or null for dropless",
+        )
+        _check(self.interleave >= 1, f"moe.interleave={self.interleave} must be >= 1")
+        _check(
+            isinstance(self.router, RouterConfig),
+            "moe.router must be a mapping of router options",
+        )
+
+    def resolved_expert_d_ff(self, d_ff: int) -> int:
+        """Expert hidden size for a model with dense hidden size ``d_ff``."""
+        if self.expert_d_ff is not None:
+            return self.expert_d_ff
+        if d_ff % self.granularity != 0:
+            raise ConfigError(
+                f"moe.granularity={self.granularity} does not divide model.d_ff={d_ff}; "
+                "pick a granularity that divides d_ff or set moe.expert_d_ff"
+            )
+        return d_ff // self.granularity
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (layer_idx + 1) % self.interleave == 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """A Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU, no biases,
+    untied embeddings."""
+
+    vocab_size: int
+    """Tokenizer vocabulary size."""
+    n_layer: int
+    """Number of transformer blocks."""
+    d_model: int
+    """Hidden size."""
+    n_head: int
+    """Attention heads; d_model must be divisible by n_head."""
+    d_ff: int | None = None
+    """Dense MLP hidden size; None = 4·d_model (000 Table 3)."""
+    max_seq_len: int = 1024
+    """Longest sequence the RoPE cache covers (000 Table 4: context length 1,024)."""
+    init_std: float = 0.02
+    """Std of the normal init of every weight matrix (000 Table 5 per size)."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    moe: MoEConfig | None = None
+    """None = dense model."""
+    name: str = "custom"
+    """Preset name, for logs."""
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layer", "d_model", "n_head", "max_seq_len"):
+            v = getattr(self, key)
+            _check(isinstance(v, int) and v >= 1, f"model.{key}={v!r} must be an integer >= 1")
+        _check(
+            self.d_model % self.n_head == 0,
+            f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
+            "pick n_head dividing d_model",
+        )
+        _check(
+            (self.d_model // self.n_head) % 2 == 0,
+            f"model.d_model/model.n_head={self.d_model // self.n_head} must be even for RoPE",
+        )
+        _check(
+            self.d_ff is None or self.d_ff >= 1, f"model.d_ff={self.d_ff} must be >= 1 or null"
+        )
+        _check(self.init_std > 0, f"model.init_std={self.init_std} must be > 0")
+        if self.moe is not None:
+            _check(isinstance(self.moe, MoEConfig), "model.moe must be a MoEConfig or null")
+            self.moe.resolved_expert_d_ff(self.ffn_dim)  # raises if G does not divide d_ff
+            _check(
+                any(self.moe.is_moe_layer(i) for i in range(self.n_layer)),
+                f"moe.interleave={self.moe.interleave} exceeds model.n_layer={self.n_layer}: "
+                "no layer would be MoE; lower interleave",
+            )
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def with_moe(self, moe: MoEConfig | None) -> ModelConfig:
+        return dataclasses.replace(self, moe=moe)
+
+
+def _from_mapping(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {prefix}.{unknown[0]}; known keys: {', '.join(sorted(names))}"
+        )
+    return cls(**data)
+
+
+def router_config_from_dict(data: dict[str, Any]) -> RouterConfig:
+    return _from_mapping(RouterConfig, dict(data), "router")
+
+
+def moe_config_from_dict(data: dict[str, Any]) -> MoEConfig:
+    data = dict(data)
+    if isinstance(data.get("router"), dict):
+        data["router"] = router_config_from_dict(data["router"])
+    return _from_mapping(MoEConfig, data, "moe")
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain-dict form of any config dataclass (for logs, hashing, checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
+    data = dict(data)
+    if isinstance(data.get("moe"), dict):
+        data["moe"] = moe_config_from_dict(data["moe"])
+    return _from_mapping(ModelConfig, data, "model")

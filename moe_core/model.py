@@ -1,0 +1,174 @@
+"""Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU, no biases, untied
+embeddings, causal SDPA attention; MLPs optionally replaced by MoE layers.
+
+Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from moe_core.config import ModelConfig
+from moe_core.moe.layer import MoELayer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) · up(x)), weights stored [in, out] like the MoE experts."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.empty(d_model, d_ff))
+        self.w_up = nn.Parameter(torch.empty(d_model, d_ff))
+        self.w_down = nn.Parameter(torch.empty(d_ff, d_model))
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        for w in (self.w_gate, self.w_up, self.w_down):
+            nn.init.normal_(w, std=std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (F.silu(x @ self.w_gate) * (x @ self.w_up)) @ self.w_down
+
+
+def rope_cache(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [S, Dh/2] for rotary embeddings."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) by position-dependent angles (RoPE, Llama)."""
+    x1, x2 = x_BHSD[..., 0::2].float(), x_BHSD[..., 1::2].float()
+    c, s = cos_SD[: x_BHSD.shape[-2]], sin_SD[: x_BHSD.shape[-2]]
+    out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    return out.to(x_BHSD.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        q, k, v = self.wqkv(x).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, S, D))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.is_moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx)
+        self.mlp: nn.Module
+        if self.is_moe:
+            self.mlp = MoELayer(cfg.d_model, cfg.ffn_dim, cfg.moe, cfg.init_std)
+        else:
+            self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
+
+    def forward(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        if self.is_moe:
+            y, aux = self.mlp(self.mlp_norm(x))
+            return x + y, aux
+        return x + self.mlp(self.mlp_norm(x)), None
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor
+    """[B, S, V]"""
+    aux_loss: torch.Tensor
+    """Weighted sum of all router losses (aux + z-loss), a scalar; 0 for a dense model."""
+    loss: torch.Tensor | None = None
+    """Mean next-token cross-entropy when targets were given."""
+    router_stats: list[dict[str, Any]] = field(default_factory=list)
+    """Per-MoE-layer statistics when ``model.record_router_stats(True)`` is on."""
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_cache(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.config.init_std  # 000 Table 5 "init. size"
+        nn.init.normal_(self.tok_emb.weight, std=std)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        for b in self.blocks:
+            nn.init.normal_(b.attn.wqkv.weight, std=std)
+            nn.init.normal_(b.attn.wo.weight, std=std)
+            if b.is_moe:
+                b.mlp.reset_parameters()
+            else:
+                b.mlp.reset_parameters(std)
+
+    def moe_layers(self) -> list[MoELayer]:
+        return [b.mlp for b in self.blocks if b.is_moe]
+
+    def record_router_stats(self, on: bool = True) -> None:
+        for m in self.moe_layers():
+            m.record_stats = on
+            m.last_stats = None
+
+    def update_balancing(self) -> list[dict[str, float]]:
+        """Per-step balancing updates (loss-free bias, adaptive aux coefficients)."""
+        return [m.update_balancing() for m in self.moe_layers()]
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        S = tokens.shape[1]
+        if S > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {S} exceeds model.max_seq_len={self.config.max_seq_len}"
+            )
+        x = self.tok_emb(tokens)
+        aux = x.new_zeros((), dtype=torch.float32)
+        for b in self.blocks:
+            x, a = b(x, self.rope_cos, self.rope_sin)
+            if a is not None:
+                aux = aux + a
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        stats = [m.last_stats for m in self.moe_layers() if m.last_stats is not None]
+        return ModelOutput(logits=logits, aux_loss=aux, loss=loss, router_stats=stats)
+
+
+def build_model(cfg: ModelConfig) -> Transformer:
+    """Build the model for ``cfg`` (dense when ``cfg.moe`` is None)."""
+    return Transformer(cfg)

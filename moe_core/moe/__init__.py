@@ -1,0 +1,1 @@
+"""The MoE layer and its routing/balancing/statistics math."""
