@@ -79,7 +79,7 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, moe_layer_cls: type = MoELayer):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
@@ -87,7 +87,7 @@ class Block(nn.Module):
         self.is_moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx)
         self.mlp: nn.Module
         if self.is_moe:
-            self.mlp = MoELayer(cfg.d_model, cfg.ffn_dim, cfg.moe, cfg.init_std)
+            self.mlp = moe_layer_cls(cfg.d_model, cfg.ffn_dim, cfg.moe, cfg.init_std)
         else:
             self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
 
@@ -112,11 +112,11 @@ class ModelOutput:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, moe_layer_cls: type = MoELayer):
         super().__init__()
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, i, moe_layer_cls) for i in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         cos, sin = rope_cache(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
@@ -169,6 +169,7 @@ class Transformer(nn.Module):
         return ModelOutput(logits=logits, aux_loss=aux, loss=loss, router_stats=stats)
 
 
-def build_model(cfg: ModelConfig) -> Transformer:
-    """Build the model for ``cfg`` (dense when ``cfg.moe`` is None)."""
-    return Transformer(cfg)
+def build_model(cfg: ModelConfig, *, moe_layer_cls: type = MoELayer) -> Transformer:
+    """Build the model for ``cfg`` (dense when ``cfg.moe`` is None). ``moe_layer_cls`` lets the
+    trainer substitute a subclass of :class:`MoELayer` (DeepSpeed's expert-parallel marker)."""
+    return Transformer(cfg, moe_layer_cls)

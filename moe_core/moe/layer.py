@@ -77,7 +77,9 @@ class MoELayer(nn.Module):
     """Token-choice top-K MoE with SwiGLU experts stored as stacked weights [E, D, F]."""
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, init_std: float):
-        super().__init__()
+        # nn.Module.__init__ directly: a subclass may also inherit DeepSpeed's MoE marker class
+        # (moe_core.train.parallel), whose __init__ must not run.
+        nn.Module.__init__(self)
         self.cfg = cfg
         self.d_model = d_model
         E = cfg.num_experts
@@ -105,7 +107,25 @@ class MoELayer(nn.Module):
         self.register_buffer("drop_accum", torch.zeros(2, dtype=torch.float64), persistent=False)
         self.record_stats = False
         self.last_stats: dict[str, Any] | None = None
+        # Expert parallelism: this rank holds experts [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size).
+        self.ep_size, self.ep_rank, self.ep_group = 1, 0, None
         self.reset_parameters()
+
+    @torch.no_grad()
+    def shard_experts(self, ep_rank: int, ep_size: int, group: Any = None) -> None:
+        """Keep only this rank's slice of the experts (call after loading full weights).
+
+        Tokens then travel to the rank owning their expert and back through all-to-all on
+        ``group`` (the expert-parallel process group)."""
+        E = self.cfg.num_experts
+        if E % ep_size:
+            raise ValueError(f"moe.num_experts={E} is not divisible by {ep_size} expert ranks")
+        el = E // ep_size
+        sl = slice(ep_rank * el, (ep_rank + 1) * el)
+        for name in ("w_gate", "w_up", "w_down"):
+            old = getattr(self, name)
+            setattr(self, name, nn.Parameter(old.data[sl].clone(), requires_grad=old.requires_grad))
+        self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, group
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -117,6 +137,11 @@ class MoELayer(nn.Module):
 
     @property
     def num_experts(self) -> int:
+        """Total routed experts (over all expert-parallel ranks)."""
+        return self.cfg.num_experts
+
+    @property
+    def num_local_experts(self) -> int:
         return self.w_gate.shape[0]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +176,9 @@ class MoELayer(nn.Module):
             kept_E = counts_E
 
         x_ND = x_TD[tok_N]
-        if _use_grouped_mm(x_ND):
+        if self.ep_size > 1:
+            y_ND = self._experts_parallel(x_ND, kept_E) * w_N.unsqueeze(-1).to(x_ND.dtype)
+        elif _use_grouped_mm(x_ND):
             y_ND = swiglu_experts_grouped(
                 x_ND, kept_E, self.w_gate, self.w_up, self.w_down, w_N
             )
@@ -177,6 +204,37 @@ class MoELayer(nn.Module):
             if self.record_stats:
                 self.last_stats = self._stats(routing, counts_E, dropped, T)
         return out_TD.reshape(shape), loss
+
+    def _experts_parallel(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """Expert-parallel expert compute: rows (sorted by global expert) go to the rank that
+        owns their expert through an all-to-all, are computed there, and come back in order."""
+        import torch.distributed as dist
+        from torch.distributed.nn.functional import all_to_all_single
+
+        P, El = self.ep_size, self.num_local_experts
+        send_PE = counts_E.view(P, El)
+        recv_PE = torch.empty_like(send_PE)  # [source rank, local expert]
+        dist.all_to_all_single(recv_PE, send_PE.contiguous(), group=self.ep_group)
+        send_splits = send_PE.sum(1).tolist()
+        recv_splits = recv_PE.sum(1).tolist()
+        x_recv = all_to_all_single(
+            x_ND.new_empty((sum(recv_splits), x_ND.shape[1])), x_ND.contiguous(),
+            recv_splits, send_splits, group=self.ep_group,
+        )
+        # Received rows are grouped by source rank, then local expert: regroup by expert.
+        local_e = torch.repeat_interleave(
+            torch.arange(El, device=x_ND.device).repeat(P), recv_PE.reshape(-1)
+        )
+        perm = torch.sort(local_e, stable=True).indices
+        y = swiglu_experts_loop(
+            x_recv[perm], recv_PE.sum(0).tolist(), self.w_gate, self.w_up, self.w_down,
+            x_recv.new_ones(perm.numel()),
+        )
+        y_recv = torch.empty_like(y).index_copy(0, perm, y)
+        return all_to_all_single(
+            x_ND.new_empty((sum(send_splits), y.shape[1])), y_recv, send_splits, recv_splits,
+            group=self.ep_group,
+        )
 
     def _router_loss(self, routing: Routing) -> torch.Tensor:
         rcfg = self.cfg.router
@@ -214,8 +272,8 @@ class MoELayer(nn.Module):
 
     @torch.no_grad()
     def expert_vectors(self) -> torch.Tensor:
-        """Each expert's parameters flattened to one row, [E, 3·D·F]."""
-        E = self.num_experts
+        """Each (local) expert's parameters flattened to one row, [E_local, 3·D·F]."""
+        E = self.num_local_experts
         return torch.cat(
             [self.w_gate.reshape(E, -1), self.w_up.reshape(E, -1), self.w_down.reshape(E, -1)],
             dim=1,

@@ -1,0 +1,180 @@
+"""Checkpoints: model (safetensors), optimizer (torch.save, loaded with weights_only=True), and a
+``meta.json`` holding the step, the data position, the LR state and a SHA-256 of every file.
+
+A checkpoint is a directory written to a temporary name and renamed into place, so a crash never
+leaves a half-written checkpoint under the final name. ``load_checkpoint`` verifies every
+checksum before reading a tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from moe_core.errors import CheckpointError
+
+META = "meta.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _safe_globals() -> list[Any]:
+    """DeepSpeed ZeRO optimizer state holds a few plain classes; allow exactly those."""
+    out: list[Any] = []
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+
+        out += [LossScaler, DynamicLossScaler, ZeroStageEnum]
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        out.append(fragment_address)
+    except ImportError:  # pragma: no cover - deepspeed is a dependency
+        pass
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    def model_state(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        name = self.meta["files"].get(f"model_rank{rank}", self.meta["files"].get("model"))
+        return load_file(str(self.path / name))
+
+    def optimizer_state(self, rank: int = 0) -> dict[str, Any] | None:
+        name = self.meta["files"].get(f"optim_rank{rank}")
+        if name is None:
+            return None
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+    def rng_state(self, rank: int = 0) -> torch.Tensor | None:
+        name = self.meta["files"].get(f"rng_rank{rank}")
+        if name is None:
+            return None
+        return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+    meta: dict[str, Any],
+    rank: int = 0,
+    world_size: int = 1,
+    per_rank_model: bool = False,
+    barrier: Any = None,
+) -> Path:
+    """Write a checkpoint directory atomically. Every rank calls this; with ``per_rank_model``
+    (expert parallelism) each rank writes its own model shard, else rank 0 writes the model.
+
+    ``barrier`` is called between the writes and the rename so all ranks' files are in place.
+    """
+    path = Path(path)
+    tmp = path.parent / f".tmp-{path.name}"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    if barrier:
+        barrier()
+    files: dict[str, str] = {}
+    if per_rank_model or rank == 0:
+        key = f"model_rank{rank}" if per_rank_model else "model"
+        files[key] = f"{key}.safetensors"
+        state = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
+        save_file(state, str(tmp / files[key]))
+    if optimizer_state is not None:
+        files[f"optim_rank{rank}"] = f"optim_rank{rank}.pt"
+        torch.save(optimizer_state, tmp / files[f"optim_rank{rank}"])
+    files[f"rng_rank{rank}"] = f"rng_rank{rank}.pt"
+    torch.save(torch.get_rng_state(), tmp / files[f"rng_rank{rank}"])
+    # Each rank records its own files' checksums in a part file; rank 0 merges them.
+    part = {name: {"file": f, "sha256": _sha256(tmp / f)} for name, f in files.items()}
+    (tmp / f"part_rank{rank}.json").write_text(json.dumps(part))
+    if barrier:
+        barrier()
+    if rank == 0:
+        merged: dict[str, Any] = {}
+        for r in range(world_size):
+            merged.update(json.loads((tmp / f"part_rank{r}.json").read_text()))
+            (tmp / f"part_rank{r}.json").unlink()
+        full = dict(meta)
+        full["files"] = {k: v["file"] for k, v in merged.items()}
+        full["sha256"] = {v["file"]: v["sha256"] for v in merged.values()}
+        full["world_size"] = world_size
+        (tmp / META).write_text(json.dumps(full, indent=1, default=_json_default))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    if barrier:
+        barrier()
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (tuple, set)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
+    """Open a checkpoint directory and verify the SHA-256 of every file it lists."""
+    path = Path(path)
+    meta_path = path / META
+    if not meta_path.exists():
+        raise CheckpointError(f"{path} is not a checkpoint (no {META})")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_path} is corrupt: {e}") from None
+    if verify:
+        for fname, digest in meta.get("sha256", {}).items():
+            f = path / fname
+            if not f.exists():
+                raise CheckpointError(f"checkpoint {path} is missing {fname}")
+            if _sha256(f) != digest:
+                raise CheckpointError(
+                    f"checksum mismatch for {f}: the file is corrupt or was modified"
+                )
+    return Checkpoint(path=path, meta=meta)
+
+
+def state_to_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """A model state as numpy arrays (what Ray's object store shares zero-copy)."""
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+def state_from_numpy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`state_to_numpy` (accepts torch tensors too). Copies, so read-only
+    object-store buffers are never written through."""
+    return {k: torch.as_tensor(np.array(v)) if isinstance(v, np.ndarray) else v.clone()
+            for k, v in state.items()}

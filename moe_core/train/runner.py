@@ -1,0 +1,112 @@
+"""Runs with parents: train (or reuse) the parent once, then the upcycled child.
+
+Parents are cached on disk by a content hash of everything that determines them (model, data,
+seed, batch, optimizer, schedule, D1), so reruns and sibling trials reuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moe_core.schedules import ScheduleConfig
+from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
+from moe_core.train.config import TrainConfig
+from moe_core.train.trainer import Callback, ParentState, TrainResult, train
+
+
+def _stable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return _stable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {k: _stable(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, (list, tuple)):
+        return [_stable(v) for v in obj]
+    return obj
+
+
+def parent_key(cfg: TrainConfig) -> str:
+    """Content hash of what determines a trial's parent (16 hex chars)."""
+    p = cfg.parent_run()
+    ident = {
+        "model": p.model, "moe": p.moe, "data": p.data, "optim": p.optim,
+        "schedule": p.schedule, "batch": p.batch, "seed": p.seed, "tokens": p.tokens,
+        "decay": cfg.parent.decay,
+    }
+    blob = json.dumps(_stable(ident), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def parent_schedule(cfg: TrainConfig) -> tuple[float, ScheduleConfig]:
+    """(peak, schedule) of the parent run: a full WSD run of D1 tokens (``parent.decay``) or
+    the stable phase only, ending at D1 without decay (a transition checkpoint, 003 §3)."""
+    p = cfg.parent_run()
+    sched = dataclasses.replace(p.schedule, total_steps=p.steps)
+    if not cfg.parent.decay:
+        sched = dataclasses.replace(sched, decay_frac=0.0)
+    return p.optim.lr, sched
+
+
+def train_parent(
+    cfg: TrainConfig, cache_dir: str | Path, callbacks: tuple[Callback, ...] = ()
+) -> tuple[ParentState, bool]:
+    """Return the parent state of ``cfg`` from the cache, training it first if absent.
+
+    Returns (state, trained_now)."""
+    key = parent_key(cfg)
+    path = Path(cache_dir) / key
+    if (path / "meta.json").exists():
+        return load_parent(path), False
+    p = cfg.parent_run()
+    res = train(p, schedule_override=parent_schedule(cfg), callbacks=callbacks, keep_state=True)
+    save_checkpoint(
+        path, model_state={k: torch.as_tensor(v) for k, v in res.state.items()},
+        optimizer_state=res.optimizer_state,
+        meta={
+            "step": res.steps, "tokens": res.tokens, "peak_lr": res.peak_lr,
+            "lr": res.final_lr, "val_loss": res.val_loss, "parent_key": key,
+            "config": p.to_dict(), "model_config": dataclasses.asdict(res.model_config),
+            "curve": res.curve, "wall_s": res.wall_s,
+        },
+    )
+    return load_parent(path), True
+
+
+def load_parent(path: str | Path) -> ParentState:
+    from moe_core.config import model_config_from_dict
+
+    ck = load_checkpoint(path)
+    state = {k: v.numpy() for k, v in ck.model_state().items()}
+    return ParentState(
+        model_state=state,
+        model_config=model_config_from_dict(ck.meta["model_config"]),
+        peak_lr=float(ck.meta["peak_lr"]),
+        final_lr=float(ck.meta["lr"]),
+        tokens=int(ck.meta["tokens"]),
+        optimizer_state=ck.optimizer_state(),
+    )
+
+
+def run(
+    cfg: TrainConfig,
+    *,
+    cache_dir: str | Path,
+    callbacks: tuple[Callback, ...] = (),
+    parent: ParentState | None = None,
+) -> tuple[TrainResult, dict[str, Any]]:
+    """Train ``cfg``; with a parent, train or reuse it first. Returns (result, ledger)."""
+    ledger: dict[str, Any] = {"parent_key": None, "parent_trained": False, "parent_tokens": 0}
+    if cfg.parent is not None and parent is None:
+        parent, trained = train_parent(cfg, cache_dir)
+        ledger.update(parent_key=parent_key(cfg), parent_trained=trained,
+                      parent_tokens=parent.tokens)
+    res = train(cfg, parent=parent, callbacks=callbacks)
+    if not math.isfinite(res.val_loss):
+        ledger["status"] = "diverged"
+    return res, ledger
