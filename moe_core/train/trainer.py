@@ -393,7 +393,10 @@ def train(
     result = TrainResult(
         initial_val_loss=math.nan, val_loss=math.nan, train_loss=math.nan, tokens=0, steps=0,
         wall_s=0.0, peak_lr=peak,
-        params={"N_total": pc.non_embedding_total, "N_active": pc.non_embedding_active},
+        params={"N_total": pc.non_embedding_total, "N_active": pc.non_embedding_active,
+                "expert_parallel": ep,
+                "local_experts": model.moe_layers()[0].num_local_experts
+                if model.moe_layers() else 0},
     )
 
     def emit(step: int, train_loss: float, aux: float, lr: float) -> dict[str, Any]:
