@@ -171,6 +171,10 @@ class ParentConfig:
     decay: bool = True
     """True: the parent ends with its WSD decay (a D1-token run). False: the parent is the
     stable-phase checkpoint at D1 (the transition point of 003 §3)."""
+    batch: BatchConfig | None = None
+    """Parent batch; None = the child's (set it when the child's batch is a sweep knob)."""
+    seed: int | None = None
+    """Parent seed; None = the child's (set it to share one parent across child seeds)."""
 
     def __post_init__(self) -> None:
         _check(self.tokens >= 1, f"parent.tokens={self.tokens} must be >= 1")
@@ -238,6 +242,7 @@ class TrainConfig:
                 )
         # Build the model config now so impossible shapes fail before any work.
         self.model_config()
+        self.batch.accumulation_steps(1)
 
     def _parent_is_moe(self) -> bool:
         return self.parent is not None and self.parent.moe is not None
@@ -272,6 +277,8 @@ class TrainConfig:
         return dataclasses.replace(
             self,
             name=f"{self.name}-parent",
+            seed=self.seed if p.seed is None else p.seed,
+            batch=p.batch or self.batch,
             moe=p.moe,
             optim=dataclasses.replace(self.optim, lr=p.lr or self.optim.lr),
             schedule=p.schedule or self.schedule,
@@ -340,6 +347,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (TrainConfig, "upcycle"): lambda v, k: _build(UpcycleConfig, v, "upcycle"),
     (ParentConfig, "moe"): _moe,
     (ParentConfig, "schedule"): lambda v, k: _build(ScheduleConfig, v, "parent.schedule"),
+    (ParentConfig, "batch"): lambda v, k: _build(BatchConfig, v, "parent.batch"),
     (UpcycleConfig, "lr_policy"): lambda v, k: _build(LRPolicyConfig, v, "upcycle.lr_policy"),
 }
 

@@ -118,9 +118,11 @@ def test_zero3_with_moe_refused(tmp_path):
 
 
 def test_batch_not_divisible_refused(tmp_path):
-    cfg = small_cfg(tmp_path, batch={"global_batch": 6, "micro_batch": 4})
     with pytest.raises(ConfigError, match=r"batch\.micro_batch=4 does not divide"):
-        train(cfg)
+        small_cfg(tmp_path, batch={"global_batch": 6, "micro_batch": 4})
+    cfg = small_cfg(tmp_path, batch={"global_batch": 6, "micro_batch": 3})
+    with pytest.raises(ConfigError, match=r"global_batch=6 is not divisible by the 4 ranks"):
+        cfg.batch.accumulation_steps(4)
 
 
 @pytest.mark.parametrize("stage", [1, 2])

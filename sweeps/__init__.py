@@ -1,0 +1,1 @@
+"""sweeps: YAML search spaces → Ray Tune sweeps over moe_core training runs."""

@@ -1,0 +1,296 @@
+"""The sweep driver: Ray start-up, shared parents, the Tuner, results and the final table."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from sweeps.results import RESULTS_FILE, final_rows, read_rows, write_rows
+from sweeps.spec import SweepSpec, trial_config
+from sweeps.trainable import FAIL_ONCE_ENV, parent_payload, run_trial
+
+PASS_ENV = ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "UPCYCLE_CACHE", FAIL_ONCE_ENV,
+            "OMP_NUM_THREADS")
+
+
+class ResultsCallback(tune.Callback):
+    """Collects every reported row into the sweep's Parquet file (atomic rewrites), marks trial
+    outcomes, and prints progress with the best metric so far and an ETA."""
+
+    def __init__(self, spec: SweepSpec, path: Path, total: int, flush_s: float = 10.0):
+        self.spec, self.path, self.total = spec, path, total
+        self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in read_rows(path):  # --resume: keep what is already there
+            self.rows[(r["trial_id"], int(r.get("step") or 0))] = r
+        self.done = {r["trial_id"] for r in self.rows.values() if r.get("status") == "ok"}
+        self.flush_s = flush_s
+        self.last_flush = 0.0
+        self.started = time.time()
+        self.best = math.inf if spec.mode == "min" else -math.inf
+
+    def _trial_id(self, trial) -> str:
+        return trial.trial_id
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        row = {k: v for k, v in result.items() if k in _KEEP or "." in k or k in _CORE}
+        row["trial_id"] = self._trial_id(trial)
+        step = int(row.get("step") or 0)
+        self.rows[(row["trial_id"], step)] = row
+        m = row.get(self.spec.metric)
+        if isinstance(m, (int, float)) and m == m:
+            self.best = min(self.best, m) if self.spec.mode == "min" else max(self.best, m)
+        if time.time() - self.last_flush > self.flush_s:
+            self.flush()
+
+    def _mark(self, trial, status: str, reason: str | None) -> None:
+        tid = self._trial_id(trial)
+        mine = [k for k in self.rows if k[0] == tid]
+        for k in mine:
+            if self.rows[k].get("status") in (None, "running") or status == "failed":
+                if self.rows[k].get("status") != "diverged":
+                    self.rows[k]["status"] = status
+                    if reason:
+                        self.rows[k]["reason"] = reason
+        if not mine:
+            self.rows[(tid, 0)] = {"sweep": self.spec.name, "trial_id": tid, "status": status,
+                                   "reason": reason, "step": 0,
+                                   **{f"knob.{k}": v for k, v in trial.config.items()}}
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._mark(trial, "ok", None)
+        self.done.add(self._trial_id(trial))
+        self.flush()
+        from sweeps.run import eta
+
+        n = len(self.done)
+        print(f"[sweeps] {n}/{self.total} trials done   best {self.spec.metric}="
+              f"{self.best:.4f}   ETA {eta(n, self.total, self.started)}",
+              file=sys.stderr, flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        err = getattr(trial, "error_file", None) or "trial error"
+        self._mark(trial, "failed", str(err))
+        self.flush()
+
+    def on_experiment_end(self, trials, **info):
+        self.flush()
+
+    def flush(self) -> None:
+        rows = sorted(self.rows.values(), key=lambda r: (r["trial_id"], r.get("step") or 0))
+        write_rows(self.path, rows)
+        self.last_flush = time.time()
+
+
+_CORE = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
+         "N_total", "D1", "D2", "step", "tokens", "lr", "train_loss", "val_loss", "aux_loss",
+         "wall_s", "flops", "tokens_budget"}
+_KEEP = _CORE
+
+
+def static_keys(spec: SweepSpec, plan: dict[str, Any]) -> list[str]:
+    """Columns that are configuration, not metrics: W&B gets them as the run config (the
+    searched knobs), not as curves."""
+    from sweeps.results import flatten_config
+
+    keys = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
+            "N_total", "D1", "tokens_budget"}
+    for r in plan["rows"]:
+        keys.update(flatten_config(trial_config(spec, r["point"]).to_dict()))
+        keys.update(f"knob.{k}" for k in r["point"])
+    return sorted(keys)
+
+
+def param_space(spec: SweepSpec) -> dict[str, Any]:
+    space: dict[str, Any] = {}
+    for p in spec.search:
+        if p.kind == "grid":
+            space[p.key] = tune.grid_search(list(p.values))
+        elif p.kind == "choice":
+            space[p.key] = tune.choice(list(p.values))
+        elif p.kind == "uniform":
+            space[p.key] = tune.uniform(*p.values)
+        elif p.kind == "loguniform":
+            space[p.key] = tune.loguniform(*p.values)
+        elif p.kind == "int":
+            space[p.key] = tune.randint(int(p.values[0]), int(p.values[1]) + 1)
+    if spec.seeds:
+        space["seed"] = tune.grid_search(list(spec.seeds))
+    return space
+
+
+def searcher(spec: SweepSpec):
+    """None (Tune's variant generator: grid and random) or Optuna TPE / GridSampler."""
+    if spec.algorithm != "optuna":
+        return None
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    from moe_core.errors import SearchSpaceError
+
+    grid = spec.grid_params()
+    if grid and spec.sampled_params():
+        raise SearchSpaceError(
+            f"search.{grid[0].key} is a grid, but algorithm=optuna (TPE) cannot mix grids with "
+            "sampled knobs (Ray's OptunaSearch refuses grid_search); use choice for it, or make "
+            "every knob a grid to use Optuna's GridSampler"
+        )
+    if grid:
+        gs = {p.key: list(p.values) for p in grid}
+        if spec.seeds:
+            gs["seed"] = list(spec.seeds)
+        space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in gs.items()}
+        return OptunaSearch(space=space, sampler=optuna.samplers.GridSampler(gs, seed=0),
+                            metric=spec.metric, mode=spec.mode)
+    return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=0), metric=spec.metric,
+                        mode=spec.mode)
+
+
+def scheduler(spec: SweepSpec):
+    if spec.scheduler != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    base = spec.base_config
+    max_t = spec.asha.max_t or (base.steps // base.eval.every_steps + 2)
+    return ASHAScheduler(time_attr="training_iteration", max_t=max_t,
+                         grace_period=spec.asha.grace_period,
+                         reduction_factor=spec.asha.reduction_factor)
+
+
+@ray.remote
+def _train_parent_task(spec: SweepSpec, point: dict[str, Any], cache_dir: str) -> dict[str, Any]:
+    from moe_core.train.runner import train_parent
+
+    cfg = trial_config(spec, point)
+    state, trained = train_parent(cfg, Path(cache_dir))
+    payload = parent_payload(state)
+    payload["_trained_now"] = trained
+    return payload
+
+
+def train_parents(spec: SweepSpec, plan: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
+    """Train every distinct parent of the grid once (in parallel Ray tasks) and return their
+    ObjectRefs keyed by parent hash. The state lives in the object store as numpy arrays."""
+    refs: dict[str, Any] = {}
+    for r in plan["rows"]:
+        pk = r["parent"]
+        if pk is not None and pk not in refs:
+            refs[pk] = _train_parent_task.options(num_cpus=spec.resources.cpus).remote(
+                spec, r["point"], str(cache_dir))
+    if refs:
+        print(f"[sweeps] preparing {len(refs)} parent(s) (cached by content hash in "
+              f"{cache_dir})", file=sys.stderr, flush=True)
+        ray.wait(list(refs.values()), num_returns=len(refs))
+        ray.get(list(refs.values()))  # surface a failed parent now, not in every trial
+    return refs
+
+
+def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = None,
+              resume: bool = False, max_concurrent: int | None = None) -> dict[str, Any]:
+    os.environ.setdefault("WANDB_MODE", spec.wandb.mode if spec.wandb.mode != "disabled"
+                          else "disabled")
+    results_dir = spec.results_dir.resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(os.environ.get("UPCYCLE_PARENT_CACHE", results_dir / "parents")).resolve()
+    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
+    if not ray.is_initialized():
+        ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
+                 log_to_driver=True, configure_logging=False)
+    t0 = time.time()
+    refs = train_parents(spec, plan, cache_dir)
+    parent_wall = time.time() - t0
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec, parents=dict(refs), cache_dir=str(cache_dir)),
+        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus},
+    )
+    total = plan["trials"]
+    callbacks: list[Any] = [ResultsCallback(spec, results_dir / RESULTS_FILE, total)]
+    if spec.wandb.enabled and spec.wandb.mode != "disabled":
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(
+            project=spec.wandb.project, group=spec.wandb.group or spec.name,
+            entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(results_dir),
+            log_config=False, excludes=static_keys(spec, plan),
+        ))
+    cpus = ray.cluster_resources().get("CPU", 1)
+    conc = max_concurrent or spec.max_concurrent or max(1, int(cpus // spec.resources.cpus))
+    run_config = tune.RunConfig(
+        name="tune", storage_path=str(results_dir),
+        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        callbacks=callbacks, verbose=1,
+    )
+    exp_dir = results_dir / "tune"
+    if resume and tune.Tuner.can_restore(str(exp_dir)):
+        tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable, param_space=param_space(spec),
+            tune_config=tune.TuneConfig(
+                metric=spec.metric, mode=spec.mode, search_alg=searcher(spec),
+                scheduler=scheduler(spec), num_samples=spec.num_samples,
+                max_concurrent_trials=conc,
+            ),
+            run_config=run_config,
+        )
+    grid = tuner.fit()
+    rows = read_rows(results_dir / RESULTS_FILE)
+    finals = final_rows(rows)
+    summary = summarize(spec, finals, plan, parent_wall, time.time() - t0)
+    summary["errors"] = grid.num_errors
+    print_ranked(spec, finals, summary)
+    return summary
+
+
+def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any],
+              parent_wall: float, wall: float) -> dict[str, Any]:
+    ok = [r for r in finals if r.get("status") == "ok"]
+    metric = spec.metric
+    vals = [r[metric] for r in ok if isinstance(r.get(metric), (int, float))]
+    best = (min if spec.mode == "min" else max)(vals) if vals else None
+    return {
+        "sweep": spec.name, "trials": len(finals), "ok": len(ok),
+        "failed": sum(r.get("status") == "failed" for r in finals),
+        "diverged": sum(r.get("status") == "diverged" for r in finals),
+        "best": best, "metric": metric, "wall_s": round(wall, 1),
+        "parent_wall_s": round(parent_wall, 1), "parents": len(plan["parents"]),
+        "tokens_saved_by_sharing": plan["tokens_saved_by_sharing"],
+        "results": str(spec.results_dir / RESULTS_FILE),
+    }
+
+
+def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    metric = spec.metric
+    knobs = sorted({k for r in finals for k in r if k.startswith("knob.")})
+    sign = 1 if spec.mode == "min" else -1
+
+    def key(r):
+        v = r.get(metric)
+        return (0, sign * v) if isinstance(v, (int, float)) and v == v else (1, 0)
+
+    t = Table(title=f"{spec.name}: trials ranked by {metric} ({spec.mode})")
+    for c in ["#", "trial", *[k[5:] for k in knobs], metric, "tokens", "status"]:
+        t.add_column(c)
+    for i, r in enumerate(sorted(finals, key=key), 1):
+        v = r.get(metric)
+        t.add_row(str(i), str(r["trial_id"]), *[str(r.get(k)) for k in knobs],
+                  f"{v:.4f}" if isinstance(v, (int, float)) and v == v else "-",
+                  f"{r.get('tokens') or 0:,}", str(r.get("status")))
+    con = Console()
+    con.print(t)
+    con.print(f"results: {summary['results']}   wall {summary['wall_s']} s "
+              f"(parents {summary['parent_wall_s']} s)   tokens saved by shared parents: "
+              f"{summary['tokens_saved_by_sharing']:,}")

@@ -1,0 +1,476 @@
+"""Sweep specs: YAML → validated frozen dataclasses, before Ray starts.
+
+A spec has a ``base`` trial config (the ``moe_core.train`` format), a ``search`` space over dotted
+keys of it, and how to search (algorithm, scheduler, samples, resources, logging, results).
+Every rule raises ``SearchSpaceError`` naming the YAML key and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import itertools
+import math
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_core.errors import ConfigError, SearchSpaceError
+from moe_core.train.config import (
+    TrainConfig,
+    apply_overrides,
+    coerce_number,
+    load_yaml,
+    train_config_from_dict,
+)
+
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
+ALGORITHMS = ("grid", "random", "optuna")
+SCHEDULERS = ("fifo", "asha")
+TOP_KEYS = {
+    "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
+    "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
+}
+
+
+def _err(msg: str) -> SearchSpaceError:
+    return SearchSpaceError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One searched knob: a dotted key into the base config and its distribution."""
+
+    key: str
+    kind: str
+    """grid | choice | uniform | loguniform | int | expr"""
+    values: tuple[Any, ...] = ()
+    """grid/choice values; (low, high) for uniform/loguniform/int."""
+    expr: str | None = None
+    """expr: arithmetic over other knobs, e.g. ``2 * moe.granularity``."""
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """Conditional: the knob applies only when every (key, allowed values) holds."""
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return all(get_dotted(config, k) in allowed for k, allowed in self.when)
+
+
+@dataclass(frozen=True, slots=True)
+class AshaConfig:
+    grace_period: int = 2
+    """Evaluations a trial gets before it can be stopped."""
+    reduction_factor: float = 3.0
+    max_t: int | None = None
+    """Evaluations of the longest trial; None = derived from the base config."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    cpus: float = 1.0
+    gpus: float = 0.0
+    ranks: int = 1
+    """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WandbConfig:
+    enabled: bool = True
+    project: str = "upcycle-sweeps"
+    group: str | None = None
+    """Default: the sweep name."""
+    mode: str = "offline"
+    """offline (default; ``wandb sync`` later), online, disabled."""
+    entity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSpec:
+    name: str
+    base: dict[str, Any]
+    search: tuple[Param, ...]
+    algorithm: str = "grid"
+    scheduler: str = "fifo"
+    asha: AshaConfig = field(default_factory=AshaConfig)
+    num_samples: int = 1
+    metric: str = "val_loss"
+    mode: str = "min"
+    resources: Resources = field(default_factory=Resources)
+    max_concurrent: int | None = None
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    results: str = "results"
+    max_failures: int = 2
+    seeds: tuple[int, ...] = ()
+    """Repeat every configuration with each of these seeds (a grid over ``seed``)."""
+    description: str = ""
+    path: str = ""
+
+    @property
+    def base_config(self) -> TrainConfig:
+        return train_config_from_dict(self.base)
+
+    @property
+    def results_dir(self) -> Path:
+        return Path(self.results) / self.name
+
+    def grid_params(self) -> list[Param]:
+        return [p for p in self.search if p.kind == "grid"]
+
+    def sampled_params(self) -> list[Param]:
+        return [p for p in self.search if p.kind in ("choice", "uniform", "loguniform", "int")]
+
+
+# ---- dotted keys -------------------------------------------------------------------------------
+
+
+def get_dotted(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = config
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+# ---- safe arithmetic for expr knobs -------------------------------------------------------------
+
+_OPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow,
+    ast.Mod: operator.mod, ast.USub: operator.neg,
+}
+
+
+def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
+    """Evaluate ``expr`` (numbers, + - * / // % **, min, max, round, int and dotted config keys)."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise _err(f"search.{key}.expr={expr!r} is not an arithmetic expression") from None
+
+    def name_of(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            inner = name_of(node.value)
+            return f"{inner}.{node.attr}" if inner else None
+        return None
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("min", "max", "round", "int"):
+            return {"min": min, "max": max, "round": round, "int": int}[node.func.id](
+                *[ev(a) for a in node.args])
+        dotted = name_of(node)
+        if dotted is not None:
+            v = get_dotted(config, dotted)
+            if v is None:
+                raise _err(f"search.{key}.expr={expr!r} refers to {dotted}, which is not set")
+            return v
+        raise _err(f"search.{key}.expr={expr!r}: only arithmetic on numbers and config keys")
+
+    return ev(tree)
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+
+
+def _parse_param(key: str, raw: Any) -> Param:
+    if not isinstance(raw, dict):
+        # shorthand: a list is a grid
+        if isinstance(raw, list):
+            raw = {"grid": raw}
+        else:
+            raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
+    when_raw = raw.get("when", {})
+    kinds = [k for k in raw if k in DISTRIBUTIONS]
+    unknown = [k for k in raw if k not in DISTRIBUTIONS and k != "when"]
+    if unknown:
+        raise _err(
+            f"search.{key}.{unknown[0]} is not known; use one of {', '.join(DISTRIBUTIONS)} "
+            "(and optionally when)"
+        )
+    if len(kinds) != 1:
+        raise _err(f"search.{key} needs exactly one of {', '.join(DISTRIBUTIONS)}")
+    kind = kinds[0]
+    v = raw[kind]
+    if not isinstance(when_raw, dict):
+        raise _err(f"search.{key}.when must map config keys to allowed values")
+    when = tuple(
+        (wk, tuple(coerce_number(x, wk) for x in (wv if isinstance(wv, list) else [wv])))
+        for wk, wv in when_raw.items()
+    )
+    if kind == "expr":
+        if not isinstance(v, str):
+            raise _err(f"search.{key}.expr must be a string such as '2 * moe.granularity'")
+        return Param(key=key, kind=kind, expr=v, when=when)
+    if kind in ("grid", "choice"):
+        if not isinstance(v, list) or not v:
+            raise _err(f"search.{key}.{kind} must be a non-empty list of values")
+        return Param(key=key, kind=kind, values=tuple(coerce_number(x, key) for x in v),
+                     when=when)
+    if not isinstance(v, list) or len(v) != 2:
+        raise _err(f"search.{key}.{kind} must be [low, high]")
+    lo, hi = (coerce_number(x, key) for x in v)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+        raise _err(f"search.{key}.{kind}={v} must be two numbers")
+    if not lo < hi:
+        raise _err(f"search.{key}.{kind}: low={lo} must be < high={hi}")
+    if kind == "loguniform" and lo <= 0:
+        raise _err(f"search.{key}.loguniform needs low > 0, got {lo}")
+    if kind == "int" and not (float(lo).is_integer() and float(hi).is_integer()):
+        raise _err(f"search.{key}.int bounds must be integers, got {v}")
+    return Param(key=key, kind=kind, values=(lo, hi), when=when)
+
+
+def _choice(raw: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
+    v = raw.get(key, default)
+    if isinstance(v, dict):
+        v = v.get("kind", default)
+    if v not in allowed:
+        raise _err(f"{key}={v!r} is not known; use one of {', '.join(allowed)}")
+    return v
+
+
+def _sub(cls: type, raw: Any, key: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise _err(f"{key} must be a mapping")
+    names = set(cls.__dataclass_fields__)
+    unknown = sorted(set(raw) - names - {"kind"})
+    if unknown:
+        raise _err(f"unknown key {key}.{unknown[0]}; known: {', '.join(sorted(names))}")
+    return cls(**{k: coerce_number(v, f"{key}.{k}") for k, v in raw.items() if k != "kind"})
+
+
+def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
+    """Validate a spec mapping (after overrides) into a SweepSpec; see :func:`validate`."""
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise _err(f"unknown top-level key {unknown[0]!r}; known: {', '.join(sorted(TOP_KEYS))}")
+    name = raw.get("sweep")
+    if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
+        raise _err(f"sweep={name!r} must be a name of letters, digits, - and _ (the results "
+                   "directory and W&B group use it)")
+    base = raw.get("base")
+    if not isinstance(base, dict):
+        raise _err("base must be a mapping: the trial config (see configs/train_debug.yaml)")
+    search_raw = raw.get("search") or {}
+    if not isinstance(search_raw, dict):
+        raise _err("search must map dotted config keys to distributions")
+    search = tuple(_parse_param(k, v) for k, v in search_raw.items())
+    algorithm = _choice(raw, "algorithm", ALGORITHMS, "grid")
+    scheduler = _choice(raw, "scheduler", SCHEDULERS, "fifo")
+    asha = _sub(AshaConfig, raw.get("scheduler") if isinstance(raw.get("scheduler"), dict)
+                else None, "scheduler")
+    num_samples = coerce_number(raw.get("num_samples", 1), "num_samples")
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise _err(f"num_samples={num_samples!r} must be an integer >= 1")
+    mode = raw.get("mode", "min")
+    if mode not in ("min", "max"):
+        raise _err(f"mode={mode!r} must be 'min' or 'max'")
+    log = raw.get("logging") or {}
+    if not isinstance(log, dict):
+        raise _err("logging must be a mapping")
+    unknown_log = sorted(set(log) - {"wandb"})
+    if unknown_log:
+        raise _err(f"unknown key logging.{unknown_log[0]}; known: wandb")
+    wandb = _sub(WandbConfig, log.get("wandb"), "logging.wandb")
+    if wandb.mode not in ("offline", "online", "disabled"):
+        raise _err(f"logging.wandb.mode={wandb.mode!r} must be offline, online or disabled")
+    failure = raw.get("failure") or {}
+    max_failures = coerce_number(failure.get("max_failures", 2), "failure.max_failures")
+    if not isinstance(max_failures, int) or max_failures < 0:
+        raise _err(f"failure.max_failures={max_failures!r} must be an integer >= 0")
+    seeds = tuple(coerce_number(s, "seeds") for s in (raw.get("seeds") or ()))
+    max_conc = raw.get("max_concurrent")
+    if max_conc is not None and (not isinstance(max_conc, int) or max_conc < 1):
+        raise _err(f"max_concurrent={max_conc!r} must be an integer >= 1 or null")
+    spec = SweepSpec(
+        name=name, base=base, search=search, algorithm=algorithm, scheduler=scheduler,
+        asha=asha, num_samples=num_samples, metric=str(raw.get("metric", "val_loss")),
+        mode=mode, resources=_sub(Resources, raw.get("resources"), "resources"),
+        max_concurrent=max_conc, wandb=wandb, results=str(raw.get("results", "results")),
+        max_failures=max_failures, seeds=seeds, description=str(raw.get("description", "")),
+        path=path,
+    )
+    validate(spec)
+    return spec
+
+
+def load_spec(path: str, overrides: list[str] = (), results: str | None = None) -> SweepSpec:
+    """Read, override (``--set key.path=value``, e.g. ``base.optim.lr=1e-3``) and validate."""
+    raw = load_yaml(path)
+    try:
+        raw = apply_overrides(raw, list(overrides))
+    except ConfigError as e:
+        raise _err(str(e)) from None
+    if results is not None:
+        raw["results"] = results
+    return parse_spec(raw, path=path)
+
+
+# ---- validation ---------------------------------------------------------------------------------
+
+
+def validate(spec: SweepSpec) -> None:
+    """Refuse impossible sweeps before any work: every grid point (and the corners of every
+    sampled range) must make a valid trial config."""
+    keys = [p.key for p in spec.search]
+    dup = {k for k in keys if keys.count(k) > 1}
+    if dup:
+        raise _err(f"search.{sorted(dup)[0]} appears twice")
+    if spec.algorithm == "grid" and spec.sampled_params():
+        p = spec.sampled_params()[0]
+        raise _err(
+            f"search.{p.key} uses {p.kind}, but algorithm=grid only enumerates grid values; "
+            "use algorithm: random or optuna, or turn it into a grid"
+        )
+    if spec.scheduler == "asha" and spec.algorithm == "grid" and spec.num_samples == 1 and \
+            len(list(iter_grid(spec))) < 2:
+        raise _err("scheduler=asha needs several trials to compare; raise num_samples")
+    if spec.resources.ranks < 1:
+        raise _err(f"resources.ranks={spec.resources.ranks} must be >= 1")
+    if spec.resources.cpus <= 0:
+        raise _err(f"resources.cpus={spec.resources.cpus} must be > 0")
+    if spec.resources.gpus < 0:
+        raise _err(f"resources.gpus={spec.resources.gpus} must be >= 0")
+    try:
+        base = spec.base_config
+    except ConfigError as e:
+        raise _err(f"base: {e}") from None
+    if spec.metric not in METRICS:
+        raise _err(f"metric={spec.metric!r} is not reported by trials; use one of "
+                   f"{', '.join(sorted(METRICS))}")
+    del base
+    for point in validation_points(spec):
+        try:
+            trial_config(spec, point).batch.accumulation_steps(spec.resources.ranks)
+        except SearchSpaceError:
+            raise
+        except ConfigError as e:
+            shown = ", ".join(f"{k}={v}" for k, v in point.items())
+            raise _err(f"{e} (at search point {shown})") from None
+
+
+METRICS = {"val_loss", "train_loss", "aux_loss", "router.max_load", "router.entropy",
+           "router.max1_max2", "router.expert_similarity"}
+
+
+def iter_grid(spec: SweepSpec) -> itertools.product:
+    grid = spec.grid_params()
+    values = [p.values for p in grid]
+    if spec.seeds:
+        values.append(spec.seeds)
+    keys = [p.key for p in grid] + (["seed"] if spec.seeds else [])
+    for combo in itertools.product(*values):
+        yield dict(zip(keys, combo))
+
+
+def validation_points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Grid points combined with every value (choice) or bound (ranges) of sampled knobs."""
+    sampled = spec.sampled_params()
+    corner_values = []
+    for p in sampled:
+        if p.kind == "choice":
+            corner_values.append(p.values)
+        elif p.kind == "int":
+            corner_values.append((int(p.values[0]), int(p.values[1])))
+        else:
+            corner_values.append(p.values)
+    points = []
+    for g in iter_grid(spec):
+        for combo in itertools.product(*corner_values) if sampled else [()]:
+            pt = dict(g)
+            pt.update({p.key: v for p, v in zip(sampled, combo)})
+            points.append(pt)
+    return points
+
+
+def trial_dict(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
+    """The base config with a search point applied (conditions and expr knobs resolved)."""
+    cfg = copy.deepcopy(spec.base)
+    for k, v in point.items():
+        if k == "seed":
+            cfg["seed"] = v
+            continue
+        param = next((p for p in spec.search if p.key == k), None)
+        if param is not None and not param.applies(_merged(cfg, point)):
+            continue
+        set_dotted(cfg, k, v)
+    for p in spec.search:
+        if p.kind == "expr" and p.applies(cfg):
+            val = eval_expr(p.expr, cfg, p.key)
+            if isinstance(val, float) and val.is_integer():
+                val = int(val)
+            set_dotted(cfg, p.key, val)
+    return cfg
+
+
+def _merged(cfg: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+    m = copy.deepcopy(cfg)
+    for k, v in point.items():
+        set_dotted(m, k, v)
+    return m
+
+
+def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:
+    return train_config_from_dict(trial_dict(spec, point))
+
+
+def estimate(spec: SweepSpec) -> dict[str, Any]:
+    """Trials, distinct parents, and token/FLOP estimates (6·N_active·D) for --dry-run."""
+    from moe_core.data import DataConfig  # noqa: F401  (vocab estimate needs the data config)
+    from moe_core.params import count_params
+    from moe_core.train.runner import parent_key
+
+    points = list(iter_grid(spec))
+    n_trials = len(points) * spec.num_samples
+    rows, parents = [], {}
+    trial_tokens = trial_flops = 0
+    for pt in points:
+        cfg = trial_config(spec, pt)
+        n_act = count_params(cfg.model_config()).non_embedding_active
+        toks = cfg.steps * cfg.tokens_per_step
+        trial_tokens += toks * spec.num_samples
+        trial_flops += 6 * n_act * toks * spec.num_samples
+        pk = None
+        if cfg.parent is not None:
+            pk = parent_key(cfg)
+            if pk not in parents:
+                pc = cfg.parent_run()
+                n_p = count_params(pc.model_config()).non_embedding_active
+                ptoks = pc.steps * pc.tokens_per_step
+                parents[pk] = {"tokens": ptoks, "flops": 6 * n_p * ptoks, "trials": 0}
+            parents[pk]["trials"] += spec.num_samples
+        rows.append({"point": pt, "tokens": toks, "N_active": n_act, "parent": pk})
+    parent_tokens = sum(p["tokens"] for p in parents.values())
+    naive_parent_tokens = sum(p["tokens"] * p["trials"] for p in parents.values())
+    return {
+        "trials": n_trials, "grid_points": len(points), "rows": rows, "parents": parents,
+        "trial_tokens": trial_tokens, "trial_flops": trial_flops,
+        "parent_tokens": parent_tokens,
+        "parent_flops": sum(p["flops"] for p in parents.values()),
+        "tokens_saved_by_sharing": naive_parent_tokens - parent_tokens,
+        "sampled": [p.key for p in spec.sampled_params()],
+        "math_check": math.isfinite(trial_flops),
+    }

@@ -1,0 +1,44 @@
+"""Parquet results: schema, atomic writes, mixed types, final rows, config flattening."""
+
+import pandas as pd
+import pyarrow.dataset as ds
+
+from sweeps.results import CORE_COLUMNS, final_rows, flatten_config, read_rows, write_rows
+
+
+def test_write_read_roundtrip_and_core_columns(tmp_path):
+    rows = [
+        {"sweep": "s", "trial_id": "a", "status": "ok", "step": 0, "val_loss": 3.0,
+         "router.entropy": 1.2, "knob.x": {"policy": "reset"}},
+        {"sweep": "s", "trial_id": "a", "status": "ok", "step": 2, "val_loss": float("nan")},
+        {"sweep": "s", "trial_id": "b", "status": "diverged", "reason": "nan", "step": 1},
+    ]
+    p = write_rows(tmp_path / "r" / "results.parquet", rows)
+    assert not list((tmp_path / "r").glob(".*tmp*"))  # temp file renamed away
+    df = pd.read_parquet(p)
+    assert list(df.columns[: len(CORE_COLUMNS)]) == CORE_COLUMNS
+    assert df["val_loss"].isna().sum() == 2  # NaN stored as null, missing as null
+    assert df.loc[2, "reason"] == "nan"
+    assert df.loc[0, "knob.x"] == "{'policy': 'reset'}"
+    assert ds.dataset(p).count_rows() == 3
+    back = read_rows(tmp_path / "r")
+    assert [r["trial_id"] for r in final_rows(back)] == ["a", "b"]
+    assert [r["step"] for r in final_rows(back)] == [2, 1]
+
+
+def test_mixed_types_fall_back_to_strings(tmp_path):
+    rows = [{"trial_id": "a", "step": 0, "moe.router.logit_norm_lambda": None},
+            {"trial_id": "b", "step": 0, "weird": 1}, {"trial_id": "c", "step": 0, "weird": "x"}]
+    df = pd.read_parquet(write_rows(tmp_path / "x.parquet", rows))
+    assert df["weird"].tolist() == ["1", "x"] or df["weird"].tolist()[1:] == ["1", "x"]
+
+
+def test_flatten_config_moves_router_up():
+    cfg = {"model": {"preset": "debug"}, "moe": {"num_experts": 8, "router": {"order": "x"}},
+           "optim": {"lr": 1e-3, "betas": (0.9, 0.95)}, "parent": {"tokens": 5, "moe": None},
+           "upcycle": None, "tokens": 100}
+    flat = flatten_config(cfg)
+    assert flat["moe.num_experts"] == 8 and flat["router.order"] == "x"
+    assert flat["optim.betas"] == "[0.9, 0.95]"
+    assert flat["parent.tokens"] == 5 and flat["parent.num_experts"] is None
+    assert flat["upcycle"] is None and flat["tokens_budget"] == 100
