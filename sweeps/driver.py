@@ -27,9 +27,8 @@ class ResultsCallback(tune.Callback):
     def __init__(self, spec: SweepSpec, path: Path, total: int, flush_s: float = 10.0):
         self.spec, self.path, self.total = spec, path, total
         self.rows: dict[tuple[str, int], dict[str, Any]] = {}
-        for r in read_rows(path):  # --resume: keep what is already there
-            self.rows[(r["trial_id"], int(r.get("step") or 0))] = r
-        self.done = {r["trial_id"] for r in self.rows.values() if r.get("status") == "ok"}
+        self.done: set[str] = set()
+        self._loaded = False
         self.flush_s = flush_s
         self.last_flush = 0.0
         self.started = time.time()
@@ -38,7 +37,19 @@ class ResultsCallback(tune.Callback):
     def _trial_id(self, trial) -> str:
         return trial.trial_id
 
+    def _ensure_loaded(self) -> None:
+        """Merge the rows already on disk (a resumed sweep). Done lazily, at first use: on
+        ``--resume`` Tune restores this callback from the experiment state pickled at the
+        sweep's start, so the constructor cannot be relied on to see the file."""
+        if self._loaded:
+            return
+        for r in read_rows(self.path):
+            self.rows.setdefault((r["trial_id"], int(r.get("step") or 0)), r)
+        self.done |= {r["trial_id"] for r in self.rows.values() if r.get("status") == "ok"}
+        self._loaded = True
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._ensure_loaded()
         row = {k: v for k, v in result.items() if k in _KEEP or "." in k or k in _CORE}
         row["trial_id"] = self._trial_id(trial)
         step = int(row.get("step") or 0)
@@ -50,6 +61,7 @@ class ResultsCallback(tune.Callback):
             self.flush()
 
     def _mark(self, trial, status: str, reason: str | None) -> None:
+        self._ensure_loaded()
         tid = self._trial_id(trial)
         mine = [k for k in self.rows if k[0] == tid]
         for k in mine:
@@ -83,6 +95,7 @@ class ResultsCallback(tune.Callback):
         self.flush()
 
     def flush(self) -> None:
+        self._ensure_loaded()
         rows = sorted(self.rows.values(), key=lambda r: (r["trial_id"], r.get("step") or 0))
         write_rows(self.path, rows)
         self.last_flush = time.time()
@@ -220,6 +233,7 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
             project=spec.wandb.project, group=spec.wandb.group or spec.name,
             entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(results_dir),
             log_config=False, excludes=static_keys(spec, plan),
+            upload_timeout=15 if spec.wandb.mode == "offline" else 600,
         ))
     cpus = ray.cluster_resources().get("CPU", 1)
     conc = max_concurrent or spec.max_concurrent or max(1, int(cpus // spec.resources.cpus))
@@ -239,7 +253,7 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
             tune_config=tune.TuneConfig(
                 metric=spec.metric, mode=spec.mode, search_alg=searcher(spec),
                 scheduler=scheduler(spec), num_samples=spec.num_samples,
-                max_concurrent_trials=conc,
+                max_concurrent_trials=conc, reuse_actors=True,
             ),
             run_config=run_config,
         )

@@ -38,8 +38,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _interruptible() -> None:
+    """Ctrl+C and SIGTERM stop the sweep gracefully (Tune saves the experiment state), even
+    when the driver was started with SIGINT ignored (a background job of a shell)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    _interruptible()
     try:
         from sweeps.spec import estimate, load_spec
 

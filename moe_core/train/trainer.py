@@ -97,11 +97,11 @@ def init_distributed() -> tuple[int, int]:
     import deepspeed
 
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # A lone process: a fresh loopback port every time, never one inherited from a
+            # parent process (concurrent trials on one machine would collide).
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                              RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -319,7 +319,7 @@ def train(
     calib = None
     if parent is not None and cfg.upcycle.method == "expand_experts" and \
             cfg.upcycle.strategy != "uniform":
-        calib = batcher.batch(0, 0)[0]
+        calib = batcher.batch(0, 0)  # (inputs, targets) calibration pair
     ep = 1
     layer_cls = None
     if cfg.moe is not None:

@@ -1,0 +1,121 @@
+"""End-to-end sweeps on local Ray (CPU): shared parent, injected failures, driver resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+SPEC = {
+    "sweep": "e2e",
+    "base": {
+        "model": {"preset": "debug"},
+        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
+                 "seq_len": 32},
+        "batch": {"global_batch": 8, "micro_batch": 8},
+        "optim": {"lr": 3e-3},
+        "schedule": {"kind": "wsd", "warmup_steps": 2},
+        "eval": {"every_steps": 2, "batches": 2},
+        "tokens": 2048,
+        "parent": {"tokens": 2048, "seed": 0},
+        "moe": {"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
+        "upcycle": {"method": "dense_to_moe"},
+    },
+    "search": {"upcycle.lr_policy": {"grid": [
+        {"policy": "constant"}, {"policy": "reset", "peak": 1e-3},
+        {"policy": "reset", "peak": 3e-3}, {"policy": "ratio", "ratio": 0.5}]}},
+    "logging": {"wandb": {"mode": "offline"}},
+    "failure": {"max_failures": 2},
+}
+
+
+def _write(tmp_path: Path, **over) -> Path:
+    spec = dict(SPEC, results=str(tmp_path / "results"), **over)
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    return f
+
+
+def _env(tmp_path: Path, **extra) -> dict:
+    env = dict(os.environ, WANDB_MODE="offline", UPCYCLE_CACHE=str(tmp_path / "cache"),
+               RAY_DEDUP_LOGS="1", **extra)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _rows(tmp_path: Path) -> list[dict]:
+    return pq.read_table(tmp_path / "results" / "e2e" / "results.parquet").to_pylist()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
+    spec = _write(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "sweeps.run", str(spec), "--json"],
+        env=_env(tmp_path, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="2"), capture_output=True, text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _rows(tmp_path)
+    trials = sorted({r["trial_id"] for r in rows})
+    assert len(trials) == 4
+    for t in trials:
+        mine = sorted(r["step"] for r in rows if r["trial_id"] == t)
+        # every trial raised once after its 2nd report and was restored from its checkpoint:
+        # its curve is still complete and has no duplicated step
+        assert mine == [0, 2, 4, 6, 8], (t, mine)
+        assert {r["status"] for r in rows if r["trial_id"] == t} == {"ok"}
+    assert len({r["parent_key"] for r in rows}) == 1
+    parents = [p for p in (tmp_path / "results" / "e2e" / "parents").iterdir() if p.is_dir()]
+    assert len(parents) == 1  # trained once for four trials
+    assert {r["kind"] for r in rows} == {"upcycled"}
+    assert all(r["D1"] == 2048 and r["N1"] < r["N_total"] for r in rows)
+    failed_once = list((tmp_path / "results" / "e2e" / "parents").glob(".failed-*"))
+    assert len(failed_once) == 4
+    # the ranked table was printed
+    assert "trials ranked by val_loss" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
+    spec = _write(tmp_path, max_concurrent=1)
+    log = open(tmp_path / "driver.log", "w")  # a file, not a pipe nobody drains
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec)],
+                            env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
+    res = tmp_path / "results" / "e2e" / "results.parquet"
+    deadline = time.time() + 300
+    done_before: dict = {}
+    while time.time() < deadline:
+        time.sleep(1)
+        if res.exists():
+            try:
+                rows = pq.read_table(res).to_pylist()
+            except Exception:
+                continue
+            ok = {r["trial_id"] for r in rows if r["status"] == "ok"}
+            if ok:
+                done_before = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows
+                               if r["trial_id"] in ok}
+                break
+    assert done_before, "no trial finished in time"
+    proc.send_signal(signal.SIGINT)  # Ctrl+C: Tune saves the experiment state and stops
+    proc.wait(timeout=180)
+    log.close()
+    rows = _rows(tmp_path)
+    assert len({r["trial_id"] for r in rows if r["status"] == "ok"}) < 4
+    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec), "--resume"],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = _rows(tmp_path)
+    assert len({r["trial_id"] for r in rows}) == 4
+    assert all(r["status"] == "ok" for r in rows)
+    after = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows}
+    for k, wall in done_before.items():  # finished trials were not rerun
+        assert after[k] == wall
