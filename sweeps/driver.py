@@ -206,7 +206,8 @@ def train_parents(spec: SweepSpec, plan: dict[str, Any], cache_dir: Path) -> dic
 
 
 def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = None,
-              resume: bool = False, max_concurrent: int | None = None) -> dict[str, Any]:
+              resume: bool = False, max_concurrent: int | None = None,
+              verbose: bool = False) -> dict[str, Any]:
     os.environ.setdefault("WANDB_MODE", spec.wandb.mode if spec.wandb.mode != "disabled"
                           else "disabled")
     results_dir = spec.results_dir.resolve()
@@ -216,7 +217,7 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     if not ray.is_initialized():
         ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
-                 log_to_driver=True, configure_logging=False)
+                 log_to_driver=verbose, configure_logging=False)
     t0 = time.time()
     refs = train_parents(spec, plan, cache_dir)
     parent_wall = time.time() - t0
@@ -241,7 +242,7 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
         name="tune", storage_path=str(results_dir),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        callbacks=callbacks, verbose=1,
+        callbacks=callbacks, verbose=1 if verbose else 0,
     )
     exp_dir = results_dir / "tune"
     if resume and tune.Tuner.can_restore(str(exp_dir)):
@@ -283,6 +284,20 @@ def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any
     }
 
 
+def _fmt(v: Any) -> str:
+    """Compact knob value: {"policy": "reset", "peak": 0.005} → policy=reset peak=0.005."""
+    if isinstance(v, str) and v.startswith("{") and v.endswith("}"):
+        try:
+            import ast
+
+            v = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            return v
+    if isinstance(v, dict):
+        return " ".join(f"{k}={x}" for k, x in v.items())
+    return str(v)
+
+
 def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -300,7 +315,7 @@ def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[st
         t.add_column(c)
     for i, r in enumerate(sorted(finals, key=key), 1):
         v = r.get(metric)
-        t.add_row(str(i), str(r["trial_id"]), *[str(r.get(k)) for k in knobs],
+        t.add_row(str(i), str(r["trial_id"]), *[_fmt(r.get(k)) for k in knobs],
                   f"{v:.4f}" if isinstance(v, (int, float)) and v == v else "-",
                   f"{r.get('tokens') or 0:,}", str(r.get("status")))
     con = Console()

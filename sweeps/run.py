@@ -34,6 +34,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="at most this many trials at once")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    ap.add_argument("--verbose", action="store_true",
+                    help="Ray Tune's status tables and the trials' own log lines")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap.parse_args(argv)
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         from sweeps.driver import run_sweep
 
         summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                            max_concurrent=args.max_concurrent)
+                            max_concurrent=args.max_concurrent, verbose=args.verbose)
     except UpcycleError as e:
         if args.debug:
             raise

@@ -51,8 +51,23 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int):
 
 
 def _split(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Contiguous split: the last ``val_fraction`` is validation (token files: no copy)."""
     n_val = max(1, int(len(tokens) * val_fraction))
     return tokens[:-n_val], tokens[-n_val:]
+
+
+def _split_interleaved(tokens: np.ndarray, val_fraction: float,
+                       block: int = 1 << 15) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-th block of ``block`` tokens (k ≈ 1/val_fraction) is validation, so train and
+    validation cover the same mix of a sorted corpus (the stdlib's last files are not its
+    typical ones). For corpora held in memory."""
+    k = max(2, round(1 / val_fraction))
+    n_blocks = max(k, len(tokens) // block)
+    edges = np.linspace(0, len(tokens), n_blocks + 1).astype(np.int64)
+    is_val = (np.arange(n_blocks) % k) == k - 1
+    tr = [tokens[a:b] for a, b, v in zip(edges[:-1], edges[1:], is_val) if not v]
+    va = [tokens[a:b] for a, b, v in zip(edges[:-1], edges[1:], is_val) if v]
+    return np.concatenate(tr), np.concatenate(va)
 
 
 def _hash_bytes(*parts: bytes) -> str:
@@ -211,7 +226,7 @@ def load_dataset(cfg: DataConfig) -> Dataset:
             tmp = f.with_name(f".{f.stem}-{os.getpid()}.npy")
             np.save(tmp, toks)
             os.replace(tmp, f)
-        tr, va = _split(toks, cfg.val_fraction)
+        tr, va = _split_interleaved(toks, cfg.val_fraction)
         return Dataset(tr, va, cfg.synthetic_vocab, f"synthetic-{key}", entropy_rate(P))
     if cfg.source == "tokens":
         p = Path(cfg.path)
@@ -233,6 +248,6 @@ def load_dataset(cfg: DataConfig) -> Dataset:
     files = stdlib_files() if cfg.source == "stdlib" else text_files(cfg.path)
     text = read_corpus(files, cfg.max_corpus_bytes)
     toks, vocab, tok_path = tokenize(text, cfg, cache)
-    tr, va = _split(toks, cfg.val_fraction)
+    tr, va = _split_interleaved(toks, cfg.val_fraction)
     return Dataset(tr, va, vocab, f"{cfg.source}-{_hash_bytes(text)}-{cfg.tokenizer}",
                    tokenizer_path=tok_path)
