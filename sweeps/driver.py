@@ -12,7 +12,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from sweeps.results import RESULTS_FILE, final_rows, read_rows, write_rows
+from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows, write_rows
 from sweeps.spec import SweepSpec, trial_config
 from sweeps.trainable import FAIL_ONCE_ENV, parent_payload, run_trial
 
@@ -284,20 +284,6 @@ def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any
     }
 
 
-def _fmt(v: Any) -> str:
-    """Compact knob value: {"policy": "reset", "peak": 0.005} → policy=reset peak=0.005."""
-    if isinstance(v, str) and v.startswith("{") and v.endswith("}"):
-        try:
-            import ast
-
-            v = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            return v
-    if isinstance(v, dict):
-        return " ".join(f"{k}={x}" for k, x in v.items())
-    return str(v)
-
-
 def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -315,7 +301,7 @@ def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[st
         t.add_column(c)
     for i, r in enumerate(sorted(finals, key=key), 1):
         v = r.get(metric)
-        t.add_row(str(i), str(r["trial_id"]), *[_fmt(r.get(k)) for k in knobs],
+        t.add_row(str(i), str(r["trial_id"]), *[format_knob(r.get(k)) for k in knobs],
                   f"{v:.4f}" if isinstance(v, (int, float)) and v == v else "-",
                   f"{r.get('tokens') or 0:,}", str(r.get("status")))
     con = Console()

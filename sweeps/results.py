@@ -109,3 +109,17 @@ def final_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if t not in best or (r.get("step") or 0) >= (best[t].get("step") or 0):
             best[t] = r
     return list(best.values())
+
+
+def format_knob(v: Any) -> str:
+    """Compact knob value: {"policy": "reset", "peak": 0.005} → policy=reset peak=0.005."""
+    if isinstance(v, str) and v.startswith("{") and v.endswith("}"):
+        try:
+            import ast
+
+            v = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            return v
+    if isinstance(v, dict):
+        return " ".join(f"{k}={x}" for k, x in v.items())
+    return str(v)

@@ -122,6 +122,9 @@ class EvalConfig:
     """Evaluate (validation loss + router statistics) every this many optimizer steps."""
     batches: int = 4
     """Fixed validation batches (of batch.micro_batch sequences) per evaluation."""
+    seed: int = 0
+    """Seed of the validation batches: fixed apart from the run's seed, so every trial of a
+    sweep (any seed) is scored on the same tokens."""
 
     def __post_init__(self) -> None:
         _check(self.every_steps >= 1, f"eval.every_steps={self.every_steps} must be >= 1")

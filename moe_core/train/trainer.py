@@ -313,7 +313,7 @@ def train(
     )
     val = dataset.val_batches(
         seq_len=cfg.seq_len, batch_size=cfg.batch.micro_batch, num_batches=cfg.eval.batches,
-        seed=cfg.seed,
+        seed=cfg.eval.seed,
     )
 
     calib = None

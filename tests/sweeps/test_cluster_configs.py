@@ -1,0 +1,55 @@
+"""Cluster configs validated with Ray's own schema and checks (offline)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+CLUSTER = Path(__file__).resolve().parents[2] / "sweeps" / "cluster"
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_launcher_config_passes_ray_validation(name):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = yaml.safe_load((CLUSTER / name).read_text())
+    prepared = prepare_config(cfg)  # fills Ray's defaults, as `ray up` does
+    validate_config(prepared)
+    types = prepared["available_node_types"]
+    assert types["head"]["resources"]["CPU"] == 0  # the head only drives sweeps
+    gpu_types = [t for t in types if t != "head"]
+    assert gpu_types and all(types[t]["max_workers"] >= 1 for t in gpu_types)
+    assert all(types[t]["min_workers"] == 0 for t in gpu_types)  # scale from zero
+    # trial drivers stay off spot/preemptible nodes
+    for t, spec in types.items():
+        spot = "spot" in t or "preemptible" in t
+        assert ("trial_driver" in spec.get("resources", {})) != spot, t
+    assert prepared["idle_timeout_minutes"] > 0
+    assert any("pip install" in c for c in prepared["setup_commands"])
+
+
+def test_invalid_launcher_config_is_refused():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = prepare_config(yaml.safe_load((CLUSTER / "aws.yaml").read_text()))
+    cfg["available_node_types"]["gpu_8xh100"]["max_workers"] = "many"
+    with pytest.raises(Exception, match="many"):
+        validate_config(cfg)
+
+
+def test_kuberay_manifest_derives_autoscaling_config():
+    from ray.autoscaler._private.kuberay.autoscaling_config import (
+        _derive_autoscaling_config_from_ray_cr,
+    )
+    from ray.autoscaler._private.util import validate_config
+
+    cr = yaml.safe_load((CLUSTER / "kuberay.yaml").read_text())
+    assert cr["spec"]["enableInTreeAutoscaling"] is True
+    assert cr["spec"]["autoscalerOptions"]["version"] == "v2"
+    derived = _derive_autoscaling_config_from_ray_cr(cr)
+    validate_config(derived)
+    types = derived["available_node_types"]
+    assert types["gpu-8xh100"]["resources"]["GPU"] == 8
+    assert types["gpu-8xh100"]["max_workers"] == 4 and types["gpu-8xh100"]["min_workers"] == 0
+    assert types["gpu-1x"]["resources"]["GPU"] == 1
+    assert types["headgroup"]["resources"].get("trial_driver") == 4

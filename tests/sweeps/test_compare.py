@@ -1,0 +1,29 @@
+"""sweeps.compare on two synthetic result sets."""
+
+from sweeps.compare import main, summarize
+from sweeps.results import write_rows
+
+
+def _rows(sweep, offset):
+    rows = []
+    for t, (knob, final) in enumerate([("a", 2.0), ("a", 1.5), ("b", 1.0)]):
+        for step, loss in ((0, 3.0), (10, final + offset)):
+            rows.append({"sweep": sweep, "trial_id": f"{sweep}{t}", "status": "ok",
+                         "step": step, "tokens": step * 100, "val_loss": loss,
+                         "knob.moe.top_k": knob})
+    return rows
+
+
+def test_compare_tables_and_plots(tmp_path, capsys):
+    for name, off in (("s1", 0.0), ("s2", 0.5)):
+        write_rows(tmp_path / name / "results.parquet", _rows(name, off))
+    lines = summarize({"s1": _rows("s1", 0.0)}, "val_loss")
+    by = {ln["value"]: ln for ln in lines}
+    assert by["a"]["n"] == 2 and by["a"]["best"] == 1.5 and by["a"]["median"] == 1.75
+    assert by["b"]["best"] == 1.0
+    out = tmp_path / "cmp"
+    assert main([str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(out)]) == 0
+    md = (out / "compare.md").read_text()
+    assert "| s2 | moe.top_k | b | 1 | 1.5000 | 1.5000 |" in md
+    assert len(list(out.glob("*.png"))) == 2
+    assert main([str(tmp_path / "missing")]) == 2
