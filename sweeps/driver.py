@@ -103,7 +103,7 @@ class ResultsCallback(tune.Callback):
 
 _CORE = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
          "N_total", "D1", "D2", "step", "tokens", "lr", "train_loss", "val_loss", "aux_loss",
-         "wall_s", "flops", "tokens_budget"}
+         "wall_s", "flops", "tokens_budget", "branch_from_step"}
 _KEEP = _CORE
 
 
@@ -113,7 +113,7 @@ def static_keys(spec: SweepSpec, plan: dict[str, Any]) -> list[str]:
     from sweeps.results import flatten_config
 
     keys = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
-            "N_total", "D1", "tokens_budget"}
+            "N_total", "D1", "tokens_budget", "branch_from_step"}
     for r in plan["rows"]:
         keys.update(flatten_config(trial_config(spec, r["point"]).to_dict()))
         keys.update(f"knob.{k}" for k in r["point"])
@@ -205,6 +205,34 @@ def train_parents(spec: SweepSpec, plan: dict[str, Any], cache_dir: Path) -> dic
     return refs
 
 
+@ray.remote
+def _train_stable_task(spec: SweepSpec, group: dict[str, Any], parents: dict[str, Any],
+                       cache_dir: str, out_dir: str) -> dict[str, Any]:
+    from sweeps.branches import train_stable_group
+    from sweeps.trainable import get_parent
+
+    cfg = trial_config(spec, group["point"])
+    parent, _ = get_parent(cfg, parents, Path(cache_dir))
+    return train_stable_group(spec, group, parent, Path(out_dir))
+
+
+def train_stables(spec: SweepSpec, refs: dict[str, Any], cache_dir: Path,
+                  results_dir: Path) -> dict[str, Any]:
+    """Train each WSD stable run shared by a token-budget grid once; trials branch off it."""
+    from sweeps.branches import plan_branches
+
+    groups = plan_branches(spec)
+    if not groups:
+        return {}
+    print(f"[sweeps] training {len(groups)} shared WSD stable run(s) for "
+          f"{sum(len(g['starts']) for g in groups.values())} token budgets", file=sys.stderr,
+          flush=True)
+    tasks = {k: _train_stable_task.options(num_cpus=spec.resources.cpus).remote(
+        spec, g, dict(refs), str(cache_dir), str(results_dir / "stable" / k))
+        for k, g in groups.items()}
+    return {k: ray.get(t) for k, t in tasks.items()}
+
+
 def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False) -> dict[str, Any]:
@@ -220,9 +248,11 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
                  log_to_driver=verbose, configure_logging=False)
     t0 = time.time()
     refs = train_parents(spec, plan, cache_dir)
+    stables = train_stables(spec, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, parents=dict(refs), cache_dir=str(cache_dir)),
+        tune.with_parameters(run_trial, spec=spec, parents=dict(refs), cache_dir=str(cache_dir),
+                             stables=stables),
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus},
     )
     total = plan["trials"]
@@ -280,6 +310,7 @@ def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any
         "best": best, "metric": metric, "wall_s": round(wall, 1),
         "parent_wall_s": round(parent_wall, 1), "parents": len(plan["parents"]),
         "tokens_saved_by_sharing": plan["tokens_saved_by_sharing"],
+        "tokens_saved_by_branches": plan["tokens_saved_by_branches"],
         "results": str(spec.results_dir / RESULTS_FILE),
     }
 
@@ -307,5 +338,6 @@ def print_ranked(spec: SweepSpec, finals: list[dict[str, Any]], summary: dict[st
     con = Console()
     con.print(t)
     con.print(f"results: {summary['results']}   wall {summary['wall_s']} s "
-              f"(parents {summary['parent_wall_s']} s)   tokens saved by shared parents: "
-              f"{summary['tokens_saved_by_sharing']:,}")
+              f"(parents and stable runs {summary['parent_wall_s']} s)   tokens saved: "
+              f"{summary['tokens_saved_by_sharing']:,} by shared parents, "
+              f"{summary['tokens_saved_by_branches']:,} by WSD branches")

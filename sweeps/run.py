@@ -101,6 +101,8 @@ def print_plan(spec, plan: dict[str, Any]) -> None:
     con.print(f"parent tokens: {plan['parent_tokens']:,}   parent FLOPs: "
               f"{plan['parent_flops']:.3e}   tokens saved by sharing parents: "
               f"{plan['tokens_saved_by_sharing']:,}")
+    con.print(f"WSD stable runs shared by token-budget grids: {plan['branch_groups']}   "
+              f"stable tokens saved by branching: {plan['tokens_saved_by_branches']:,}")
 
 
 def eta(done: int, total: int, started: float) -> str:

@@ -31,6 +31,7 @@ SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
+    "wsd_branches",
 }
 
 
@@ -104,6 +105,9 @@ class SweepSpec:
     """Repeat every configuration with each of these seeds (a grid over ``seed``)."""
     description: str = ""
     path: str = ""
+    wsd_branches: bool = True
+    """Trials differing only in ``tokens`` share one WSD stable run and branch off it (000
+    §3.1); results are identical to training each budget on its own."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -311,7 +315,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         mode=mode, resources=_sub(Resources, raw.get("resources"), "resources"),
         max_concurrent=max_conc, wandb=wandb, results=str(raw.get("results", "results")),
         max_failures=max_failures, seeds=seeds, description=str(raw.get("description", "")),
-        path=path,
+        path=path, wsd_branches=bool(raw.get("wsd_branches", True)),
     )
     validate(spec)
     return spec
@@ -463,6 +467,9 @@ def estimate(spec: SweepSpec) -> dict[str, Any]:
                 parents[pk] = {"tokens": ptoks, "flops": 6 * n_p * ptoks, "trials": 0}
             parents[pk]["trials"] += spec.num_samples
         rows.append({"point": pt, "tokens": toks, "N_active": n_act, "parent": pk})
+    from sweeps.branches import plan_branches, stable_tokens_saved
+
+    branches = plan_branches(spec)
     parent_tokens = sum(p["tokens"] for p in parents.values())
     naive_parent_tokens = sum(p["tokens"] * p["trials"] for p in parents.values())
     return {
@@ -471,6 +478,8 @@ def estimate(spec: SweepSpec) -> dict[str, Any]:
         "parent_tokens": parent_tokens,
         "parent_flops": sum(p["flops"] for p in parents.values()),
         "tokens_saved_by_sharing": naive_parent_tokens - parent_tokens,
+        "branch_groups": len(branches),
+        "tokens_saved_by_branches": stable_tokens_saved(spec, branches),
         "sampled": [p.key for p in spec.sampled_params()],
         "math_check": math.isfinite(trial_flops),
     }

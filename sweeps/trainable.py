@@ -136,7 +136,7 @@ def static_columns(spec: SweepSpec, cfg, point: dict[str, Any], pkey: str,
 
 
 def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
-              cache_dir: str) -> None:
+              cache_dir: str, stables: dict[str, Any] | None = None) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys)."""
     point = {k: v for k, v in config.items()}
     cfg = trial_config(spec, point)
@@ -157,10 +157,22 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
             shutil.copytree(d, resume_from)
     eval_steps = list(range(cfg.eval.every_steps, cfg.steps + 1, cfg.eval.every_steps))
     t0 = time.perf_counter()
+    eval_at_start = resume_from is None
+    branch = _branch_for(spec, point, cfg, stables or {})
+    if branch is not None:  # a WSD decay branch of the group's shared stable run
+        start_ckpt, stable_curve, start_step = branch
+        static["branch_from_step"] = start_step
+        if resume_from is None:
+            for m in stable_curve:  # the stable phase's evals are this trial's too
+                if m["step"] <= start_step:
+                    reporter._report(reporter.row(m), None)
+            resume_from = Path(start_ckpt)
+        eval_at_start = False
+        eval_steps = [s for s in eval_steps if s > start_step]
     try:
         train(cfg, out_dir=work / "ckpt", callbacks=(reporter,), parent=parent,
               resume_from=resume_from, checkpoint_steps=eval_steps,
-              eval_at_start=resume_from is None)
+              eval_at_start=eval_at_start)
     except DivergenceError as e:
         row = dict(static)
         row.update(status="diverged", reason=str(e), step=e.step,
@@ -170,6 +182,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
         return
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _branch_for(spec: SweepSpec, point: dict[str, Any], cfg, stables: dict[str, Any]):
+    """(checkpoint, stable curve, decay-start step) when this trial is a WSD branch."""
+    if not stables:
+        return None
+    from sweeps.branches import decay_start, stable_key
+
+    st = stables.get(stable_key(spec, point))
+    if st is None or cfg.tokens not in st["checkpoints"]:
+        return None
+    return st["checkpoints"][cfg.tokens], st["curve"], decay_start(cfg)
 
 
 def parent_payload(state: ParentState) -> dict[str, Any]:
