@@ -103,7 +103,7 @@ class ResultsCallback(tune.Callback):
 
 _CORE = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
          "N_total", "D1", "D2", "step", "tokens", "lr", "train_loss", "val_loss", "aux_loss",
-         "wall_s", "flops", "tokens_budget", "branch_from_step"}
+         "wall_s", "flops", "tokens_budget", "branch_from_step", "ranks"}
 _KEEP = _CORE
 
 
@@ -113,7 +113,7 @@ def static_keys(spec: SweepSpec, plan: dict[str, Any]) -> list[str]:
     from sweeps.results import flatten_config
 
     keys = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
-            "N_total", "D1", "tokens_budget", "branch_from_step"}
+            "N_total", "D1", "tokens_budget", "branch_from_step", "ranks"}
     for r in plan["rows"]:
         keys.update(flatten_config(trial_config(spec, r["point"]).to_dict()))
         keys.update(f"knob.{k}" for k in r["point"])
@@ -253,7 +253,9 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, parents=dict(refs), cache_dir=str(cache_dir),
                              stables=stables),
-        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus},
+        # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
+        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
+        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
     )
     total = plan["trials"]
     callbacks: list[Any] = [ResultsCallback(spec, results_dir / RESULTS_FILE, total)]
@@ -267,7 +269,11 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
             upload_timeout=15 if spec.wandb.mode == "offline" else 600,
         ))
     cpus = ray.cluster_resources().get("CPU", 1)
-    conc = max_concurrent or spec.max_concurrent or max(1, int(cpus // spec.resources.cpus))
+    per_trial = spec.resources.cpus * spec.resources.ranks
+    conc = max_concurrent or spec.max_concurrent or max(1, int(cpus // per_trial))
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if spec.resources.gpus > 0 and gpus:  # never oversubscribe GPUs (fractional packing ok)
+        conc = min(conc, max(1, int(gpus // (spec.resources.gpus * spec.resources.ranks))))
     run_config = tune.RunConfig(
         name="tune", storage_path=str(results_dir),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),

@@ -129,6 +129,7 @@ def static_columns(spec: SweepSpec, cfg, point: dict[str, Any], pkey: str,
         "sweep": spec.name, "trial_id": tune.get_context().get_trial_id(), "parent_key": pkey,
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
         "N_total": pc.non_embedding_total, "D1": d1, "reason": None,
+        "ranks": spec.resources.ranks,
     }
     row.update(flatten_config(cfg.to_dict()))
     row.update({f"knob.{k}": v for k, v in point.items()})
@@ -169,6 +170,10 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
             resume_from = Path(start_ckpt)
         eval_at_start = False
         eval_steps = [s for s in eval_steps if s > start_step]
+    if spec.resources.ranks > 1:
+        run_multi_rank(spec, point, parents, cache_dir, static, resume_from, eval_at_start)
+        shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         train(cfg, out_dir=work / "ckpt", callbacks=(reporter,), parent=parent,
               resume_from=resume_from, checkpoint_steps=eval_steps,
@@ -207,3 +212,84 @@ def parent_payload(state: ParentState) -> dict[str, Any]:
 
 def trial_dict_for(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
     return trial_dict(spec, point)
+
+
+# ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
+
+
+class _RankReporter(Callback):
+    """Every rank reports each eval (the same number of times); rank 0 attaches the checkpoint
+    directory, which holds every rank's files (a path on storage all ranks share)."""
+
+    def __init__(self, static: dict[str, Any], rank: int):
+        self.base = _TuneReporter(static, None, None)
+        self.rank = rank
+        self.pending: dict[str, Any] | None = None
+
+    def on_eval(self, metrics: dict[str, Any]) -> None:
+        import ray.train
+
+        row = _clean(self.base.row(metrics))
+        if metrics["step"] == 0 or math.isnan(metrics.get("train_loss", math.nan)):
+            ray.train.report(row)
+        else:
+            self.pending = row
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        import ray.train
+
+        if self.pending is None:
+            return
+        ckpt = ray.train.Checkpoint.from_directory(str(path)) if self.rank == 0 else None
+        ray.train.report(self.pending, checkpoint=ckpt)
+        self.pending = None
+
+
+def _train_worker(box: dict[str, Any]) -> None:
+    """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train)."""
+    import ray.train
+
+    spec, point = box["spec"], box["point"]
+    cfg = trial_config(spec, point)
+    parent, _ = get_parent(cfg, box["parents"], Path(box["cache_dir"]))
+    rank = ray.train.get_context().get_world_rank()
+    resume = box["resume"]
+    ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
+    if ck is not None:
+        resume = ck.path
+    eval_steps = list(range(cfg.eval.every_steps, cfg.steps + 1, cfg.eval.every_steps))
+    train(cfg, out_dir=Path(box["ckpt_root"]), callbacks=(_RankReporter(box["static"], rank),),
+          parent=parent, resume_from=resume, checkpoint_steps=eval_steps,
+          eval_at_start=resume is None and box["eval_at_start"])
+
+
+def run_multi_rank(spec: SweepSpec, point: dict[str, Any], parents: dict[str, Any],
+                   cache_dir: str, static: dict[str, Any], resume_from: Path | None,
+                   eval_at_start: bool) -> None:
+    """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
+    across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
+    the trial's resources (the Tune trial itself reserves none)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    r = spec.resources
+    trial_id = static["trial_id"]
+    storage = (spec.results_dir / "train").resolve()
+    ckpt_root = storage / "rank_checkpoints" / trial_id
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"spec": spec, "point": point, "parents": parents,
+                           "cache_dir": cache_dir, "static": static,
+                           "resume": str(resume_from) if resume_from else None,
+                           "ckpt_root": str(ckpt_root), "eval_at_start": eval_at_start},
+        torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
+        scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
+                                     resources_per_worker={"CPU": r.cpus,
+                                                           **({"GPU": r.gpus} if r.gpus else {})}),
+        run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=str(storage),
+                             failure_config=FailureConfig(max_failures=spec.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             callbacks=[TuneReportCallback()]),
+    )
+    trainer.fit()

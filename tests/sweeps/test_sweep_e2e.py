@@ -119,3 +119,31 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
     after = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows}
     for k, wall in done_before.items():  # finished trials were not rerun
         assert after[k] == wall
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_multi_rank_trials_with_expert_parallelism(tmp_path):
+    """2 trials × 2 gloo ranks: each trial is a Ray Train TorchTrainer inside a Tune trial,
+    experts sharded across its ranks; every rank's shard lands in one checkpoint directory."""
+    base = dict(SPEC["base"])
+    base.pop("parent")
+    base.pop("upcycle")
+    base["batch"] = {"global_batch": 8, "micro_batch": 4}
+    base["tokens"] = 1536
+    spec = _write(tmp_path, base=base, resources={"cpus": 1, "ranks": 2},
+                  search={"moe.router.order": {"grid": ["softmax_topk", "topk_softmax"]}},
+                  logging={"wandb": {"enabled": False}})
+    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec)], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _rows(tmp_path)
+    trials = {r["trial_id"] for r in rows}
+    assert len(trials) == 2
+    for t in trials:
+        assert sorted(r["step"] for r in rows if r["trial_id"] == t) == [0, 2, 4, 6]
+    assert {r["ranks"] for r in rows} == {2} and {r["status"] for r in rows} == {"ok"}
+    ck = tmp_path / "results" / "e2e" / "train" / "rank_checkpoints"
+    for t in trials:
+        files = {p.name for p in (ck / t / "step_00000006").iterdir()}
+        assert {"model_rank0.safetensors", "model_rank1.safetensors", "meta.json"} <= files
