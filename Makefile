@@ -11,12 +11,13 @@ SPEC ?= search_spaces/upcycle_lr.yaml
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# No CUDA driver here: take torch's CPU build first so the range in pyproject
-	# is already satisfied and pip does not pull a multi-GB CUDA build.
+	# No CUDA driver here: take torch's CPU build first (without its dependencies, which
+	# come from the default index next) so the range in pyproject is already satisfied and
+	# pip does not pull a multi-GB CUDA build.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		$(BIN)/python -m pip install -q --timeout 20 "torch==2.13.0" \
+		$(BIN)/python -m pip install -q --no-deps --retries 0 --timeout 20 "torch==2.13.0" \
 			--index-url https://download.pytorch.org/whl/cpu || \
-		$(BIN)/python -m pip install -q "torch==2.13.0"; \
+		$(BIN)/python -m pip install -q --no-deps "torch==2.13.0"; \
 	fi
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)

@@ -195,7 +195,10 @@ def train_parents(spec: SweepSpec, plan: dict[str, Any], cache_dir: Path) -> dic
     for r in plan["rows"]:
         pk = r["parent"]
         if pk is not None and pk not in refs:
-            refs[pk] = _train_parent_task.options(num_cpus=spec.resources.cpus).remote(
+            # max_retries=0: no lineage reconstruction; a parent lost with its node is read back
+            # from the disk cache by the trials instead of being retrained.
+            refs[pk] = _train_parent_task.options(num_cpus=spec.resources.cpus,
+                                                  max_retries=0).remote(
                 spec, r["point"], str(cache_dir))
     if refs:
         print(f"[sweeps] preparing {len(refs)} parent(s) (cached by content hash in "
