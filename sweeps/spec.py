@@ -324,6 +324,24 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
 def load_spec(path: str, overrides: list[str] = (), results: str | None = None) -> SweepSpec:
     """Read, override (``--set key.path=value``, e.g. ``base.optim.lr=1e-3``) and validate."""
     raw = load_yaml(path)
+    plain = []
+    for item in overrides:
+        # search.<dotted knob>.<distribution>=value: the knob itself contains dots
+        key, _, value = item.partition("=")
+        parts = key.split(".")
+        if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
+            import yaml
+
+            knob = ".".join(parts[1:-1])
+            raw.setdefault("search", {}).setdefault(knob, {})
+            if not isinstance(raw["search"][knob], dict):
+                raw["search"][knob] = {"grid": raw["search"][knob]}
+            dist = {k: v for k, v in raw["search"][knob].items() if k == "when"}
+            dist[parts[-1]] = yaml.safe_load(value)
+            raw["search"][knob] = dist
+        else:
+            plain.append(item)
+    overrides = plain
     try:
         raw = apply_overrides(raw, list(overrides))
     except ConfigError as e:

@@ -198,3 +198,10 @@ def test_set_override_and_unknown_key(tmp_path):
     assert s.base_config.optim.lr == 5e-4 and s.num_samples == 3
     with pytest.raises(SearchSpaceError, match=r"unknown key optim\.lrx"):
         load_spec(str(f), ["base.optim.lrx=1"])
+
+
+def test_set_override_of_a_search_knob(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(spec(search={"moe.top_k": {"grid": [1, 2]}})))
+    s = load_spec(str(f), ["search.moe.top_k.grid=[1, 2, 4]", "search.optim.lr.grid=[1e-3]"])
+    assert [p.values for p in s.search] == [(1, 2, 4), (1e-3,)]
