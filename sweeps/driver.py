@@ -261,7 +261,8 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
     )
     total = plan["trials"]
-    callbacks: list[Any] = [ResultsCallback(spec, results_dir / RESULTS_FILE, total)]
+    flush_s = float(os.environ.get("UPCYCLE_SWEEPS_FLUSH_S", "10"))
+    callbacks: list[Any] = [ResultsCallback(spec, results_dir / RESULTS_FILE, total, flush_s)]
     if spec.wandb.enabled and spec.wandb.mode != "disabled":
         from ray.air.integrations.wandb import WandbLoggerCallback
 

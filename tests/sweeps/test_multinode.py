@@ -38,7 +38,8 @@ def test_worker_node_killed_mid_sweep(tmp_path):
 
     # Ray 2.60 authenticates nodes with a token: head, worker and driver share one.
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+               UPCYCLE_SWEEPS_FLUSH_S="0.5")
     env.pop("RAY_ADDRESS", None)
     gcs, nm = _port(), _port()
     common = ["--disable-usage-stats", "--num-cpus=1"]
@@ -48,7 +49,7 @@ def test_worker_node_killed_mid_sweep(tmp_path):
         subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{gcs}",
                         f"--node-manager-port={nm}", *common], env=env, check=True,
                        capture_output=True, timeout=120)
-        base = dict(SPEC["base"], tokens=8192, eval={"every_steps": 4, "batches": 2})
+        base = dict(SPEC["base"], tokens=16384, eval={"every_steps": 8, "batches": 2})
         spec = dict(SPEC, base=base, results=str(tmp_path / "results"),
                     logging={"wandb": {"enabled": False}}, failure={"max_failures": 3})
         f = tmp_path / "spec.yaml"
@@ -64,8 +65,8 @@ def test_worker_node_killed_mid_sweep(tmp_path):
             if res.exists():
                 try:
                     rows = pq.read_table(res).to_pylist()
-                    if len({r["trial_id"] for r in rows if r["step"] > 0}) >= 2:
-                        break  # two trials (one per node, 1 CPU each) are mid-run
+                    if len({r["trial_id"] for r in rows}) >= 2:
+                        break  # two trials (one per node, 1 CPU each) have started
                 except Exception:
                     pass
         pids = _raylet_pids(nm)
@@ -80,7 +81,7 @@ def test_worker_node_killed_mid_sweep(tmp_path):
         assert len(trials) == 4
         for t in trials:
             steps = sorted(r["step"] for r in rows if r["trial_id"] == t)
-            assert steps == list(range(0, 33, 4)), (t, steps)
+            assert steps == list(range(0, 65, 8)), (t, steps)
             assert {r["status"] for r in rows if r["trial_id"] == t} == {"ok"}
         # the trial that ran on the dead node failed once and was rescheduled
         errors = list((tmp_path / "results" / "e2e" / "tune").rglob("error.txt"))
