@@ -50,7 +50,7 @@ class ResultsCallback(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure_loaded()
-        row = {k: v for k, v in result.items() if k in _KEEP or "." in k or k in _CORE}
+        row = {k: v for k, v in result.items() if k in _CORE or "." in k}
         row["trial_id"] = self._trial_id(trial)
         step = int(row.get("step") or 0)
         self.rows[(row["trial_id"], step)] = row
@@ -104,7 +104,6 @@ class ResultsCallback(tune.Callback):
 _CORE = {"sweep", "trial_id", "status", "reason", "parent_key", "kind", "seed", "N1", "N2",
          "N_total", "D1", "D2", "step", "tokens", "lr", "train_loss", "val_loss", "aux_loss",
          "wall_s", "flops", "tokens_budget", "branch_from_step", "ranks"}
-_KEEP = _CORE
 
 
 def static_keys(spec: SweepSpec, plan: dict[str, Any]) -> list[str]:

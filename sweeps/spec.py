@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import copy
 import itertools
-import math
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -461,7 +460,6 @@ def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:
 
 def estimate(spec: SweepSpec) -> dict[str, Any]:
     """Trials, distinct parents, and token/FLOP estimates (6·N_active·D) for --dry-run."""
-    from moe_core.data import DataConfig  # noqa: F401  (vocab estimate needs the data config)
     from moe_core.params import count_params
     from moe_core.train.runner import parent_key
 
@@ -499,5 +497,4 @@ def estimate(spec: SweepSpec) -> dict[str, Any]:
         "branch_groups": len(branches),
         "tokens_saved_by_branches": stable_tokens_saved(spec, branches),
         "sampled": [p.key for p in spec.sampled_params()],
-        "math_check": math.isfinite(trial_flops),
     }

@@ -24,7 +24,7 @@ from moe_core.errors import DivergenceError
 from moe_core.params import count_params
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.trainer import Callback, ParentState, train
-from sweeps.spec import SweepSpec, trial_config, trial_dict
+from sweeps.spec import SweepSpec, trial_config
 
 # Test hook: raise inside the trainable once, after this many reports (fault-tolerance tests).
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
@@ -209,9 +209,6 @@ def parent_payload(state: ParentState) -> dict[str, Any]:
         "optimizer_state": None,
     }
 
-
-def trial_dict_for(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
-    return trial_dict(spec, point)
 
 
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------

@@ -15,16 +15,11 @@ from typing import Any, Literal
 
 import yaml
 
-from moe_core.config import ModelConfig, MoEConfig, moe_config_from_dict
+from moe_core.config import ModelConfig, MoEConfig, _check, moe_config_from_dict
 from moe_core.data import DataConfig
 from moe_core.errors import ConfigError
 from moe_core.presets import model_config, preset
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def coerce_number(value: Any, key: str) -> Any:
