@@ -302,8 +302,20 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
     finals = final_rows(rows)
     summary = summarize(spec, finals, plan, parent_wall, time.time() - t0)
     summary["errors"] = grid.num_errors
+    for k in ("trial_tokens", "trial_flops", "parent_tokens", "parent_flops"):
+        summary[f"planned_{k}"] = plan.get(k)
+    write_summary(results_dir, summary)
     print_ranked(spec, finals, summary)
     return summary
+
+
+def write_summary(results_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json`` next to the results (the compute ledger analysis.report reads)."""
+    import json
+
+    tmp = results_dir / f".summary.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(summary, indent=1, default=str))
+    os.replace(tmp, results_dir / "summary.json")
 
 
 def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any],

@@ -18,3 +18,14 @@ def test_moe_core_errors_is_cheap():
     code = "import sys, moe_core.errors; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_analysis_imports_neither_torch_nor_ray():
+    code = (
+        "import sys, analysis.fit, analysis.laws, analysis.derived, analysis.report, "
+        "analysis.claims;"
+        "bad=[m for m in ('torch','ray','wandb','deepspeed') if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"analysis imported {out.stdout.strip()}"

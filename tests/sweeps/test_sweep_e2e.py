@@ -80,6 +80,15 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     assert len(failed_once) == 4
     # the ranked table was printed
     assert "trials ranked by val_loss" in out.stdout
+    # the analysis report reads the real output: ledger from results + summary.json
+    res = tmp_path / "results" / "e2e"
+    assert (res / "summary.json").exists()
+    rep = subprocess.run([sys.executable, "-m", "analysis.report", str(res), "--bootstrap", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    md = (res / "report.md").read_text()
+    assert "| tokens saved by shared parents | 6,144 |" in md  # 3 of 4 trials reuse the parent
+    assert (res / "curves.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

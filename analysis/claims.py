@@ -1,0 +1,307 @@
+"""The seeds' claims a shipped sweep can test, each judged from the sweep's own numbers.
+
+A comparison "A beats B on a metric" is
+
+- **reproduced** when the mean difference is in the claimed direction and larger than the noise
+  threshold: twice the standard error of the difference over seeds (Welch), and never less than
+  ``FLOOR`` (0.005 nats for losses; 2 % of the values for other statistics) when a configuration
+  has a single seed (and never below 0.001 nats, or 0.5 %, with seeds);
+- **not reproduced** when it is that large in the other direction;
+- **inconclusive** otherwise.
+
+Trends ("grows with λ") use Spearman's ρ over the configurations together with the same
+threshold on the difference between the ends of the range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+FLOOR = 0.005
+MIN_LOSS = 0.001  # never call a loss difference below this real, whatever the seeds say
+
+
+@dataclass
+class Claim:
+    claim: str
+    source: str
+    verdict: str
+    numbers: str
+
+
+def _stats(g: dict[str, Any], metric: str) -> tuple[float, float, int]:
+    return g[metric]
+
+
+def _threshold(a: tuple, b: tuple, metric: str) -> float:
+    (ma, sa, na), (mb, sb, nb) = a, b
+    scale = max(abs(ma), abs(mb))
+    if na > 1 and nb > 1 and math.isfinite(sa) and math.isfinite(sb):
+        return max(2 * math.sqrt(sa ** 2 / na + sb ** 2 / nb),
+                   MIN_LOSS if "loss" in metric else 0.005 * scale)
+    return FLOOR if "loss" in metric else 0.02 * scale
+
+
+def compare(better: dict, worse: dict, metric: str = "val_loss",
+            higher_is_better: bool = False) -> tuple[str, str]:
+    """Verdict and numbers for "``better`` beats ``worse`` on ``metric``"."""
+    a, b = _stats(better, metric), _stats(worse, metric)
+    if not (math.isfinite(a[0]) and math.isfinite(b[0])):
+        return INCONCLUSIVE, f"{metric} missing"
+    diff = (a[0] - b[0]) if higher_is_better else (b[0] - a[0])
+    thr = _threshold(a, b, metric)
+    verdict = REPRODUCED if diff > thr else NOT_REPRODUCED if diff < -thr else INCONCLUSIVE
+    fmt = lambda g, s: (f"{g['label']}: {s[0]:.4f}"  # noqa: E731
+                        + (f" ± {s[1]:.4f}" if math.isfinite(s[1]) else "") + f" (n={s[2]})")
+    return verdict, f"{fmt(better, a)}; {fmt(worse, b)}; Δ = {diff:+.4f} (threshold {thr:.4f})"
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    if len(x) < 3:
+        return math.nan
+    return float(spearmanr(x, y).statistic)
+
+
+def trend(groups: list[dict], key: Callable[[dict], float], metric: str,
+          increasing: bool = True) -> tuple[str, str]:
+    """Verdict for "``metric`` grows (or falls) with ``key``"."""
+    gs = sorted((g for g in groups if math.isfinite(g[metric][0])), key=key)
+    if len(gs) < 3:
+        return INCONCLUSIVE, f"only {len(gs)} configurations with {metric}"
+    xs = [key(g) for g in gs]
+    ys = [g[metric][0] for g in gs]
+    rho = spearman(xs, ys)
+    sign = 1 if increasing else -1
+    end = sign * (ys[-1] - ys[0])
+    thr = _threshold(gs[-1][metric], gs[0][metric], metric)
+    if sign * rho >= 0.8 and end > thr:
+        v = REPRODUCED
+    elif sign * rho <= -0.5 and end < -thr:
+        v = NOT_REPRODUCED
+    else:
+        v = INCONCLUSIVE
+    pts = ", ".join(f"{x:g}: {y:.4g}" for x, y in zip(xs, ys))
+    return v, f"ρ = {rho:+.2f}; {pts}; end-to-end Δ = {end:+.4g} (threshold {thr:.4g})"
+
+
+def _knob(g: dict, name: str) -> Any:
+    for k, v in g["knobs"].items():
+        if k == f"knob.{name}" or k.endswith("." + name):
+            return v
+    return None
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+# ---- per-sweep claims ------------------------------------------------------------------------
+
+
+def _upcycle_lr(s, **_) -> list[Claim]:
+    const = [g for g in s.groups if "constant" in g["label"]]
+    resets = [g for g in s.groups if "reset" in g["label"]]
+    if not const or not resets:
+        return []
+    best = min(resets, key=lambda g: g["val_loss"][0])
+    out = [Claim("Resetting the LR on upcycling beats a constant small LR",
+                 "004 §3.2.1 Fig. 5; 000 App. A.6 Fig. 8", *compare(best, const[0]))]
+    if any(math.isfinite(g["router.cos_to_parent"][0]) for g in const):
+        out.append(Claim("The constant-LR run keeps a higher cosine similarity to the dense "
+                         "parent", "004 Fig. 6",
+                         *compare(const[0], best, "router.cos_to_parent", higher_is_better=True)))
+    return out
+
+
+def _upcycle_vs_dense(s, **_) -> list[Claim]:
+    dense = [g for g in s.groups if all(r.get("kind") == "dense" for r in g["rows"])]
+    moe = [g for g in s.groups if all(r.get("kind") == "upcycled" for r in g["rows"])]
+    if not dense or not moe:
+        return []
+    return [Claim("The upcycled MoE beats continued dense training on the same tokens",
+                  "004 §3.1 Fig. 4a", *compare(moe[0], dense[0]))]
+
+
+def _router_order(s, **_) -> list[Claim]:
+    sm = [g for g in s.groups if "=softmax_topk" in g["label"]]
+    tk = [g for g in s.groups if "=topk_softmax" in g["label"]]
+    if not sm or not tk:
+        return []
+    return [Claim("softmax-then-topK beats topK-then-softmax after upcycling", "004 §3.4",
+                  *compare(sm[0], tk[0]))]
+
+
+def _gating_lambda(s, **_) -> list[Claim]:
+    lam = [g for g in s.groups if math.isfinite(_num(_knob(g, "logit_norm_lambda")))]
+    null = [g for g in s.groups if not math.isfinite(_num(_knob(g, "logit_norm_lambda")))]
+    key = lambda g: _num(_knob(g, "logit_norm_lambda"))  # noqa: E731
+    out = [Claim(f"{m.split('.')[-1]} grows with λ", "002 §4.1 Fig. 3",
+                 *trend(lam, key, f"router.{m.split('.')[-1]}"))
+           for m in ("max1_max2", "max2_max3")]
+    if null:
+        res = [compare(g, null[0]) for g in lam]
+        vs = [v for v, _ in res]
+        v = REPRODUCED if all(x == REPRODUCED for x in vs) else (
+            NOT_REPRODUCED if NOT_REPRODUCED in vs else INCONCLUSIVE)
+        out.append(Claim("Every λ (normalised gating) has a lower loss than no normalisation",
+                         "002 §4.1 Fig. 3", v, " / ".join(n for _, n in res)))
+    return out
+
+
+def _aux_coef(s, **_) -> list[Claim]:
+    key = lambda g: _num(_knob(g, "aux_coef"))  # noqa: E731
+    gs = sorted((g for g in s.groups if math.isfinite(key(g))), key=key)
+    if len(gs) < 3:
+        return []
+    smallest, largest = gs[0], gs[-1]
+    mid = [g for g in gs if 1e-3 <= key(g) <= 1e-2] or gs[1:-1]
+    best = min(gs, key=lambda g: g["val_loss"][0])
+    return [
+        Claim(f"Too small a coefficient ({key(smallest):g}) imbalances experts (higher max "
+              f"expert load than at {key(mid[-1]):g})", "000 App. A.7 Fig. 9; 004 §3.3",
+              *compare(mid[-1], smallest, "router.max_load")),
+        Claim(f"Too large a coefficient ({key(largest):g}) hurts cross-entropy",
+              "000 App. A.7 Fig. 9; 004 §3.3", *compare(best, largest)
+              if best is not largest else (NOT_REPRODUCED, f"{largest['label']} is the best")),
+    ]
+
+
+def _granularity(s, **_) -> list[Claim]:
+    key = lambda g: _num(_knob(g, "granularity"))  # noqa: E731
+    coarse = [g for g in s.groups if key(g) == 1]
+    fine = [g for g in s.groups if key(g) > 1]
+    if not coarse or not fine:
+        return []
+    best = min(fine, key=lambda g: g["val_loss"][0])
+    return [Claim("A granular MoE (virtual-group upcycling) beats the coarse E8G1T2 at the same "
+                  "active FLOPs", "004 §3.6", *compare(best, coarse[0]))]
+
+
+def _top_k(s, **_) -> list[Claim]:
+    key = lambda g: _num(_knob(g, "top_k"))  # noqa: E731
+    k1 = [g for g in s.groups if key(g) == 1]
+    k2 = [g for g in s.groups if key(g) == 2]
+    if not k1 or not k2:
+        return []
+    return [Claim("Top-2 beats top-1 after upcycling", "004 §3.7", *compare(k2[0], k1[0]))]
+
+
+def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
+    ok = [r for r in rows if math.isfinite(r["eta"])]
+    if not ok:
+        return []
+    out = []
+    for strat in sorted({r["strategy"] for r in ok}):
+        sub = sorted((r for r in ok if r["strategy"] == strat), key=lambda r: r[vary])
+        if len(sub) < 3:
+            continue
+        xs = [r["tau"] / r["T"] if vary == "tau" else r["cpt"] / r["tau"] for r in sub]
+        ys = [r["eta"] for r in sub]
+        rho = spearman(xs, ys)
+        want = -1 if vary == "tau" else 1
+        v = REPRODUCED if want * rho >= 0.8 else NOT_REPRODUCED if want * rho <= -0.5 \
+            else INCONCLUSIVE
+        name = "τ/T" if vary == "tau" else "CPT/τ"
+        text = ("η falls as the transition comes later (less CPT) at a fixed total budget"
+                if vary == "tau" else "η rises with the CPT budget")
+        out.append(Claim(f"{text} ({strat})", "003 Table 3a" if vary == "tau" else
+                         "003 Table 3b", v, f"ρ = {rho:+.2f}; " + ", ".join(
+                             f"{name}={x:.2f}: η={y:.2f}" for x, y in zip(xs, ys))))
+    by = {st: [r["eta"] for r in ok if r["strategy"] == st] for st in {r["strategy"] for r in ok}}
+    if "uniform" in by and len(by) > 1:
+        util = max((k for k in by if k != "uniform"), key=lambda k: np.mean(by[k]))
+        d = float(np.mean(by[util]) - np.mean(by["uniform"]))
+        pair = [(a, b) for a, b in zip(
+            sorted((r for r in ok if r["strategy"] == util), key=lambda r: (r["tau"], r["cpt"])),
+            sorted((r for r in ok if r["strategy"] == "uniform"),
+                   key=lambda r: (r["tau"], r["cpt"])))]
+        wins = sum(a["eta"] > b["eta"] for a, b in pair)
+        v = REPRODUCED if wins == len(pair) and d > 0 else NOT_REPRODUCED if wins == 0 \
+            else INCONCLUSIVE
+        out.append(Claim(f"Utility-based duplication ({util}) beats uniform", "003 Table 4", v,
+                         f"mean η {util} {np.mean(by[util]):.2f} vs uniform "
+                         f"{np.mean(by['uniform']):.2f}; wins {wins}/{len(pair)} paired points"))
+    return out
+
+
+def _transition(s, efficiency=(), **_) -> list[Claim]:
+    rows = list(efficiency)
+    if not rows:
+        return []
+    taus = {r["tau"] for r in rows}
+    return _eta_claims(rows, "tau" if len(taus) > 1 else "cpt")
+
+
+def _scaling(s, law_info=None, **_) -> list[Claim]:
+    if not law_info:
+        return []
+    fits = law_info["fits"]
+    loo = {n: f["loo_rms"]["ln"] for n, f in fits.items()}
+    best = law_info["best"]
+    ordered = sorted(loo, key=loo.get)
+    margin = (loo[ordered[1]] - loo[ordered[0]]) / loo[ordered[0]] if len(ordered) > 1 else 0
+    v = (REPRODUCED if best == "upcycled_mul" and margin > 0.05 else
+         INCONCLUSIVE if best == "upcycled_mul" or loo.get("upcycled_mul", math.inf)
+         <= 1.05 * loo[best] else NOT_REPRODUCED)
+    out = [Claim("The multiplicative law with interaction (Eq. 8) has the lowest leave-one-out "
+                 "RMS", "000 Table 1", v,
+                 "; ".join(f"{n}: {loo[n]:.4g}" for n in ordered) + " (ln-loss)")]
+    per = law_info.get("per_d1") or []
+    if len(per) >= 3:
+        d1 = [p[0] for p in per]
+        out.append(Claim("A larger D1 lowers the loss at the start of upcycling", "000 §3.3",
+                         *_rho_verdict(spearman(d1, [p[1] for p in per]), -1,
+                                       d1, [p[1] for p in per], "L at min D2")))
+        out.append(Claim("A larger D1 shrinks the D2 exponent (slope of ln L in ln D2)",
+                         "000 §3.3, Eq. 10", *_rho_verdict(spearman(d1, [p[3] for p in per]), -1,
+                                                           d1, [p[3] for p in per], "−slope")))
+    mul = fits.get("upcycled_mul")
+    if mul and mul.get("ci") and "alpha3" in mul["ci"]:
+        lo, hi = mul["ci"]["alpha3"]
+        a3 = mul["params"]["alpha3"]
+        v = REPRODUCED if lo > 0 else NOT_REPRODUCED if hi < 0 else INCONCLUSIVE
+        out.append(Claim("The interaction term is positive (α3 > 0)", "000 Eq. 8, Table 2", v,
+                         f"α3 = {a3:.3g}, 95 % bootstrap interval [{lo:.3g}, {hi:.3g}]"))
+    return out
+
+
+def _rho_verdict(rho: float, want: int, xs, ys, name: str) -> tuple[str, str]:
+    v = REPRODUCED if want * rho >= 0.8 else NOT_REPRODUCED if want * rho <= -0.5 \
+        else INCONCLUSIVE
+    return v, f"ρ = {rho:+.2f}; " + ", ".join(f"D1={x:,.0f}: {name} {y:.4g}"
+                                              for x, y in zip(xs, ys))
+
+
+CLAIMS: dict[str, Callable[..., list[Claim]]] = {
+    "upcycle_lr": _upcycle_lr,
+    "upcycle_vs_dense": _upcycle_vs_dense,
+    "router_order": _router_order,
+    "gating_lambda": _gating_lambda,
+    "aux_coef": _aux_coef,
+    "granularity": _granularity,
+    "top_k": _top_k,
+    "transition_tau": _transition,
+    "transition_cpt": _transition,
+    "scaling_d1_d2": _scaling,
+}
+
+
+def evaluate_claims(s, *, law_info: dict | None = None,
+                    efficiency: list[dict] | None = None) -> list[Claim]:
+    """Claims registered for this sweep's name (a renamed sweep keeps its tables, not verdicts)."""
+    fn = CLAIMS.get(s.name)
+    if fn is None:
+        return []
+    return fn(s, law_info=law_info, efficiency=efficiency or [])

@@ -1,0 +1,626 @@
+"""Fit the seeds' scaling laws: Huber loss on ln L via LogSumExp, L-BFGS from a grid (000 §4.1, §5).
+
+- objective: Σ_i Huber_δ(LSE_k t_k(x_i; θ) − ln L_i) with δ = 1e-3 (000 §4.1), minimised with
+  scipy's L-BFGS-B (bounds keep exponents ≥ 0) from every point of an initialisation grid; the
+  best optimum wins (Hoffmann et al.'s procedure, as 000 uses it);
+- parameters can be fixed (``fixed={"E": 0.165}``) or shared across several laws fitted together
+  (:func:`fit_shared`, 000 §5: E from a joint dense + MoE fit, then fixed for the upcycled law);
+- leave-one-out RMS in nats and in ln-loss (000 Table 1's metric), residuals, and bootstrap
+  percentile intervals on every parameter (resampled points, parallel over cores).
+
+CLI: ``python -m analysis.fit DATA --law NAME [--fix E=0.165] [--loo] [--bootstrap N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+
+from analysis.laws import Law, get_law
+from moe_core.errors import FitError
+
+DEFAULT_DELTA = 1e-3
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Points:
+    """The points one law is fitted to: variables (raw counts) and the loss L (nats)."""
+
+    x: dict[str, np.ndarray]
+    L: np.ndarray
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.L)
+        for k, v in self.x.items():
+            if len(v) != n:
+                raise FitError(f"variable {k} has {len(v)} values but L has {n}")
+
+    def __len__(self) -> int:
+        return len(self.L)
+
+    def take(self, idx: np.ndarray) -> Points:
+        return Points({k: v[idx] for k, v in self.x.items()}, self.L[idx],
+                      tuple(self.labels[i] for i in idx) if self.labels else ())
+
+
+# ---- the objective --------------------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    """One law on one data set inside a (possibly shared) fit; ``index`` maps its fit-space keys
+    to positions in the global parameter vector (or to a fixed value)."""
+
+    law: Law
+    pts: Points
+    index: dict[str, int]
+    fixed: dict[str, float]
+
+
+def _huber(r: np.ndarray, delta: float) -> tuple[float, np.ndarray]:
+    """Σ Huber_δ(r)/δ and its derivative in r (dividing by δ only rescales: same argmin)."""
+    a = np.abs(r)
+    quad = a <= delta
+    val = np.where(quad, 0.5 * r * r, delta * (a - 0.5 * delta)).sum() / delta
+    return float(val), np.clip(r, -delta, delta) / delta
+
+
+def _block_terms(b: _Block, theta: np.ndarray) -> np.ndarray:
+    """Terms t_k for parameter vectors ``theta`` of shape [m, P] → array [m, K, n]."""
+    m = theta.shape[0]
+    p: dict[str, Any] = {k: np.full((m, 1), v) for k, v in b.fixed.items()}
+    for k, j in b.index.items():
+        p[k] = theta[:, j:j + 1]
+    n = len(b.pts)
+    return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (m, n))
+                     for t in b.law.log_terms(p, b.pts.x)], axis=1)
+
+
+def _lse(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LogSumExp over the term axis (1) and the softmax weights."""
+    mx = terms.max(axis=1, keepdims=True)
+    e = np.exp(terms - mx)
+    s = e.sum(axis=1, keepdims=True)
+    return (mx + np.log(s))[:, 0, :], e / s
+
+
+_H = 1e-6
+
+
+def _objective(v: np.ndarray, blocks: list[_Block], ylog: list[np.ndarray],
+               delta: float) -> tuple[float, np.ndarray]:
+    """Objective and gradient. d t_k/dθ comes from central differences of the terms evaluated
+    in one vectorised call (exact for the seeds' laws, which are linear in the fit-space θ)."""
+    P = len(v)
+    thetas = np.repeat(v[None, :], 2 * P + 1, axis=0)
+    idx = np.arange(P)
+    thetas[1 + idx, idx] += _H
+    thetas[1 + P + idx, idx] -= _H
+    total, grad = 0.0, np.zeros(P)
+    for b, y in zip(blocks, ylog):
+        T = _block_terms(b, thetas)                      # [2P+1, K, n]
+        lse, w = _lse(T[:1])
+        r = lse[0] - y
+        val, dr = _huber(r, delta)
+        total += val
+        dT = (T[1:1 + P] - T[1 + P:]) / (2 * _H)         # [P, K, n]
+        dlse = (w * dT).sum(axis=1)                      # [P, n]
+        grad += dlse @ dr
+    return total, grad
+
+
+def _predict_log(b: _Block, v: np.ndarray) -> np.ndarray:
+    return _lse(_block_terms(b, v[None, :]))[0][0]
+
+
+# ---- fit ------------------------------------------------------------------------------------
+
+
+@dataclass
+class FitResult:
+    """A fitted law. ``params`` are natural (A, not ln A) and include fixed ones."""
+
+    law: str
+    params: dict[str, float]
+    fixed: dict[str, float]
+    n: int
+    objective: float
+    residuals: np.ndarray
+    """ln L̂ − ln L at each point."""
+    rms_ln: float
+    rms_nats: float
+    starts: int
+    fit_s: float
+    converged: bool
+    theta: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    loo: dict[str, Any] | None = None
+    ci: dict[str, tuple[float, float]] | None = None
+    bootstrap: np.ndarray | None = field(repr=False, default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "law": self.law, "n": self.n, "params": self.params, "fixed": self.fixed,
+            "rms": {"nats": self.rms_nats, "ln": self.rms_ln}, "objective": self.objective,
+            "starts": self.starts, "converged": self.converged, "fit_s": round(self.fit_s, 4),
+            "loo_rms": None, "ci": None,
+        }
+        if self.loo is not None:
+            out["loo_rms"] = {"nats": self.loo["rms_nats"], "ln": self.loo["rms_ln"]}
+            out["loo_residuals_ln"] = [float(r) for r in self.loo["residuals_ln"]]
+        if self.ci is not None:
+            out["ci"] = {k: [lo, hi] for k, (lo, hi) in self.ci.items()}
+            out["bootstrap_n"] = int(len(self.bootstrap)) if self.bootstrap is not None else 0
+        return out
+
+
+def _free_params(law: Law, fixed: Mapping[str, float]) -> list:
+    unknown = [k for k in fixed if k not in law.param_names]
+    if unknown:
+        raise FitError(f"--fix {unknown[0]}=…: law {law.name!r} has no parameter {unknown[0]!r}; "
+                       f"it has {', '.join(law.param_names)}")
+    return [p for p in law.params if p.name not in fixed]
+
+
+def _grid(params: list, init_grid: Mapping[str, Sequence[float]] | None, max_starts: int,
+          seed: int) -> np.ndarray:
+    """Initial points (fit space). ``init_grid`` overrides a parameter's values, given as natural
+    values (A = 10, not ln 10). Larger products are subsampled deterministically."""
+    axes = []
+    for p in params:
+        if init_grid and p.name in init_grid:
+            axes.append([p.to_fit(float(v)) for v in init_grid[p.name]])
+        else:
+            axes.append(list(p.init))
+    total = math.prod(len(a) for a in axes)
+    if total <= max_starts:
+        return np.array(list(itertools.product(*axes)), dtype=np.float64).reshape(total, len(axes))
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(total, size=max_starts, replace=False)
+    pts = []
+    for flat in sorted(picks):
+        coords, rem = [], int(flat)
+        for a in reversed(axes):
+            coords.append(a[rem % len(a)])
+            rem //= len(a)
+        pts.append(coords[::-1])
+    return np.array(pts, dtype=np.float64)
+
+
+def _run(blocks: list[_Block], bounds: list, starts: np.ndarray, delta: float,
+         refine: int | None = None) -> tuple[np.ndarray, float, bool]:
+    """Best L-BFGS-B optimum over ``starts``; with ``refine``, only the ``refine`` grid points of
+    lowest objective are optimised (the rest of the grid only ranks starting points)."""
+    ylog = [np.log(b.pts.L) for b in blocks]
+    if refine is not None and len(starts) > refine:
+        lo = np.array([b[0] if b[0] is not None else -np.inf for b in bounds])
+        hi = np.array([b[1] if b[1] is not None else np.inf for b in bounds])
+        starts = np.clip(starts, lo, hi)
+        with np.errstate(all="ignore"):
+            f0 = np.array([_objective(s, blocks, ylog, delta)[0] for s in starts])
+        f0 = np.where(np.isfinite(f0), f0, np.inf)
+        starts = starts[np.argsort(f0, kind="stable")[:refine]]
+    best_v, best_f, ok = None, math.inf, False
+    for s in starts:
+        try:
+            res = minimize(_objective, s, args=(blocks, ylog, delta), jac=True,
+                           method="L-BFGS-B", bounds=bounds,
+                           options={"maxiter": 3000, "ftol": 1e-13, "gtol": 1e-10})
+        except (FloatingPointError, ValueError):
+            continue
+        if np.isfinite(res.fun) and res.fun < best_f:
+            best_v, best_f, ok = res.x, float(res.fun), bool(res.success)
+    if best_v is None:
+        raise FitError("no initialisation converged to a finite objective; check the data "
+                       "(positive L and variables) or pass another init grid")
+    return best_v, best_f, ok
+
+
+def _check_points(law: Law, pts: Points) -> None:
+    missing = [v for v in law.variables if v not in pts.x]
+    if missing:
+        raise FitError(f"law {law.name!r} needs variables {missing}; the data has "
+                       f"{sorted(pts.x)} (map columns with --columns {missing[0]}=<column>)")
+    bad = ~np.isfinite(pts.L) | (pts.L <= 0)
+    for v in law.variables:
+        bad |= ~np.isfinite(pts.x[v]) | (pts.x[v] <= 0)
+    if bad.any():
+        raise FitError(f"{int(bad.sum())} points have non-positive or non-finite values; "
+                       "drop them before fitting (load_points does)")
+
+
+def _make_block(law: Law, pts: Points, fixed: Mapping[str, float], offset: int = 0,
+                shared_index: Mapping[str, int] | None = None) -> tuple[_Block, list, int]:
+    free = _free_params(law, fixed)
+    index, bounds, j = {}, [], offset
+    for p in free:
+        if shared_index and p.name in shared_index:
+            index[p.key] = shared_index[p.name]
+            continue
+        index[p.key] = j
+        bounds.append(p.bounds)
+        j += 1
+    fx = {law.param(k).key: law.param(k).to_fit(float(v)) for k, v in fixed.items()}
+    return _Block(law, pts, index, fx), bounds, j
+
+
+def _natural(law: Law, v: np.ndarray, block: _Block, fixed: Mapping[str, float]) -> dict:
+    out = {}
+    for p in law.params:
+        if p.name in fixed:
+            out[p.name] = float(fixed[p.name])
+        else:
+            out[p.name] = p.to_natural(v[block.index[p.key]])
+    return out
+
+
+def fit(law: Law | str, pts: Points, *, fixed: Mapping[str, float] | None = None,
+        delta: float = DEFAULT_DELTA, init_grid: Mapping[str, Sequence[float]] | None = None,
+        max_starts: int = 128, refine: int | None = 8, seed: int = 0, loo: bool = False,
+        bootstrap: int = 0,
+        ci_level: float = 0.95, n_jobs: int | None = None) -> FitResult:
+    """Fit ``law`` to ``pts``; optionally leave-one-out and bootstrap intervals."""
+    law = get_law(law) if isinstance(law, str) else law
+    fixed = dict(fixed or {})
+    _check_points(law, pts)
+    free = _free_params(law, fixed)
+    if len(pts) < len(free) + 1:
+        raise FitError(f"law {law.name!r} has {len(free)} free parameters but only {len(pts)} "
+                       "points; add points or fix parameters (--fix E=...)")
+    t0 = time.perf_counter()
+    block, bounds, _ = _make_block(law, pts, fixed)
+    starts = _grid(free, init_grid, max_starts, seed)
+    v, f, ok = _run([block], bounds, starts, delta, refine)
+    pred = _predict_log(block, v)
+    res_ln = pred - np.log(pts.L)
+    result = FitResult(
+        law=law.name, params=_natural(law, v, block, fixed), fixed=fixed, n=len(pts),
+        objective=f, residuals=res_ln, rms_ln=float(np.sqrt(np.mean(res_ln ** 2))),
+        rms_nats=float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))), starts=len(starts),
+        fit_s=0.0, converged=ok, theta=v,
+    )
+    if loo:
+        result.loo = leave_one_out(law, pts, fixed=fixed, delta=delta, warm=v, bounds=bounds)
+    if bootstrap:
+        samples = bootstrap_params(law, pts, bootstrap, fixed=fixed, delta=delta, warm=v,
+                                   bounds=bounds, seed=seed, n_jobs=n_jobs)
+        result.bootstrap = samples
+        lo_q, hi_q = 50 * (1 - ci_level), 50 * (1 + ci_level)
+        names = [p.name for p in free]
+        result.ci = {k: (float(result.params[k]), float(result.params[k])) for k in fixed}
+        for i, k in enumerate(names):
+            col = samples[:, i]
+            col = col[np.isfinite(col)]
+            result.ci[k] = (float(np.percentile(col, lo_q)), float(np.percentile(col, hi_q)))
+    result.fit_s = time.perf_counter() - t0
+    return result
+
+
+def leave_one_out(law: Law, pts: Points, *, fixed: Mapping[str, float], delta: float,
+                  warm: np.ndarray, bounds: list) -> dict[str, Any]:
+    """Refit without each point (warm-started from the full fit) and predict it (000 Table 1)."""
+    n = len(pts)
+    pred = np.empty(n)
+    for i in range(n):
+        keep = np.delete(np.arange(n), i)
+        block, _, _ = _make_block(law, pts.take(keep), fixed)
+        v, _, _ = _run([block], bounds, warm[None, :], delta)
+        one, _, _ = _make_block(law, pts.take(np.array([i])), fixed)
+        pred[i] = _predict_log(one, v)[0]
+    r_ln = pred - np.log(pts.L)
+    return {
+        "rms_ln": float(np.sqrt(np.mean(r_ln ** 2))),
+        "rms_nats": float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))),
+        "residuals_ln": r_ln, "predicted": np.exp(pred),
+    }
+
+
+def _boot_chunk(args) -> np.ndarray:
+    law, pts, fixed, delta, warm, bounds, seeds = args
+    out = np.full((len(seeds), len(warm)), np.nan)
+    n = len(pts)
+    free = _free_params(law, fixed)
+    for r, s in enumerate(seeds):
+        idx = np.random.default_rng(s).integers(0, n, n)
+        block, _, _ = _make_block(law, pts.take(idx), fixed)
+        try:
+            v, _, _ = _run([block], bounds, warm[None, :], delta)
+        except FitError:
+            continue
+        out[r] = [p.to_natural(v[block.index[p.key]]) for p in free]
+    return out
+
+
+def bootstrap_params(law: Law, pts: Points, n_boot: int, *, fixed: Mapping[str, float],
+                     delta: float, warm: np.ndarray, bounds: list, seed: int = 0,
+                     n_jobs: int | None = None) -> np.ndarray:
+    """Natural free parameters refitted on ``n_boot`` resamples (rows), in parallel over cores."""
+    seeds = [seed * 1_000_003 + i + 1 for i in range(n_boot)]
+    jobs = max(1, min(n_jobs or os.cpu_count() or 1, n_boot))
+    chunks = [seeds[i::jobs] for i in range(jobs)]
+    tasks = [(law, pts, dict(fixed), delta, warm, bounds, c) for c in chunks]
+    if jobs == 1:
+        parts = [_boot_chunk(t) for t in tasks]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+            parts = list(ex.map(_boot_chunk, tasks))
+    # restore the seed order so results do not depend on the number of workers
+    out = np.empty((n_boot, len(warm)))
+    for j, part in enumerate(parts):
+        out[j::jobs] = part
+    return out
+
+
+def fit_shared(items: Sequence[tuple[Law | str, Points]], *, shared: Sequence[str] = ("E",),
+               fixed: Mapping[str, float] | None = None, delta: float = DEFAULT_DELTA,
+               max_starts: int = 128, refine: int | None = 8, seed: int = 0,
+               ) -> list[FitResult]:
+    """Fit several laws at once with the parameters in ``shared`` common to all of them
+    (000 §5: E from a joint fit of the dense and the MoE Chinchilla laws)."""
+    fixed = dict(fixed or {})
+    laws = [(get_law(lw) if isinstance(lw, str) else lw, pts) for lw, pts in items]
+    for law, pts in laws:
+        _check_points(law, pts)
+        for s in shared:
+            law.param(s)
+    t0 = time.perf_counter()
+    first = laws[0][0]
+    shared_index = {s: i for i, s in enumerate(shared)}
+    bounds = [first.param(s).bounds for s in shared]
+    axes_params = [first.param(s) for s in shared]
+    blocks, offset = [], len(shared)
+    for law, pts in laws:
+        b, bnd, offset = _make_block(law, pts, fixed, offset, shared_index)
+        blocks.append(b)
+        bounds += bnd
+        axes_params += [p for p in _free_params(law, fixed) if p.name not in shared_index]
+    starts = _grid(axes_params, None, max_starts, seed)
+    v, f, ok = _run(blocks, bounds, starts, delta, refine)
+    out = []
+    for (law, pts), b in zip(laws, blocks):
+        pred = _predict_log(b, v)
+        r = pred - np.log(pts.L)
+        out.append(FitResult(
+            law=law.name, params=_natural(law, v, b, fixed), fixed=fixed, n=len(pts),
+            objective=f, residuals=r, rms_ln=float(np.sqrt(np.mean(r ** 2))),
+            rms_nats=float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))),
+            starts=len(starts), fit_s=time.perf_counter() - t0, converged=ok, theta=v))
+    return out
+
+
+# ---- loading results ------------------------------------------------------------------------
+
+DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
+
+
+def read_table(path: str | Path):
+    """A pandas DataFrame from a CSV, a Parquet file, or a results directory (every
+    ``results.parquet`` below it)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.rglob("results.parquet")) or sorted(path.rglob("*.parquet"))
+        if not files:
+            raise FitError(f"{path} holds no results.parquet (run python -m sweeps.run first)")
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    if not path.exists():
+        raise FitError(f"{path} does not exist")
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix in (".parquet", ".pq"):
+        return pd.read_parquet(path)
+    raise FitError(f"{path}: expected a .csv, a .parquet or a results directory")
+
+
+def ok_trials(df):
+    """Rows of trials that finished ("ok"); of running ones only if none has finished yet."""
+    if "trial_id" not in df.columns or "status" not in df.columns:
+        return df
+    status = df["status"].astype(str)
+    good = "ok" if (status == "ok").any() else "running"
+    return df[df["trial_id"].isin(set(df.loc[status == good, "trial_id"]))]
+
+
+def final_evals(df):
+    """The final evaluation (max step) of each successful trial."""
+    df = ok_trials(df)
+    if "trial_id" in df.columns and "step" in df.columns:
+        df = df.sort_values("step", kind="stable").groupby("trial_id", as_index=False).tail(1)
+    return df
+
+
+def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = None,
+                curves: bool = False, where: Mapping[str, Any] | None = None) -> Points:
+    """Points for ``law`` from a path or a DataFrame.
+
+    ``columns`` maps a law variable (or ``L``) to a column name; by default a variable uses the
+    column of the same name, D → ``tokens``, N → ``N1``, L → ``val_loss`` (or ``loss``), and
+    sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
+    trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
+    Rows with a missing, non-positive or non-finite value are dropped.
+    """
+    import pandas as pd
+
+    law = get_law(law) if isinstance(law, str) else law
+    df = data if isinstance(data, pd.DataFrame) else read_table(data)
+    for k, v in (where or {}).items():
+        if k not in df.columns:
+            raise FitError(f"--where {k}=…: no column {k!r}")
+        df = df[df[k].astype(str) == str(v)]
+    if not curves:
+        df = final_evals(df)
+    else:
+        df = ok_trials(df)
+    cmap = dict(columns or {})
+    x = {}
+    for var in law.variables:
+        col = cmap.get(var)
+        if col is None:
+            if var in df.columns:
+                col = var
+            elif var in DEFAULT_COLUMNS and DEFAULT_COLUMNS[var] in df.columns:
+                col = DEFAULT_COLUMNS[var]
+            elif var == "P" and {"N_total", "N2"} <= set(df.columns):
+                x[var] = (pd.to_numeric(df["N_total"]) / pd.to_numeric(df["N2"])).to_numpy(float)
+                continue
+            else:
+                raise FitError(f"law {law.name!r} needs variable {var!r} but the data has no "
+                               f"such column; map one with --columns {var}=<column>")
+        elif col not in df.columns:
+            raise FitError(f"--columns {var}={col}: no column {col!r}; the data has "
+                           f"{', '.join(map(str, df.columns[:20]))}")
+        x[var] = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+    lcol = cmap.get("L") or ("val_loss" if "val_loss" in df.columns else "loss")
+    if lcol not in df.columns:
+        raise FitError(f"no loss column {lcol!r}; map it with --columns L=<column>")
+    L = pd.to_numeric(df[lcol], errors="coerce").to_numpy(float)
+    good = np.isfinite(L) & (L > 0)
+    for v in x.values():
+        good &= np.isfinite(v) & (v > 0)
+    labels = tuple(df["trial_id"].astype(str)) if "trial_id" in df.columns else ()
+    pts = Points(x, L, labels)
+    idx = np.flatnonzero(good)
+    if len(idx) == 0:
+        raise FitError(f"no usable points for law {law.name!r} (need positive "
+                       f"{', '.join(law.variables)} and L)")
+    return pts.take(idx)
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            if not part:
+                continue
+            if "=" not in part:
+                raise FitError(f"{flag} {part!r}: expected NAME=VALUE")
+            k, v = part.split("=", 1)
+            if numeric:
+                try:
+                    out[k.strip()] = float(v)
+                except ValueError:
+                    raise FitError(f"{flag} {part!r}: {v!r} is not a number") from None
+            else:
+                out[k.strip()] = v.strip()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.fit",
+        description="Fit a scaling law of the seeds to sweep results or any CSV/Parquet.")
+    ap.add_argument("data", help="results directory, results.parquet, or a CSV/Parquet file")
+    ap.add_argument("--law", required=True,
+                    help="law name, or several separated by commas to compare them")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a parameter fixed, e.g. --fix E=0.165 (000 §5)")
+    ap.add_argument("--columns", action="append", default=[], metavar="VAR=COLUMN",
+                    help="map law variables and L to columns, e.g. N=params,D=tokens,L=loss")
+    ap.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                    help="keep only rows with this value, e.g. --where kind=upcycled")
+    ap.add_argument("--curves", action="store_true",
+                    help="fit every eval of every trial instead of each trial's final eval")
+    ap.add_argument("--loo", action="store_true", help="leave-one-out RMS (000 Table 1)")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                    help="bootstrap N resamples for confidence intervals")
+    ap.add_argument("--ci", type=float, default=0.95, help="interval level (default 0.95)")
+    ap.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="Huber δ (default 1e-3)")
+    ap.add_argument("--max-starts", type=int, default=128, help="initialisation grid size cap")
+    ap.add_argument("--refine", type=int, default=8,
+                    help="optimise from this many best grid points (0: from all of them)")
+    ap.add_argument("--jobs", type=int, default=None, help="bootstrap processes (default: cores)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = ap.parse_args(argv)
+    try:
+        fixed = _kv(args.fix, "--fix", True)
+        columns = _kv(args.columns, "--columns", False)
+        where = _kv(args.where, "--where", False)
+        names = [n.strip() for n in args.law.split(",") if n.strip()]
+        results = []
+        for name in names:
+            law = get_law(name)
+            pts = load_points(args.data, law, columns=columns, curves=args.curves, where=where)
+            fx = {k: v for k, v in fixed.items() if k in law.param_names}
+            results.append(fit(law, pts, fixed=fx, delta=args.delta, loo=args.loo,
+                               bootstrap=args.bootstrap, ci_level=args.ci,
+                               max_starts=args.max_starts, refine=args.refine or None,
+                               n_jobs=args.jobs))
+    except FitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        if len(results) == 1:
+            print(json.dumps(results[0].to_dict()))
+        else:
+            key = (lambda r: r.loo["rms_ln"]) if args.loo else (lambda r: r.rms_ln)
+            print(json.dumps({"fits": {r.law: r.to_dict() for r in results},
+                              "best": min(results, key=key).law,
+                              "by": "loo_rms" if args.loo else "rms"}))
+        return 0
+    _print_fits(results, args)
+    return 0
+
+
+def _print_fits(results: list[FitResult], args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for r in results:
+        law = get_law(r.law)
+        t = Table(title=f"{r.law}: {law.equation}   ({law.source}; {r.n} points, "
+                        f"{r.starts} starts, {r.fit_s:.2f} s)")
+        t.add_column("param")
+        t.add_column("value", justify="right")
+        if r.ci:
+            t.add_column(f"{args.ci:.0%} interval", justify="right")
+        for k, v in r.params.items():
+            row = [k + (" (fixed)" if k in r.fixed else ""), f"{v:.5g}"]
+            if r.ci:
+                lo, hi = r.ci[k]
+                row.append(f"[{lo:.5g}, {hi:.5g}]")
+            t.add_row(*row)
+        con.print(t)
+        line = f"RMS: {r.rms_nats:.4g} nats, {r.rms_ln:.4g} ln-loss"
+        if r.loo:
+            line += (f"   leave-one-out RMS: {r.loo['rms_nats']:.4g} nats, "
+                     f"{r.loo['rms_ln']:.4g} ln-loss")
+        con.print(line)
+    if len(results) > 1:
+        t = Table(title="comparison (000 Table 1)")
+        for c in ("law", "params", "RMS (ln)", "LOO RMS (nats)", "LOO RMS (ln)"):
+            t.add_column(c)
+        best = min(results, key=lambda r: r.loo["rms_ln"] if r.loo else r.rms_ln)
+        for r in results:
+            t.add_row(r.law + (" *" if r is best else ""), str(len(r.params) - len(r.fixed)),
+                      f"{r.rms_ln:.4g}",
+                      f"{r.loo['rms_nats']:.4g}" if r.loo else "—",
+                      f"{r.loo['rms_ln']:.4g}" if r.loo else "—")
+        con.print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
