@@ -1,6 +1,7 @@
 """The seeds' claims a shipped sweep can test, each judged from the sweep's own numbers.
 
-A comparison "A beats B on a metric" is
+A comparison "A beats B on a metric" is paired by seed when both ran the same seeds (see
+:func:`compare`); otherwise it is
 
 - **reproduced** when the mean difference is in the claimed direction and larger than the noise
   threshold: twice the standard error of the difference over seeds (Welch), and never less than
@@ -48,17 +49,51 @@ def _threshold(a: tuple, b: tuple, metric: str) -> float:
     return FLOOR if "loss" in metric else 0.02 * scale
 
 
+def _by_seed(g: dict, metric: str) -> dict[Any, float]:
+    out = {}
+    for r in g["rows"]:
+        v, seed = r.get(metric), r.get("seed")
+        if seed is None or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
+            continue
+        out[seed] = float(v)
+    return out if len(out) == len(g["rows"]) else {}
+
+
 def compare(better: dict, worse: dict, metric: str = "val_loss",
             higher_is_better: bool = False) -> tuple[str, str]:
-    """Verdict and numbers for "``better`` beats ``worse`` on ``metric``"."""
+    """Verdict and numbers for "``better`` beats ``worse`` on ``metric``".
+
+    When both configurations ran the same seeds (≥ 2), the comparison is paired by seed (a seed
+    fixes the parent, the data order and the router initialisation, which move every
+    configuration together): reproduced only if every seed's difference has the claimed sign and
+    the mean difference exceeds max(2·SE, floor); "not reproduced" mirrors it.
+    """
     a, b = _stats(better, metric), _stats(worse, metric)
     if not (math.isfinite(a[0]) and math.isfinite(b[0])):
         return INCONCLUSIVE, f"{metric} missing"
-    diff = (a[0] - b[0]) if higher_is_better else (b[0] - a[0])
-    thr = _threshold(a, b, metric)
-    verdict = REPRODUCED if diff > thr else NOT_REPRODUCED if diff < -thr else INCONCLUSIVE
+    sign = 1 if higher_is_better else -1
     fmt = lambda g, s: (f"{g['label']}: {s[0]:.4f}"  # noqa: E731
                         + (f" ± {s[1]:.4f}" if math.isfinite(s[1]) else "") + f" (n={s[2]})")
+    sa, sb = _by_seed(better, metric), _by_seed(worse, metric)
+    common = sorted(set(sa) & set(sb), key=str)
+    if len(common) >= 2:
+        d = np.array([sign * (sa[k] - sb[k]) for k in common])
+        mean = float(d.mean())
+        se = float(d.std(ddof=1) / math.sqrt(len(d)))
+        floor = MIN_LOSS if "loss" in metric else 0.005 * max(abs(a[0]), abs(b[0]))
+        thr = max(2 * se, floor)
+        if (d > 0).all() and mean > thr:
+            verdict = REPRODUCED
+        elif (d < 0).all() and mean < -thr:
+            verdict = NOT_REPRODUCED
+        else:
+            verdict = INCONCLUSIVE
+        per = ", ".join(f"{x:+.4f}" for x in d)
+        return verdict, (f"{fmt(better, a)}; {fmt(worse, b)}; paired by seed Δ = {mean:+.4f} "
+                         f"(per seed {per}; threshold {thr:.4f})")
+    diff = sign * (a[0] - b[0])
+    thr = _threshold(a, b, metric)
+    verdict = REPRODUCED if diff > thr else NOT_REPRODUCED if diff < -thr else INCONCLUSIVE
     return verdict, f"{fmt(better, a)}; {fmt(worse, b)}; Δ = {diff:+.4f} (threshold {thr:.4f})"
 
 

@@ -413,13 +413,14 @@ DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
 
 
 def read_table(path: str | Path):
-    """A pandas DataFrame from a CSV, a Parquet file, or a results directory (every
-    ``results.parquet`` below it)."""
+    """A pandas DataFrame from a CSV, a Parquet file, or a results directory (its
+    ``results.parquet``, or those of the sweep directories right below it)."""
     import pandas as pd
 
     path = Path(path)
     if path.is_dir():
-        files = sorted(path.rglob("results.parquet")) or sorted(path.rglob("*.parquet"))
+        files = ([path / "results.parquet"] if (path / "results.parquet").exists()
+                 else sorted(path.glob("*/results.parquet")))
         if not files:
             raise FitError(f"{path} holds no results.parquet (run python -m sweeps.run first)")
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)

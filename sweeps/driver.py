@@ -235,6 +235,21 @@ def train_stables(spec: SweepSpec, refs: dict[str, Any], cache_dir: Path,
     return {k: ray.get(t) for k, t in tasks.items()}
 
 
+def archive_previous(results_dir: Path) -> Path | None:
+    """Move an earlier run's results, summary and Tune state to ``previous/<time>/`` so that a
+    fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents stay."""
+    names = [n for n in (RESULTS_FILE, "summary.json", "tune") if (results_dir / n).exists()]
+    if RESULTS_FILE not in names:
+        return None
+    prev = results_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    while prev.exists():
+        prev = prev.with_name(prev.name + "_")
+    prev.mkdir(parents=True)
+    for n in names:
+        os.replace(results_dir / n, prev / n)
+    return prev
+
+
 def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False) -> dict[str, Any]:
@@ -242,6 +257,11 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
                           else "disabled")
     results_dir = spec.results_dir.resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        prev = archive_previous(results_dir)
+        if prev is not None:
+            print(f"[sweeps] {results_dir} held an earlier run: moved it to {prev} "
+                  "(pass --resume to continue a sweep instead)", file=sys.stderr)
     cache_dir = Path(os.environ.get("UPCYCLE_PARENT_CACHE", results_dir / "parents")).resolve()
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))

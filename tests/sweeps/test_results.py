@@ -42,3 +42,22 @@ def test_flatten_config_moves_router_up():
     assert flat["optim.betas"] == "[0.9, 0.95]"
     assert flat["parent.tokens"] == 5 and flat["parent.num_experts"] is None
     assert flat["upcycle"] is None and flat["tokens_budget"] == 100
+
+
+def test_fresh_run_archives_an_earlier_one(tmp_path):
+    from sweeps.driver import archive_previous
+    from sweeps.results import RESULTS_FILE, read_rows, write_rows
+
+    assert archive_previous(tmp_path) is None  # nothing there yet
+    write_rows(tmp_path / RESULTS_FILE, [{"sweep": "s", "trial_id": "a", "step": 0}])
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "parents").mkdir()
+    prev = archive_previous(tmp_path)
+    assert prev is not None and prev.parent == tmp_path / "previous"
+    assert not (tmp_path / RESULTS_FILE).exists() and not (tmp_path / "tune").exists()
+    assert [r["trial_id"] for r in read_rows(prev / RESULTS_FILE)] == ["a"]
+    assert (prev / "summary.json").exists() and (tmp_path / "parents").exists()
+    write_rows(tmp_path / RESULTS_FILE, [{"sweep": "s", "trial_id": "b", "step": 0}])
+    prev2 = archive_previous(tmp_path)
+    assert prev2 != prev and (prev / RESULTS_FILE).exists()
