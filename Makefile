@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SPEC ?= search_spaces/upcycle_lr.yaml
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench findings clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+findings: $(STAMP)
+	PY=$(BIN)/python bash docs/findings/regenerate.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/moe_layer.py

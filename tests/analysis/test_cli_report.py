@@ -114,6 +114,8 @@ def test_report_on_scaling_sweep(tmp_path):
            " | 000 Table 1 | **reproduced**" in md
     assert "The interaction term is positive (α3 > 0) | 000 Eq. 8, Table 2 | **reproduced**" in md
     assert "A larger D1 lowers the loss at the start of upcycling | 000 §3.3 | **reproduced**" in md
+    index = (tmp_path / "index.md").read_text()  # a folder of sweeps also gets an index
+    assert "[scaling_d1_d2](scaling_d1_d2/report.md)" in index and "**reproduced**" in index
     for png in ("curves.png", "finals.png", "law_fit.png", "d_star.png"):
         assert (res / png).stat().st_size > 1000
     data = json.loads((res / "report.json").read_text())
