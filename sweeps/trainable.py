@@ -156,7 +156,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
         resume_from = work / "resume"
         with ck.as_directory() as d:
             shutil.copytree(d, resume_from)
-    eval_steps = list(range(cfg.eval.every_steps, cfg.steps + 1, cfg.eval.every_steps))
+    eval_steps = report_steps(cfg)
     t0 = time.perf_counter()
     eval_at_start = resume_from is None
     branch = _branch_for(spec, point, cfg, stables or {})
@@ -178,6 +178,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
         train(cfg, out_dir=work / "ckpt", callbacks=(reporter,), parent=parent,
               resume_from=resume_from, checkpoint_steps=eval_steps,
               eval_at_start=eval_at_start)
+        if reporter.pending is not None:  # an eval without a checkpoint after it: report it
+            reporter._report(reporter.pending, None)
     except DivergenceError as e:
         row = dict(static)
         row.update(status="diverged", reason=str(e), step=e.step,
@@ -187,6 +189,14 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
         return
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def report_steps(cfg) -> list[int]:
+    """Steps whose eval is reported with a checkpoint: every ``eval.every_steps`` and always the
+    last step (a run shorter than the eval period, or a WSD branch starting after the last
+    periodic eval, still reports its final eval)."""
+    every = cfg.eval.every_steps
+    return sorted(set(range(every, cfg.steps + 1, every)) | {cfg.steps})
 
 
 def _branch_for(spec: SweepSpec, point: dict[str, Any], cfg, stables: dict[str, Any]):
@@ -254,7 +264,7 @@ def _train_worker(box: dict[str, Any]) -> None:
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
     if ck is not None:
         resume = ck.path
-    eval_steps = list(range(cfg.eval.every_steps, cfg.steps + 1, cfg.eval.every_steps))
+    eval_steps = report_steps(cfg)
     train(cfg, out_dir=Path(box["ckpt_root"]), callbacks=(_RankReporter(box["static"], rank),),
           parent=parent, resume_from=resume, checkpoint_steps=eval_steps,
           eval_at_start=resume is None and box["eval_at_start"])

@@ -22,7 +22,9 @@ SPEC = {
         "batch": {"global_batch": 8, "micro_batch": 8},
         "optim": {"lr": 3e-3},
         "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_frac": 0.25},
-        "eval": {"every_steps": 2, "batches": 2},
+        # every 3 steps: budgets of 4 and 8 steps end between periodic evals (their final
+        # eval must still be reported), the 4-step budget's decay starts after the last one
+        "eval": {"every_steps": 3, "batches": 2},
         "tokens": 2048,
     },
     "search": {"tokens": {"grid": [1024, 1536, 2048]}},
@@ -67,6 +69,9 @@ def test_branches_equal_separate_runs(tmp_path):
 
     cb, cs = curves(br), curves(sep)
     assert set(cb) == set(cs) == {1024, 1536, 2048}
+    for c in (cb, cs):  # every trial reports its final eval, at its last step
+        assert {b: max(c[b]) for b in c} == {1024: 4, 1536: 6, 2048: 8}
+        assert sorted(c[1024]) == [0, 3, 4] and sorted(c[2048]) == [0, 3, 6, 8]
     for budget in cs:
         assert cb[budget].keys() == cs[budget].keys()
         for step in cs[budget]:
