@@ -279,16 +279,41 @@ def _varies(df, col: str, k: int = 2) -> bool:
     return col in df.columns and df[col].nunique() >= k
 
 
-def upcycled_law_section(s: Sweep, out: Path, bootstrap: int) -> tuple[list[str], dict]:
+def _fx(law: str, fixed: dict[str, float] | None) -> dict[str, float]:
+    from analysis.laws import get_law
+
+    names = get_law(law).param_names
+    return {k: v for k, v in (fixed or {}).items() if k in names}
+
+
+def _at_bound(law: str, params: dict[str, float], fixed: dict[str, float]) -> list[str]:
+    """Free parameters that ended on a bound of the fit (not identified by these data)."""
+    from analysis.laws import get_law
+
+    out = []
+    for p in get_law(law).params:
+        if p.name in fixed:
+            continue
+        v = p.to_fit(params[p.name])
+        if any(b is not None and abs(v - b) < 1e-6 * max(1.0, abs(b)) for b in p.bounds):
+            out.append(p.name)
+    return out
+
+
+def upcycled_law_section(s: Sweep, out: Path, bootstrap: int,
+                         fixed: dict[str, float] | None = None) -> tuple[list[str], dict]:
     """000 §4.1: compare Eq. 8/9 with and without interaction on the D1 × D2 grid."""
-    f = s.finals[s.finals.get("kind", "upcycled") == "upcycled"] if "kind" in s.finals else s.finals
+    f = s.finals[s.finals["kind"] == "upcycled"] if "kind" in s.finals else s.finals
+    if not {"D1", "D2", "val_loss"} <= set(f.columns):
+        return [], {}
+    f = f[(f["D1"] > 0) & (f["D2"] > 0) & np.isfinite(f["val_loss"].astype(float))]
     if not (_varies(f, "D1") and _varies(f, "D2")) or len(f) < 8:
         return [], {}
     lines = ["## Scaling law of D1 and D2 (000 §4.1, Table 1)", ""]
     fits = {}
     for name in UPCYCLED_FORMS:
         try:
-            fits[name] = fit(name, load_points(f, name), loo=True)
+            fits[name] = fit(name, load_points(f, name), loo=True, fixed=_fx(name, fixed))
         except FitError as e:
             lines.append(f"- {name}: fit failed ({e})")
     if not fits:
@@ -300,14 +325,20 @@ def upcycled_law_section(s: Sweep, out: Path, bootstrap: int) -> tuple[list[str]
               "from a grid; leave-one-out RMS as in 000 Table 1.", ""]
     lines += md_table(["law", "free params", "RMS (nats)", "LOO RMS (nats)", "LOO RMS (ln)"],
                       rows)
-    bf = fit("upcycled_mul", load_points(f, "upcycled_mul"), bootstrap=bootstrap) \
-        if bootstrap else fits.get("upcycled_mul")
+    bf = fit("upcycled_mul", load_points(f, "upcycled_mul"), bootstrap=bootstrap,
+             fixed=_fx("upcycled_mul", fixed)) if bootstrap else fits.get("upcycled_mul")
     if bf is not None:
         prow = [[k, v, *(bf.ci[k] if bf.ci else ("—", "—"))] for k, v in bf.params.items()]
         lines += ["Eq. 8 (multiplicative, with interaction) fitted to all points"
                   + (f", {bootstrap} bootstrap resamples (95 % percentile interval)" if bootstrap
                      else "") + ":", ""]
         lines += md_table(["param", "value", "CI low", "CI high"], prow)
+        edge = _at_bound("upcycled_mul", bf.params, bf.fixed)
+        if bf.fixed:
+            lines += [f"Fixed: {', '.join(f'{k} = {v:g}' for k, v in bf.fixed.items())}.", ""]
+        if edge:
+            lines += [f"On a bound of the fit, so not identified by these data: "
+                      f"{', '.join(edge)} (fix it with `--fix`, as 000 §5 fixes E).", ""]
     # per-D1 power laws in D2 (000 Eq. 7, Fig. 4) and the exponent's trend (Eq. 10)
     per = []
     for d1, sub in f.groupby("D1"):
@@ -472,7 +503,8 @@ def efficiency_section(s: Sweep, baseline: Sweep | None) -> tuple[list[str], lis
 
 
 def report(results: str | Path, out: str | Path | None = None, *,
-           baseline: str | Path | None = None, bootstrap: int = 200) -> Path:
+           baseline: str | Path | None = None, bootstrap: int = 200,
+           fixed: dict[str, float] | None = None) -> Path:
     """Write ``report.md`` and its PNGs for one sweep's results directory; returns the path."""
     from analysis.claims import evaluate_claims
 
@@ -513,7 +545,7 @@ def report(results: str | Path, out: str | Path | None = None, *,
     p = plot_finals(s, out_dir / "finals.png")
     if p:
         lines += [f"![finals]({p.name})", ""]
-    law_lines, law_info = upcycled_law_section(s, out_dir, bootstrap)
+    law_lines, law_info = upcycled_law_section(s, out_dir, bootstrap, fixed)
     lines += law_lines
     cfg_lines, cfg_info = model_config_section(s)
     lines += cfg_lines
@@ -584,11 +616,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="from-scratch runs (a results directory) for 003 Eq. 4's η")
     ap.add_argument("--bootstrap", type=int, default=200,
                     help="bootstrap resamples for law-parameter intervals (0: none)")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a law parameter fixed in the fits, e.g. --fix E=1.0 (000 §5)")
     ap.add_argument("--only", default=None,
                     help="with a folder: only these sweeps (comma-separated names)")
     args = ap.parse_args(argv)
     root = Path(args.results)
     try:
+        from analysis.fit import _kv
+
+        fixed = _kv(args.fix, "--fix", True)
         if root.is_dir() and not (root / "results.parquet").exists():
             dirs = sorted(p.parent for p in root.glob("*/results.parquet"))
             if args.only:
@@ -604,11 +641,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for d in dirs:
                 out = Path(args.out) / d.name if args.out else None
                 reports.append(report(d, out, baseline=args.baseline,
-                                      bootstrap=args.bootstrap))
+                                      bootstrap=args.bootstrap, fixed=fixed))
                 print(reports[-1])
             print(write_index(reports, (Path(args.out) if args.out else root) / "index.md"))
         else:
-            print(report(root, args.out, baseline=args.baseline, bootstrap=args.bootstrap))
+            print(report(root, args.out, baseline=args.baseline, bootstrap=args.bootstrap,
+                         fixed=fixed))
     except FitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

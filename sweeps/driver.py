@@ -13,7 +13,7 @@ import ray
 from ray import tune
 
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows, write_rows
-from sweeps.spec import SweepSpec, trial_config
+from sweeps.spec import SweepSpec, knob_values, trial_config
 from sweeps.trainable import FAIL_ONCE_ENV, parent_payload, run_trial
 
 PASS_ENV = ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "UPCYCLE_CACHE", FAIL_ONCE_ENV,
@@ -73,7 +73,8 @@ class ResultsCallback(tune.Callback):
         if not mine:
             self.rows[(tid, 0)] = {"sweep": self.spec.name, "trial_id": tid, "status": status,
                                    "reason": reason, "step": 0,
-                                   **{f"knob.{k}": v for k, v in trial.config.items()}}
+                                   **{f"knob.{k}": v for k, v in
+                                      knob_values(self.spec, dict(trial.config)).items()}}
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._mark(trial, "ok", None)
@@ -115,7 +116,7 @@ def static_keys(spec: SweepSpec, plan: dict[str, Any]) -> list[str]:
             "N_total", "D1", "tokens_budget", "branch_from_step", "ranks"}
     for r in plan["rows"]:
         keys.update(flatten_config(trial_config(spec, r["point"]).to_dict()))
-        keys.update(f"knob.{k}" for k in r["point"])
+        keys.update(f"knob.{k}" for k in knob_values(spec, r["point"]))
     return sorted(keys)
 
 

@@ -427,6 +427,15 @@ def validation_points(spec: SweepSpec) -> list[dict[str, Any]]:
     return points
 
 
+def knob_values(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
+    """The value each searched knob (and each expr knob) has in the trial's config: a
+    conditional knob whose ``when`` does not hold shows the base value the trial really ran."""
+    cfg = trial_dict(spec, point)
+    keys = list(point) + [p.key for p in spec.search if p.kind == "expr" and p.key not in point]
+    return {k: cfg.get("seed") if k == "seed" else get_dotted(cfg, k, point.get(k))
+            for k in keys}
+
+
 def trial_dict(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
     """The base config with a search point applied (conditions and expr knobs resolved)."""
     cfg = copy.deepcopy(spec.base)

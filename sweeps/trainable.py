@@ -24,7 +24,7 @@ from moe_core.errors import DivergenceError
 from moe_core.params import count_params
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.trainer import Callback, ParentState, train
-from sweeps.spec import SweepSpec, trial_config
+from sweeps.spec import SweepSpec, knob_values, trial_config
 
 # Test hook: raise inside the trainable once, after this many reports (fault-tolerance tests).
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
@@ -132,7 +132,7 @@ def static_columns(spec: SweepSpec, cfg, point: dict[str, Any], pkey: str,
         "ranks": spec.resources.ranks,
     }
     row.update(flatten_config(cfg.to_dict()))
-    row.update({f"knob.{k}": v for k, v in point.items()})
+    row.update({f"knob.{k}": v for k, v in knob_values(spec, point).items()})
     return row
 
 

@@ -205,3 +205,28 @@ def test_set_override_of_a_search_knob(tmp_path):
     f.write_text(yaml.safe_dump(spec(search={"moe.top_k": {"grid": [1, 2]}})))
     s = load_spec(str(f), ["search.moe.top_k.grid=[1, 2, 4]", "search.optim.lr.grid=[1e-3]"])
     assert [p.values for p in s.search] == [(1, 2, 4), (1e-3,)]
+
+
+def test_knob_values_are_what_the_trial_ran():
+    from sweeps.spec import knob_values
+
+    spec = parse_spec({
+        "sweep": "kv",
+        "base": {"model": {"preset": "debug"}, "moe": None, "tokens": 4096,
+                 "parent": {"tokens": 4096}, "upcycle": {"method": "continue"}},
+        "search": {
+            "moe": {"grid": [None, {"num_experts": 4, "top_k": 2}]},
+            "upcycle.method": {"grid": ["dense_to_moe"], "when": {"moe.num_experts": [4]}},
+            "parent.tokens": {"grid": [2048]},
+            "tokens": {"expr": "8192 - parent.tokens"},
+        },
+        "seeds": [3],
+    })
+    from sweeps.spec import iter_grid
+
+    got = {str(p.get("moe")): knob_values(spec, p) for p in iter_grid(spec)}
+    dense = got["None"]
+    assert dense["upcycle.method"] == "continue"  # the condition did not hold: base value
+    assert dense["tokens"] == 6144 and dense["seed"] == 3  # expr knobs are recorded too
+    moe = next(v for k, v in got.items() if k != "None")
+    assert moe["upcycle.method"] == "dense_to_moe" and moe["moe"]["num_experts"] == 4
