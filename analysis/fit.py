@@ -121,7 +121,7 @@ def _objective(v: np.ndarray, blocks: list[_Block], ylog: list[np.ndarray],
         total += val
         dT = (T[1:1 + P] - T[1 + P:]) / (2 * _H)         # [P, K, n]
         dlse = (w * dT).sum(axis=1)                      # [P, n]
-        grad += dlse @ dr
+        grad += (dlse * dr).sum(axis=1)  # not a BLAS gemv: no BLAS threads in workers
     return total, grad
 
 
@@ -331,7 +331,12 @@ def leave_one_out(law: Law, pts: Points, *, fixed: Mapping[str, float], delta: f
 
 
 def _boot_chunk(args) -> np.ndarray:
-    law, pts, fixed, delta, warm, bounds, seeds = args
+    law, pts, fixed, delta, warm, bounds, seeds, one_thread = args
+    if one_thread:  # a worker process: one BLAS thread each, or the cores are oversubscribed
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            return _boot_chunk((law, pts, fixed, delta, warm, bounds, seeds, False))
     out = np.full((len(seeds), len(warm)), np.nan)
     n = len(pts)
     free = _free_params(law, fixed)
@@ -351,18 +356,28 @@ def bootstrap_params(law: Law, pts: Points, n_boot: int, *, fixed: Mapping[str, 
                      n_jobs: int | None = None) -> np.ndarray:
     """Natural free parameters refitted on ``n_boot`` resamples (rows), in parallel over cores."""
     seeds = [seed * 1_000_003 + i + 1 for i in range(n_boot)]
-    jobs = max(1, min(n_jobs or os.cpu_count() or 1, n_boot))
+    # one process per core when there is enough work to pay for the workers
+    jobs = max(1, min(n_jobs or os.cpu_count() or 1, n_boot // 25 if n_jobs is None else n_boot))
     chunks = [seeds[i::jobs] for i in range(jobs)]
-    tasks = [(law, pts, dict(fixed), delta, warm, bounds, c) for c in chunks]
-    if jobs == 1:
-        parts = [_boot_chunk(t) for t in tasks]
-    else:
+    tasks = [(law, pts, dict(fixed), delta, warm, bounds, c, jobs > 1) for c in chunks]
+    parts = None
+    if jobs > 1:
+        import pickle
+
+        try:
+            pickle.dumps(law)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            jobs = 1  # a law defined in a lambda or a closure: stay in this process
+            tasks = [(law, pts, dict(fixed), delta, warm, bounds, seeds, False)]
+    if jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
             parts = list(ex.map(_boot_chunk, tasks))
+    if parts is None:
+        parts = [_boot_chunk(t) for t in tasks]
     # restore the seed order so results do not depend on the number of workers
     out = np.empty((n_boot, len(warm)))
     for j, part in enumerate(parts):
