@@ -157,8 +157,6 @@ def ledger(s: Sweep) -> dict[str, Any]:
     parent_tokens = sum(parents.values())
     out = {
         "trials": len(allf), "ok": len(f),
-        "failed": int((s.rows.groupby("trial_id")["status"].last() != "ok").sum())
-        if "status" in s.rows.columns else 0,
         "trial_tokens": trial_tokens, "parents": len(parents), "parent_tokens": parent_tokens,
         "trials_with_parent": n_with_parent,
         "tokens_saved_by_sharing": naive_parent - parent_tokens,
@@ -381,6 +379,11 @@ def upcycled_law_section(s: Sweep, out: Path, bootstrap: int,
                 color=c, lw=1, label=f"D1={int(d1):,}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xlabel("D2 (tokens after upcycling)")
     ax.set_ylabel("val loss")
     ax.set_title(f"data and {best} fit", fontsize=9)

@@ -104,6 +104,7 @@ def test_gpu_hour_cost_model_eq1_eq2():
     assert c.upcycled == pytest.approx((20_000 * 2.2 + 10_000 * 4.2) * 8 / 3600)
     assert c.saving == pytest.approx(20_000 * 2.0 * 8 / 3600)
     assert c.saving_frac == pytest.approx(20_000 * 2.0 / (30_000 * 4.2))
+    assert round(c.saving_frac, 2) == 0.32  # 003 §3.1: τ ≈ ⅔·T saves ~32 % of GPU hours
     with pytest.raises(FitError):
         expert_upcycling_cost(T=10, tau=11, s_E=1, s_mE=2)
 
@@ -119,3 +120,23 @@ def test_skywork_rules():
     assert skywork_advice(1.0, 0.0).verdict == "from_scratch"
     b = skywork_advice(2 / 3, 1.0)
     assert b.verdict == "borderline" and b.ratio == pytest.approx(2 / 3)
+
+
+def test_derived_cli(tmp_path, capsys):
+    import json
+
+    from analysis.derived import main
+
+    assert main(["dstar", "--n1", "1e9"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["d_star"] == pytest.approx(d_star(MOE, UPC, 1e9)) and out["d_star_eq2"] == 4e9
+    assert main(["optimal", "--d1", "2e12", "--c2", "1e22"]) == 0
+    assert round(json.loads(capsys.readouterr().out)["exponent_D2_N1"], 1) == 1.8
+    assert main(["advice", "--c-moe", "3", "--c-dense", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "from_scratch"
+    # a fit's JSON replaces Table 2
+    f = tmp_path / "fit.json"
+    f.write_text(json.dumps({"law": "joint_upcycled", "params": dict(UPC, B=100.0)}))
+    assert main(["dstar", "--n1", "1e9", "--upcycled", str(f)]) == 0
+    assert json.loads(capsys.readouterr().out)["d_star"] == 0.0
+    assert main(["cost", "--T", "10", "--tau", "11", "--s-e", "1", "--s-me", "2"]) == 2
