@@ -105,12 +105,27 @@ def load_sweep(path: str | Path) -> Sweep:
     return s
 
 
+def _short_names(knobs: list[str]) -> dict[str, str]:
+    """Last segment of each knob's key, longer where two knobs would share it
+    (``parent.tokens`` and ``tokens``)."""
+    out = {}
+    for k in knobs:
+        parts = k[5:].split(".")
+        n = 1
+        while n < len(parts) and sum(
+                o[5:].split(".")[-n:] == parts[-n:] for o in knobs) > 1:
+            n += 1
+        out[k] = ".".join(parts[-n:])
+    return out
+
+
 def _label(row, knobs: list[str]) -> str:
     if not knobs:
         return "all"
+    names = _short_names(knobs)
     parts = []
     for k in knobs:
-        v, short = format_knob(row.get(k)), k[5:].split(".")[-1]
+        v, short = format_knob(row.get(k)), names[k]
         parts.append(f"{short}({v})" if "=" in v else f"{short}={v}")
     return ", ".join(parts)
 
