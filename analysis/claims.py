@@ -283,7 +283,6 @@ def _scaling(s, law_info=None, **_) -> list[Claim]:
     if not law_info:
         return []
     fits = law_info["fits"]
-    best = law_info["best"]
 
     def verdict(unit: str) -> tuple[str, str]:
         loo = {n: f["loo_rms"][unit] for n, f in fits.items()}

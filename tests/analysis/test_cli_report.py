@@ -110,8 +110,9 @@ def test_report_on_scaling_sweep(tmp_path):
     md = (res / "report.md").read_text()
     assert "## Scaling law of D1 and D2 (000 §4.1, Table 1)" in md
     assert "upcycled_mul **(best)**" in md
-    assert "| The multiplicative law with interaction (Eq. 8) has the lowest leave-one-out RMS" \
-           " (in ln-loss and in nats; a lead under 5 % is a tie) | 000 Table 1 | **reproduced**" in md
+    assert ("| The multiplicative law with interaction (Eq. 8) has the lowest leave-one-out RMS"
+            " (in ln-loss and in nats; a lead under 5 % is a tie) | 000 Table 1 | "
+            "**reproduced**") in md
     assert "The interaction term is positive (α3 > 0) | 000 Eq. 8, Table 2 | **reproduced**" in md
     assert "A larger D1 lowers the loss at the start of upcycling | 000 §3.3 | **reproduced**" in md
     index = (tmp_path / "index.md").read_text()  # a folder of sweeps also gets an index
