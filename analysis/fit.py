@@ -153,12 +153,25 @@ class FitResult:
     ci: dict[str, tuple[float, float]] | None = None
     bootstrap: np.ndarray | None = field(repr=False, default=None)
 
+    @property
+    def at_bounds(self) -> list[str]:
+        """Free parameters that ended on a bound: the data do not identify them (fix them)."""
+        law = get_law(self.law)
+        out = []
+        for p in law.params:
+            if p.name in self.fixed:
+                continue
+            v = p.to_fit(self.params[p.name])
+            if any(b is not None and abs(v - b) < 1e-6 * max(1.0, abs(b)) for b in p.bounds):
+                out.append(p.name)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "law": self.law, "n": self.n, "params": self.params, "fixed": self.fixed,
             "rms": {"nats": self.rms_nats, "ln": self.rms_ln}, "objective": self.objective,
             "starts": self.starts, "converged": self.converged, "fit_s": round(self.fit_s, 4),
-            "loo_rms": None, "ci": None,
+            "loo_rms": None, "ci": None, "at_bounds": self.at_bounds,
         }
         if self.loo is not None:
             out["loo_rms"] = {"nats": self.loo["rms_nats"], "ln": self.loo["rms_ln"]}
@@ -620,6 +633,9 @@ def _print_fits(results: list[FitResult], args) -> None:
                 row.append(f"[{lo:.5g}, {hi:.5g}]")
             t.add_row(*row)
         con.print(t)
+        if r.at_bounds:
+            con.print(f"[yellow]on a bound of the fit (not identified by these data; fix with "
+                      f"--fix): {', '.join(r.at_bounds)}[/yellow]")
         line = f"RMS: {r.rms_nats:.4g} nats, {r.rms_ln:.4g} ln-loss"
         if r.loo:
             line += (f"   leave-one-out RMS: {r.loo['rms_nats']:.4g} nats, "

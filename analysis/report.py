@@ -299,20 +299,6 @@ def _fx(law: str, fixed: dict[str, float] | None) -> dict[str, float]:
     return {k: v for k, v in (fixed or {}).items() if k in names}
 
 
-def _at_bound(law: str, params: dict[str, float], fixed: dict[str, float]) -> list[str]:
-    """Free parameters that ended on a bound of the fit (not identified by these data)."""
-    from analysis.laws import get_law
-
-    out = []
-    for p in get_law(law).params:
-        if p.name in fixed:
-            continue
-        v = p.to_fit(params[p.name])
-        if any(b is not None and abs(v - b) < 1e-6 * max(1.0, abs(b)) for b in p.bounds):
-            out.append(p.name)
-    return out
-
-
 def upcycled_law_section(s: Sweep, out: Path, bootstrap: int,
                          fixed: dict[str, float] | None = None) -> tuple[list[str], dict]:
     """000 §4.1: compare Eq. 8/9 with and without interaction on the D1 × D2 grid."""
@@ -346,7 +332,7 @@ def upcycled_law_section(s: Sweep, out: Path, bootstrap: int,
                   + (f", {bootstrap} bootstrap resamples (95 % percentile interval)" if bootstrap
                      else "") + ":", ""]
         lines += md_table(["param", "value", "CI low", "CI high"], prow)
-        edge = _at_bound("upcycled_mul", bf.params, bf.fixed)
+        edge = bf.at_bounds
         if bf.fixed:
             lines += [f"Fixed: {', '.join(f'{k} = {v:g}' for k, v in bf.fixed.items())}.", ""]
         if edge:

@@ -252,3 +252,13 @@ def test_load_points_from_sweep_like_frame():
     assert set(cfg.x["P"]) == {4.0}
     with pytest.raises(FitError, match="--columns N1="):
         load_points(df, "joint_upcycled")
+
+
+def test_parameters_on_a_bound_are_reported():
+    law = get_law("upcycled_mul_noint")
+    x = _grid_d1d2(4, 4, 1e8, 1e11)
+    truth = {"A": 10.0, "alpha1": 0.05, "alpha2": 0.08, "E": 1e-6}  # E below its bound
+    L = law.predict(truth, x)
+    r = fit(law, Points(x, L))
+    assert r.at_bounds == ["E"] and r.to_dict()["at_bounds"] == ["E"]
+    assert fit(law, Points(x, L), fixed={"E": 1e-4}).at_bounds == []
