@@ -157,35 +157,31 @@ def group_finals(finals, knobs: list[str]) -> list[dict[str, Any]]:
 
 def ledger(s: Sweep) -> dict[str, Any]:
     """Tokens trained and saved, FLOPs and wall time, from the results (and summary.json)."""
-    f = s.finals
-    allf = final_evals(s.rows.assign(status="ok")) if "status" in s.rows.columns else f
-    trial_tokens = float(allf["tokens"].fillna(0).sum()) if "tokens" in allf else 0.0
-    parents = {}
-    if "parent_key" in allf.columns and "parent.tokens" in allf.columns:
-        for _, r in allf.iterrows():
-            if isinstance(r.get("parent_key"), str) and r.get("parent.tokens"):
-                parents[r["parent_key"]] = float(r["parent.tokens"])
-    n_with_parent = int(allf["parent_key"].apply(lambda v: isinstance(v, str)).sum()) \
-        if "parent_key" in allf.columns else 0
-    naive_parent = float(allf.loc[allf["parent_key"].apply(lambda v: isinstance(v, str)),
-                                  "parent.tokens"].fillna(0).sum()) if parents else 0.0
-    parent_tokens = sum(parents.values())
-    out = {
-        "trials": len(allf), "ok": len(f),
-        "trial_tokens": trial_tokens, "parents": len(parents), "parent_tokens": parent_tokens,
-        "trials_with_parent": n_with_parent,
-        "tokens_saved_by_sharing": naive_parent - parent_tokens,
-        "trial_flops": float(allf["flops"].fillna(0).sum()) if "flops" in allf else math.nan,
-        "trial_wall_s": float(allf["wall_s"].fillna(0).sum()) if "wall_s" in allf else math.nan,
+    every = final_evals(s.rows.assign(status="ok"))  # every trial, finished or not
+
+    def total(col: str) -> float:
+        return float(every[col].fillna(0).sum()) if col in every.columns else math.nan
+
+    trial_tokens = total("tokens")
+    parents: dict[str, float] = {}
+    naive_parent = 0.0  # every trial training its own parent
+    if {"parent_key", "parent.tokens"} <= set(every.columns):
+        for key, toks in zip(every["parent_key"], every["parent.tokens"]):
+            if isinstance(key, str) and toks and math.isfinite(float(toks)):
+                parents[key] = float(toks)
+                naive_parent += float(toks)
+    summary = s.summary or {}
+    branches = summary.get("tokens_saved_by_branches") or 0
+    return {
+        "trials": len(every), "ok": len(s.finals), "trial_tokens": trial_tokens,
+        "parents": len(parents), "parent_tokens": sum(parents.values()),
+        "tokens_saved_by_sharing": naive_parent - sum(parents.values()),
+        "tokens_saved_by_branches": summary.get("tokens_saved_by_branches"),
+        "tokens_from_scratch": trial_tokens + naive_parent,
+        "tokens_spent": trial_tokens + sum(parents.values()) - branches,
+        "trial_flops": total("flops"), "trial_wall_s": total("wall_s"),
+        "sweep_wall_s": summary.get("wall_s"), "parent_wall_s": summary.get("parent_wall_s"),
     }
-    if s.summary:
-        out["tokens_saved_by_branches"] = s.summary.get("tokens_saved_by_branches")
-        out["sweep_wall_s"] = s.summary.get("wall_s")
-        out["parent_wall_s"] = s.summary.get("parent_wall_s")
-    from_scratch = trial_tokens + naive_parent
-    out["tokens_from_scratch"] = from_scratch
-    out["tokens_spent"] = trial_tokens + parent_tokens - (out.get("tokens_saved_by_branches") or 0)
-    return out
 
 
 # ---- plots ----------------------------------------------------------------------------------
@@ -530,7 +526,8 @@ def report(results: str | Path, out: str | Path | None = None, *,
              ["tokens if every trial trained its parent", led["tokens_from_scratch"]],
              ["trial FLOPs (6·N_active·D)", led["trial_flops"]],
              ["trial wall time, summed (s)", led["trial_wall_s"]],
-             ["sweep wall time (s)", led.get("sweep_wall_s")]]
+             ["parents and stable runs, wall (s)", led["parent_wall_s"]],
+             ["sweep wall time (s)", led["sweep_wall_s"]]]
     lines += md_table(["", "value"], lrows)
     knob_cols = [k[5:] for k in s.knobs]
     lines += ["## Results by configuration", "",
