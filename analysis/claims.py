@@ -237,7 +237,20 @@ def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
     ok = [r for r in rows if math.isfinite(r["eta"])]
     if not ok:
         return []
-    out = []
+    # η measures how much of the Fixed-E → Fixed-mE gap upcycling closes: it needs a gap
+    gaps = {r["T"]: r["L_fixed_E"] - r["L_fixed_mE"] for r in ok}
+    gv = (REPRODUCED if all(g > MIN_LOSS for g in gaps.values()) else
+          NOT_REPRODUCED if all(g < -MIN_LOSS for g in gaps.values()) else INCONCLUSIVE)
+    E, mE = ok[0]["E"], ok[0]["mE"]
+    out = [Claim(f"From scratch, {mE:g} experts beat {E:g} at the same tokens (the gap η measures)",
+                 "003 §5.1, Fig. 1", gv, ", ".join(
+                     f"T={t:,.0f}: L(Fixed-{E:g}) − L(Fixed-{mE:g}) = {g:+.4f}"
+                     for t, g in sorted(gaps.items())))]
+    if gv != REPRODUCED:
+        out.append(Claim("η (expert upcycling efficiency) trends", "003 Tables 3–4", INCONCLUSIVE,
+                         "η is not defined where the larger from-scratch MoE is not better: the "
+                         "table's η values are not efficiencies at this scale"))
+        return out
     for strat in sorted({r["strategy"] for r in ok}):
         sub = sorted((r for r in ok if r["strategy"] == strat), key=lambda r: r[vary])
         if len(sub) < 3:

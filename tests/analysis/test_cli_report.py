@@ -152,3 +152,14 @@ def test_report_efficiency_against_baselines(tmp_path):
     assert etas[750.0] == pytest.approx(0.1)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "η falls as the transition comes later" in md and "**reproduced**" in md
+
+
+def test_eta_claims_need_the_gap_they_measure():
+    from analysis.claims import _eta_claims
+
+    rows = [{"tau": t, "T": 1000.0, "cpt": 1000.0 - t, "strategy": "uniform", "L_up": 2.0,
+             "L_fixed_E": 2.00, "L_fixed_mE": 2.05, "E": 4, "mE": 8,
+             "eta": upcycling_efficiency(2.00, 2.0 + t / 1e4, 2.05)} for t in (250, 500, 750)]
+    claims = _eta_claims(rows, "tau")
+    assert claims[0].verdict == "not reproduced" and "-0.0500" in claims[0].numbers
+    assert claims[1].verdict == "inconclusive" and len(claims) == 2
