@@ -284,12 +284,20 @@ def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
     return out
 
 
-def _transition(s, efficiency=(), **_) -> list[Claim]:
+def _transition(s, efficiency=(), transition=(), **_) -> list[Claim]:
+    out = []
+    if transition:
+        jumps = [r["jump"] for r in transition]
+        v = (REPRODUCED if all(abs(j) < 1e-2 for j in jumps) else
+             NOT_REPRODUCED if all(j > 1e-2 for j in jumps) else INCONCLUSIVE)
+        out.append(Claim("Expert upcycling is a warm start: the loss right after expansion is "
+                         "within 1e-2 of the parent's", "003 Def. 3.1, §3.2", v,
+                         ", ".join(f"{r['label']}: {r['jump']:+.3f}" for r in transition)))
     rows = list(efficiency)
     if not rows:
-        return []
+        return out
     taus = {r["tau"] for r in rows}
-    return _eta_claims(rows, "tau" if len(taus) > 1 else "cpt")
+    return out + _eta_claims(rows, "tau" if len(taus) > 1 else "cpt")
 
 
 def _scaling(s, law_info=None, **_) -> list[Claim]:
@@ -352,10 +360,10 @@ CLAIMS: dict[str, Callable[..., list[Claim]]] = {
 }
 
 
-def evaluate_claims(s, *, law_info: dict | None = None,
-                    efficiency: list[dict] | None = None) -> list[Claim]:
+def evaluate_claims(s, *, law_info: dict | None = None, efficiency: list[dict] | None = None,
+                    transition: list[dict] | None = None) -> list[Claim]:
     """Claims registered for this sweep's name (a renamed sweep keeps its tables, not verdicts)."""
     fn = CLAIMS.get(s.name)
     if fn is None:
         return []
-    return fn(s, law_info=law_info, efficiency=efficiency or [])
+    return fn(s, law_info=law_info, efficiency=efficiency or [], transition=transition or [])

@@ -196,20 +196,41 @@ def _plt():
     return plt
 
 
-def plot_curves(s: Sweep, path: Path, metric: str = "val_loss") -> Path | None:
+def plot_curves(s: Sweep, path: Path, metric: str = "val_loss",
+                baseline: Sweep | None = None) -> Path | None:
+    """The metric against tokens per trial. Expert-upcycling sweeps (MoE → MoE) are drawn
+    against total tokens τ + CPT, with the from-scratch ``baseline`` runs (per expert count, the
+    budget nearest the sweep's longest τ + CPT) in grey for comparison."""
     rows = ok_trials(s.rows)
     if "tokens" not in rows.columns or metric not in rows.columns or rows.empty:
         return None
+    total = "upcycle.method" in rows.columns and (rows["upcycle.method"] == "expand_experts").any()
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     cmap = plt.get_cmap("tab10")
     for i, g in enumerate(s.groups):
         for j, tid in enumerate(g["trials"]):
             t = rows[rows["trial_id"] == tid].sort_values("step")
-            ax.plot(t["tokens"], t[metric], color=cmap(i % 10), lw=1.3, alpha=0.9,
+            x = t["tokens"] + (t["D1"].fillna(0) if total else 0)
+            ax.plot(x, t[metric], color=cmap(i % 10), lw=1.3, alpha=0.9,
                     ls=["-", "--", ":", "-."][j % 4], label=g["label"] if j == 0 else None)
-    ax.set_xlabel("tokens after upcycling (D2)" if (s.finals.get("D1", 0) > 0).any()
-                  else "tokens")
+    if total and baseline is not None and "moe.num_experts" in baseline.rows.columns:
+        b = ok_trials(baseline.rows)
+        t_max = float((s.finals["D1"].fillna(0) + s.finals["tokens"]).max())
+        for k, (e, sub) in enumerate(b.groupby("moe.num_experts")):
+            if "tokens_budget" in sub.columns:  # the runs whose budget is the sweep's longest T
+                budgets = sub["tokens_budget"].astype(float)
+                sub = sub[budgets == budgets.iloc[int(np.argmin(np.abs(budgets - t_max)))]]
+            for j, (_, t) in enumerate(sub.groupby("trial_id")):
+                t = t.sort_values("step")
+                ax.plot(t["tokens"], t[metric], color=["0.35", "0.65"][k % 2], lw=1.0,
+                        ls=["-", "--"][j % 2], zorder=0,
+                        label=f"from scratch, {int(e)} experts" if j == 0 else None)
+    if total:
+        ax.set_xlabel("total tokens (τ + continued pre-training)")
+    else:
+        ax.set_xlabel("tokens after upcycling (D2)" if (s.finals.get("D1", 0) > 0).any()
+                      else "tokens")
     ax.set_ylabel(metric)
     lo = np.nanpercentile(rows[metric].astype(float), 1)
     hi = np.nanmax(rows.loc[rows["step"] > 0, metric].astype(float)) \
@@ -482,6 +503,47 @@ def efficiency_rows(s: Sweep, baseline: Sweep) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: (d["strategy"] or "", d["tau"], d["cpt"]))
 
 
+def transition_rows(s: Sweep) -> list[dict[str, Any]]:
+    """Per upcycled configuration: the parent's final val loss (from the parent cache next to the
+    results) and the loss right after upcycling (the trial's step-0 eval). Function-preserving
+    operators keep the two equal (000 §3.3, 004 §2.3; 003 Def. 3.1: "gap below 1e-2")."""
+    if "parent_key" not in s.rows.columns or "step" not in s.rows.columns:
+        return []
+    root = s.path if s.path.is_dir() else s.path.parent
+    start = s.rows[s.rows["step"] == 0].drop_duplicates("trial_id").set_index("trial_id")
+    out = []
+    for g in s.groups:
+        jumps = []
+        for r in g["rows"]:
+            key, tid = r.get("parent_key"), r.get("trial_id")
+            meta = root / "parents" / str(key) / "meta.json"
+            if not isinstance(key, str) or tid not in start.index or not meta.exists():
+                continue
+            lp = json.loads(meta.read_text()).get("val_loss")
+            l0 = start.loc[tid, "val_loss"]
+            if isinstance(lp, (int, float)) and l0 is not None and math.isfinite(float(l0)):
+                jumps.append((float(lp), float(l0)))
+        if jumps:
+            lp, l0 = np.mean([j[0] for j in jumps]), np.mean([j[1] for j in jumps])
+            out.append({"label": g["label"], "L_parent": float(lp), "L_start": float(l0),
+                        "jump": float(l0 - lp), "n": len(jumps),
+                        "method": g["rows"][0].get("upcycle.method")})
+    return out
+
+
+def transition_section(s: Sweep) -> tuple[list[str], list[dict]]:
+    rows = transition_rows(s)
+    if not rows:
+        return [], []
+    lines = ["## Loss at the transition", "",
+             "The parent's final val loss against the trial's first eval right after upcycling "
+             "(mean over seeds): a function-preserving operator keeps them equal.", ""]
+    lines += md_table(["configuration", "parent", "after upcycling", "jump"],
+                      [[r["label"], r["L_parent"], r["L_start"], f"{r['jump']:+.4f}"]
+                       for r in rows])
+    return lines, rows
+
+
 def efficiency_section(s: Sweep, baseline: Sweep | None) -> tuple[list[str], list[dict]]:
     if baseline is None or "upcycle.method" not in s.finals.columns or not (
             s.finals["upcycle.method"] == "expand_experts").any():
@@ -540,7 +602,7 @@ def report(results: str | Path, out: str | Path | None = None, *,
         rows.append([g["label"], n, f"{m:.4f} ± {sd:.4f}" if math.isfinite(sd) else f"{m:.4f}",
                      *[g[c][0] for c in stat_cols]])
     lines += md_table(["configuration", "seeds", "val_loss", *stat_cols], rows)
-    p = plot_curves(s, out_dir / "curves.png")
+    p = plot_curves(s, out_dir / "curves.png", baseline=base)
     if p:
         lines += [f"![curves]({p.name})", ""]
     p = plot_finals(s, out_dir / "finals.png")
@@ -550,9 +612,11 @@ def report(results: str | Path, out: str | Path | None = None, *,
     lines += law_lines
     cfg_lines, cfg_info = model_config_section(s)
     lines += cfg_lines
+    tr_lines, tr_rows = transition_section(s)
+    lines += tr_lines
     eff_lines, eff_rows = efficiency_section(s, base)
     lines += eff_lines
-    claims = evaluate_claims(s, law_info=law_info, efficiency=eff_rows)
+    claims = evaluate_claims(s, law_info=law_info, efficiency=eff_rows, transition=tr_rows)
     if claims:
         lines += ["## Claims from the seeds", ""]
         lines += md_table(["claim", "source", "verdict", "numbers"],
@@ -560,7 +624,8 @@ def report(results: str | Path, out: str | Path | None = None, *,
     md = out_dir / "report.md"
     md.write_text("\n".join(lines) + "\n")
     data = {"sweep": s.name, "ledger": led, "laws": law_info, "model_config": cfg_info,
-            "efficiency": eff_rows, "claims": [c.__dict__ for c in claims],
+            "efficiency": eff_rows, "transition": tr_rows,
+            "claims": [c.__dict__ for c in claims],
             "groups": [{"label": g["label"], "n": g["val_loss"][2], "val_loss": g["val_loss"][0],
                         "val_loss_std": g["val_loss"][1],
                         **{c: g[c][0] for c in stat_cols}} for g in s.groups]}

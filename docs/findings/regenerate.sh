@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates every number and plot on docs/findings.md: runs the shipped search spaces with
 # `python -m sweeps.run` (local Ray, CPU presets) and writes each report with
-# `python -m analysis.report` into docs/findings/<sweep>/. About 70 minutes on 2 CPU cores.
+# `python -m analysis.report` into docs/findings/<sweep>/. About 35 minutes on 2 CPU cores.
 #   bash docs/findings/regenerate.sh            # everything
 #   bash docs/findings/regenerate.sh top_k      # one sweep (and its report)
 set -euo pipefail

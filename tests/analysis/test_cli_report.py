@@ -141,7 +141,11 @@ def test_report_efficiency_against_baselines(tmp_path):
             base.append({"sweep": "expert_baselines", "trial_id": f"b{e}{seed}", "status": "ok",
                          "kind": "moe", "step": 5, "D1": 0, "tokens": T, "val_loss": L + d,
                          "moe.num_experts": e, "knob.moe.num_experts": e, "seed": seed})
+    up += [dict(r, step=0, tokens=0.0, val_loss=2.30) for r in up]  # right after expansion
     write_rows(tmp_path / "transition_tau" / RESULTS_FILE, up)
+    meta = tmp_path / "transition_tau" / "parents" / "p" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"val_loss": 2.20}))  # the parent cache's record
     write_rows(tmp_path / "expert_baselines" / RESULTS_FILE, base)
     p = _run("-m", "analysis.report", str(tmp_path / "transition_tau"), "--baseline",
              str(tmp_path / "expert_baselines"), "--out", str(tmp_path / "out"))
@@ -152,6 +156,8 @@ def test_report_efficiency_against_baselines(tmp_path):
     assert etas[750.0] == pytest.approx(0.1)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "η falls as the transition comes later" in md and "**reproduced**" in md
+    assert [round(r["jump"], 6) for r in data["transition"]] == [0.1] * 3
+    assert "warm start" in md and "**not reproduced** | tokens=250" in md
 
 
 def test_eta_claims_need_the_gap_they_measure():
