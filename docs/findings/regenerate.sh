@@ -17,3 +17,11 @@ done
 ONLY=$(IFS=,; echo "${ALL[*]}")
 "$PY" -m analysis.report results --only "$ONLY" --baseline results/expert_baselines \
   --out docs/findings
+# item 3's check: the same sweep with a near-uniform router at upcycling (init std 1e-3), so that
+# softmax_topk with weight scaling starts exactly at the parent's loss
+if [[ " ${SWEEPS[*]} " == *" router_order "* ]]; then
+  WANDB_MODE=offline "$PY" -m sweeps.run search_spaces/router_order.yaml \
+    --set base.moe.router.init_std=0.001 --results results/router_init --json | tail -1
+  "$PY" -m analysis.report results/router_init/router_order \
+    --out docs/findings/router_order_router_init_1e-3
+fi
