@@ -323,8 +323,6 @@ def run_sweep(spec: SweepSpec, plan: dict[str, Any], *, address: str | None = No
     finals = final_rows(rows)
     summary = summarize(spec, finals, plan, parent_wall, time.time() - t0)
     summary["errors"] = grid.num_errors
-    for k in ("trial_tokens", "trial_flops", "parent_tokens", "parent_flops"):
-        summary[f"planned_{k}"] = plan.get(k)
     write_summary(results_dir, summary)
     print_ranked(spec, finals, summary)
     return summary
@@ -354,6 +352,8 @@ def summarize(spec: SweepSpec, finals: list[dict[str, Any]], plan: dict[str, Any
         "tokens_saved_by_sharing": plan["tokens_saved_by_sharing"],
         "tokens_saved_by_branches": plan["tokens_saved_by_branches"],
         "results": str(spec.results_dir / RESULTS_FILE),
+        **{f"planned_{k}": plan.get(k)
+           for k in ("trial_tokens", "trial_flops", "parent_tokens", "parent_flops")},
     }
 
 

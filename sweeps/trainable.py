@@ -178,8 +178,6 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
         train(cfg, out_dir=work / "ckpt", callbacks=(reporter,), parent=parent,
               resume_from=resume_from, checkpoint_steps=eval_steps,
               eval_at_start=eval_at_start)
-        if reporter.pending is not None:  # an eval without a checkpoint after it: report it
-            reporter._report(reporter.pending, None)
     except DivergenceError as e:
         row = dict(static)
         row.update(status="diverged", reason=str(e), step=e.step,
