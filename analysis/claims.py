@@ -259,8 +259,7 @@ def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
         ys = [r["eta"] for r in sub]
         rho = spearman(xs, ys)
         want = -1 if vary == "tau" else 1
-        v = REPRODUCED if want * rho >= 0.8 else NOT_REPRODUCED if want * rho <= -0.5 \
-            else INCONCLUSIVE
+        v = _rho_only(rho, want)
         name = "τ/T" if vary == "tau" else "CPT/τ"
         text = ("η falls as the transition comes later (less CPT) at a fixed total budget"
                 if vary == "tau" else "η rises with the CPT budget")
@@ -339,10 +338,15 @@ def _scaling(s, law_info=None, **_) -> list[Claim]:
     return out
 
 
+def _rho_only(rho: float, want: int) -> str:
+    """A rank trend alone: |ρ| ≥ 0.8 in the claimed direction reproduces, ρ ≤ −0.5 against it
+    refutes (for trends without a per-point noise estimate)."""
+    return (REPRODUCED if want * rho >= 0.8 else NOT_REPRODUCED if want * rho <= -0.5
+            else INCONCLUSIVE)
+
+
 def _rho_verdict(rho: float, want: int, xs, ys, name: str) -> tuple[str, str]:
-    v = REPRODUCED if want * rho >= 0.8 else NOT_REPRODUCED if want * rho <= -0.5 \
-        else INCONCLUSIVE
-    return v, f"ρ = {rho:+.2f}; " + ", ".join(f"D1={x:,.0f}: {name} {y:.4g}"
+    return _rho_only(rho, want), f"ρ = {rho:+.2f}; " + ", ".join(f"D1={x:,.0f}: {name} {y:.4g}"
                                               for x, y in zip(xs, ys))
 
 
