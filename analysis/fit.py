@@ -129,6 +129,12 @@ def _predict_log(b: _Block, v: np.ndarray) -> np.ndarray:
     return _lse(_block_terms(b, v[None, :]))[0][0]
 
 
+def _rms(pred_log: np.ndarray, L: np.ndarray) -> tuple[float, float]:
+    """RMS error of ln-predictions against losses L: (in ln-loss, in nats)."""
+    return (float(np.sqrt(np.mean((pred_log - np.log(L)) ** 2))),
+            float(np.sqrt(np.mean((np.exp(pred_log) - L) ** 2))))
+
+
 # ---- fit ------------------------------------------------------------------------------------
 
 
@@ -300,12 +306,11 @@ def fit(law: Law | str, pts: Points, *, fixed: Mapping[str, float] | None = None
     starts = _grid(free, init_grid, max_starts, seed)
     v, f, ok = _run([block], bounds, starts, delta, refine)
     pred = _predict_log(block, v)
-    res_ln = pred - np.log(pts.L)
+    rms_ln, rms_nats = _rms(pred, pts.L)
     result = FitResult(
         law=law.name, params=_natural(law, v, block, fixed), fixed=fixed, n=len(pts),
-        objective=f, residuals=res_ln, rms_ln=float(np.sqrt(np.mean(res_ln ** 2))),
-        rms_nats=float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))), starts=len(starts),
-        fit_s=0.0, converged=ok, theta=v,
+        objective=f, residuals=pred - np.log(pts.L), rms_ln=rms_ln, rms_nats=rms_nats,
+        starts=len(starts), fit_s=0.0, converged=ok, theta=v,
     )
     if loo:
         result.loo = leave_one_out(law, pts, fixed=fixed, delta=delta, warm=v, bounds=bounds)
@@ -335,12 +340,9 @@ def leave_one_out(law: Law, pts: Points, *, fixed: Mapping[str, float], delta: f
         v, _, _ = _run([block], bounds, warm[None, :], delta)
         one, _, _ = _make_block(law, pts.take(np.array([i])), fixed)
         pred[i] = _predict_log(one, v)[0]
-    r_ln = pred - np.log(pts.L)
-    return {
-        "rms_ln": float(np.sqrt(np.mean(r_ln ** 2))),
-        "rms_nats": float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))),
-        "residuals_ln": r_ln, "predicted": np.exp(pred),
-    }
+    rms_ln, rms_nats = _rms(pred, pts.L)
+    return {"rms_ln": rms_ln, "rms_nats": rms_nats, "residuals_ln": pred - np.log(pts.L),
+            "predicted": np.exp(pred)}
 
 
 def _boot_chunk(args) -> np.ndarray:
@@ -426,11 +428,10 @@ def fit_shared(items: Sequence[tuple[Law | str, Points]], *, shared: Sequence[st
     out = []
     for (law, pts), b in zip(laws, blocks):
         pred = _predict_log(b, v)
-        r = pred - np.log(pts.L)
+        rms_ln, rms_nats = _rms(pred, pts.L)
         out.append(FitResult(
             law=law.name, params=_natural(law, v, b, fixed), fixed=fixed, n=len(pts),
-            objective=f, residuals=r, rms_ln=float(np.sqrt(np.mean(r ** 2))),
-            rms_nats=float(np.sqrt(np.mean((np.exp(pred) - pts.L) ** 2))),
+            objective=f, residuals=pred - np.log(pts.L), rms_ln=rms_ln, rms_nats=rms_nats,
             starts=len(starts), fit_s=time.perf_counter() - t0, converged=ok, theta=v))
     return out
 

@@ -137,39 +137,39 @@ def _chinchilla(p, x):
     return [p["ln_A"] - p["alpha"] * _LN(x["D"]), p["ln_B"] - p["beta"] * _LN(x["N"]), p["ln_E"]]
 
 
-def _upc_mul(p, x):
-    # 000 Eq. 8: L = A·D1^−α1 · D2^(−α2 + α3·ln D1) + E
-    l1, l2 = _LN(x["D1"]), _LN(x["D2"])
-    a3 = p.get("alpha3", 0.0)
-    return [p["ln_A"] - p["alpha1"] * l1 + (-p["alpha2"] + a3 * l1) * l2, p["ln_E"]]
+@dataclass(frozen=True, slots=True)
+class _TwoStage:
+    """ln-terms of the two-variable forms with an interaction in the exponent of ``v``:
+    multiplicative  L = A·u^−k1 · v^(−k2 + k3·ln u) + E   (000 Eq. 8 in D1, D2; Eq. 17 in P, N2)
+    additive        L = A·u^−k1 + F·v^(−k2 + k3·ln u) + E (000 Eq. 9; Eq. 18, Eq. 11 if k3 = 0).
+    A class, not a closure, so that laws pickle into bootstrap worker processes."""
+
+    u: str
+    v: str
+    k: str
+    """exponent name stem: alpha → alpha1, alpha2, alpha3."""
+    additive: bool
+
+    def __call__(self, p, x):
+        lu, lv = _LN(x[self.u]), _LN(x[self.v])
+        k1, k2, k3 = (p[f"{self.k}1"], p[f"{self.k}2"], p.get(f"{self.k}3", 0.0))
+        first = p["ln_A"] - k1 * lu
+        second = (-k2 + k3 * lu) * lv
+        if self.additive:
+            return [first, p["ln_F"] + second, p["ln_E"]]
+        return [first + second, p["ln_E"]]
 
 
-def _upc_add(p, x):
-    # 000 Eq. 9: L = A·D1^−α1 + F·D2^(−α2 + α3·ln D1) + E
-    l1, l2 = _LN(x["D1"]), _LN(x["D2"])
-    a3 = p.get("alpha3", 0.0)
-    return [p["ln_A"] - p["alpha1"] * l1, p["ln_F"] + (-p["alpha2"] + a3 * l1) * l2, p["ln_E"]]
-
-
-def _cfg_mul(p, x):
-    # 000 Eq. 17: L = A·P^−β1 · N2^(−β2 + β3·ln P) + E
-    lp, ln2 = _LN(x["P"]), _LN(x["N2"])
-    b3 = p.get("beta3", 0.0)
-    return [p["ln_A"] - p["beta1"] * lp + (-p["beta2"] + b3 * lp) * ln2, p["ln_E"]]
-
-
-def _cfg_add(p, x):
-    # 000 Eq. 18 (Eq. 11 when β3 = 0): L = A·P^−β1 + F·N2^(−β2 + β3·ln P) + E
-    lp, ln2 = _LN(x["P"]), _LN(x["N2"])
-    b3 = p.get("beta3", 0.0)
-    return [p["ln_A"] - p["beta1"] * lp, p["ln_F"] + (-p["beta2"] + b3 * lp) * ln2, p["ln_E"]]
+_upc_mul = _TwoStage("D1", "D2", "alpha", additive=False)
+_upc_add = _TwoStage("D1", "D2", "alpha", additive=True)
+_cfg_mul = _TwoStage("P", "N2", "beta", additive=False)
+_cfg_add = _TwoStage("P", "N2", "beta", additive=True)
 
 
 def _joint(p, x):
     # 000 Eq. 12: L = A·D1^−α1 · D2^(−α2 + α3·ln D1) + B·N1^−β + E
-    l1, l2 = _LN(x["D1"]), _LN(x["D2"])
-    return [p["ln_A"] - p["alpha1"] * l1 + (-p["alpha2"] + p["alpha3"] * l1) * l2,
-            p["ln_B"] - p["beta"] * _LN(x["N1"]), p["ln_E"]]
+    upcycled, ln_e = _upc_mul(p, x)
+    return [upcycled, p["ln_B"] - p["beta"] * _LN(x["N1"]), ln_e]
 
 
 LAWS: dict[str, Law] = {}
