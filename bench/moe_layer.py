@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 from moe_core.config import MoEConfig, RouterConfig
-from moe_core.model import SwiGLU
 from moe_core.moe.layer import MoELayer
+from moe_core.nn import SwiGLU
 
 SHAPES = {
     "coarse": dict(d=256, f=1024, E=8, K=2),

@@ -48,8 +48,9 @@ def _from_disk(path: str) -> float:
 
 
 def count_parent_trainings(trials: int, tmp: Path) -> dict:
-    from sweeps.spec import estimate, parse_spec
-    from sweeps.trainable import get_parent
+    from sweeps.parents import get_parent, train_parents
+    from sweeps.plan import build_plan
+    from sweeps.spec import parse_spec
 
     spec = parse_spec({
         "sweep": "share", "results": str(tmp / "res"),
@@ -64,19 +65,15 @@ def count_parent_trainings(trials: int, tmp: Path) -> dict:
         },
         "search": {"optim.lr": {"grid": [1e-3 * (i + 1) for i in range(trials)]}},
     })
-    plan = estimate(spec)
-    from sweeps.driver import train_parents
-
+    plan = build_plan(spec)
     cache = tmp / "parents"
     refs = train_parents(spec, plan, cache)
     trained_by_driver = len(list(p for p in cache.iterdir() if p.is_dir()))
-    from sweeps.spec import iter_grid, trial_config
-
     t = time.perf_counter()
-    for pt in iter_grid(spec):
-        get_parent(trial_config(spec, pt), refs, cache)
+    for tr in plan.trials:
+        get_parent(tr.config, tr.parent_key, refs, cache)
     trained_after = len(list(p for p in cache.iterdir() if p.is_dir()))
-    return {"trials": plan["trials"], "distinct_parents": len(plan["parents"]),
+    return {"trials": plan.num_trials, "distinct_parents": len(plan.parents),
             "parent_trainings": trained_after, "trainings_by_driver": trained_by_driver,
             "trial_fetch_s": time.perf_counter() - t}
 

@@ -26,7 +26,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
     os.environ["UPCYCLE_CACHE"] = str(tmp / "cache")
     from moe_core.train import train
-    from sweeps.spec import estimate, iter_grid, parse_spec, trial_config
+    from sweeps.plan import build_plan
+    from sweeps.spec import parse_spec
 
     spec = parse_spec({
         "sweep": "overhead", "results": str(tmp / "res"),
@@ -42,7 +43,8 @@ def main() -> None:
         "logging": {"wandb": {"enabled": False}},
         "max_concurrent": args.concurrent,
     })
-    cfgs = [trial_config(spec, p) for p in iter_grid(spec)]
+    plan = build_plan(spec)
+    cfgs = [t.config for t in plan.trials]
     train(cfgs[0])  # warm caches (dataset) so neither side pays for them
     t = time.perf_counter()
     for c in cfgs:
@@ -52,7 +54,7 @@ def main() -> None:
     from sweeps.driver import run_sweep
 
     t = time.perf_counter()
-    summary = run_sweep(spec, estimate(spec))
+    summary = run_sweep(spec, plan)
     sweep = time.perf_counter() - t
     assert summary["ok"] == args.trials, summary
     print(f"{args.trials} trials × {args.steps} steps: sequential {seq:.1f} s, "

@@ -11,24 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 
 from moe_core.params import count_params
-from moe_core.train import Callback, train, train_config_from_dict
-
-
-class StepTimer(Callback):
-    """``should_stop`` runs once per optimizer step: time between consecutive calls."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def should_stop(self) -> bool:
-        import time
-
-        self.stamps.append(time.perf_counter())
-        return False
+from moe_core.train import Trainer, train_config_from_dict
 
 
 def run(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int) -> dict:
@@ -42,9 +30,14 @@ def run(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int) ->
         "eval": {"every_steps": 10**6, "batches": 1},
         "tokens": (steps + 2) * batch * seq,
     })
-    timer = StepTimer()
-    train(cfg, end_step=steps + 2, eval_at_start=False, callbacks=(timer,))
-    gaps = sorted(b - a for a, b in zip(timer.stamps[2:], timer.stamps[3:]))  # skip warm-up
+    trainer = Trainer(cfg)
+    stamps = []
+    for _ in range(steps + 2):  # Trainer.step(): one optimizer step, no eval
+        trainer.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+    gaps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))  # skip warm-up
     step_s = gaps[len(gaps) // 2]
     tok_s = batch * seq / step_s
     n_act = count_params(cfg.model_config(512)).non_embedding_active

@@ -2,16 +2,25 @@
 
 Each dataclass validates itself in ``__post_init__`` and raises ``ConfigError`` with a message that
 names the key (as it appears in a YAML spec: ``model.*``, ``moe.*``, ``router.*``) and the fix.
+``from_mapping`` is the one decoder of nested mappings (YAML, checkpoint metadata) into any of the
+project's config dataclasses.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from moe_core.errors import ConfigError
+
+_T = TypeVar("_T")
 
 RouterOrder = Literal["softmax_topk", "topk_softmax"]
 AuxLossKind = Literal["switch", "squared", "none"]
@@ -221,25 +230,210 @@ class ModelConfig:
         return dataclasses.replace(self, moe=moe)
 
 
-def _from_mapping(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown key {prefix}.{unknown[0]}; known keys: {', '.join(sorted(names))}"
+# ---- mapping -> dataclasses ---------------------------------------------------------------------
+
+
+def coerce_number(value: Any, key: str = "") -> Any:
+    """YAML 1.1 reads ``1e-4`` (no dot) as a string: turn numeric strings into numbers.
+
+    An int when the string has no dot or exponent and is integral, a float otherwise; any other
+    value is returned unchanged. ``key`` is unused (kept for callers that pass it).
+    """
+    if isinstance(value, str):
+        try:
+            f = float(value)
+        except ValueError:
+            return value
+        return int(f) if f.is_integer() and "e" not in value.lower() and "." not in value else f
+    return value
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
+    """``{name: (resolved type, required)}`` of the init fields of dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: (
+            hints[f.name],
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
         )
-    return cls(**data)
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
 
 
-def router_config_from_dict(data: dict[str, Any]) -> RouterConfig:
-    return _from_mapping(RouterConfig, dict(data), "router")
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
 
 
-def moe_config_from_dict(data: dict[str, Any]) -> MoEConfig:
-    data = dict(data)
-    if isinstance(data.get("router"), dict):
-        data["router"] = router_config_from_dict(data["router"])
-    return _from_mapping(MoEConfig, data, "moe")
+def _arms(tp: Any) -> tuple[Any, ...]:
+    """The alternatives of a union type (``X | None``), or ``(tp,)``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def _admits_number(tp: Any) -> bool:
+    for arm in _arms(tp):
+        if typing.get_origin(arm) is Literal:
+            args = typing.get_args(arm)
+            if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+                return True
+        elif arm in (int, float):
+            return True
+    return False
+
+
+def _decode(tp: Any, value: Any, path: str) -> Any:
+    """Decode one field value: nested dataclasses from mappings, lists into tuples, numeric
+    strings into numbers where ``tp`` admits a number. Anything else passes through unchanged;
+    its type is checked after the dataclass (and its ``__post_init__``) has seen it."""
+    arms = _arms(tp)
+    if value is None and type(None) in arms:
+        return None
+    for arm in arms:
+        if isinstance(arm, type) and dataclasses.is_dataclass(arm):
+            return from_mapping(arm, value, path)
+    for arm in arms:
+        if typing.get_origin(arm) is tuple and isinstance(value, (list, tuple)):
+            args = typing.get_args(arm)
+            if len(args) == 2 and args[1] is Ellipsis:
+                args = (args[0],) * len(value)
+            if not args:
+                return tuple(value)
+            # a length mismatch is kept for __post_init__ / the type check to report
+            return tuple(
+                _decode(args[min(i, len(args) - 1)], x, f"{path}[{i}]")
+                for i, x in enumerate(value)
+            )
+    if isinstance(value, str) and _admits_number(tp):
+        return coerce_number(value, path)
+    return value
+
+
+def _describe(tp: Any) -> str:
+    names = []
+    for arm in _arms(tp):
+        origin = typing.get_origin(arm)
+        if arm is type(None):
+            names.append("null")
+        elif origin is Literal:
+            names.append("one of " + ", ".join(repr(a) for a in typing.get_args(arm)))
+        elif origin is tuple:
+            args = typing.get_args(arm)
+            fixed = args and not (len(args) == 2 and args[1] is Ellipsis)
+            names.append(f"a list of {len(args)} values" if fixed else "a list")
+        elif isinstance(arm, type) and dataclasses.is_dataclass(arm):
+            names.append("a mapping")
+        else:
+            names.append(
+                {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+                .get(arm, getattr(arm, "__name__", str(arm)))
+            )
+    return " or ".join(names)
+
+
+def _fits(arm: Any, value: Any) -> bool:
+    origin = typing.get_origin(arm)
+    if arm is Any:
+        return True
+    if arm is type(None):
+        return value is None
+    if origin is Literal:
+        return value in typing.get_args(arm)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        args = typing.get_args(arm)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_type_problem(args[0], x, "") is None for x in value)
+        return len(value) == len(args) and all(
+            _type_problem(a, x, "") is None for a, x in zip(args, value)
+        )
+    if arm is int:  # integral floats (``tokens: 1e6``) are accepted as they always were
+        return isinstance(value, numbers.Integral) or (
+            isinstance(value, numbers.Real) and float(value).is_integer()
+        )
+    if arm is float:
+        return isinstance(value, numbers.Real)
+    if arm in (str, bool):  # taken as YAML typed them; value rules are __post_init__'s
+        return not isinstance(value, (Mapping, list, tuple, set))
+    if isinstance(arm, type):
+        return isinstance(value, arm)
+    return True  # a type this decoder does not know: trust the dataclass
+
+
+def _type_problem(tp: Any, value: Any, path: str) -> str | None:
+    """A message naming ``path`` if ``value`` does not fit ``tp``, else None."""
+    arms = _arms(tp)
+    if any(_fits(arm, value) for arm in arms):
+        return None
+    for arm in arms:  # name the element of a tuple that does not fit
+        if typing.get_origin(arm) is tuple and isinstance(value, tuple):
+            args = typing.get_args(arm)
+            if len(args) == 2 and args[1] is Ellipsis:
+                args = (args[0],) * len(value)
+            if len(args) == len(value):
+                for i, (a, x) in enumerate(zip(args, value)):
+                    problem = _type_problem(a, x, f"{path}[{i}]")
+                    if problem is not None:
+                        return problem
+    shown = list(value) if isinstance(value, tuple) else value
+    return f"{path}={shown!r} must be {_describe(tp)}"
+
+
+def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
+    """Decode a nested mapping (parsed YAML, ``dataclasses.asdict`` output) into dataclass ``cls``.
+
+    Walks the field types: nested dataclasses are decoded from mappings (an instance passes
+    through), ``T | None`` keeps None, lists become tuples, and numeric strings become numbers
+    where the field admits a number (``coerce_number``; ints are kept for float fields). Errors
+    are ``ConfigError`` naming the full dotted key (``key_prefix`` is the path of ``data``):
+    unknown keys, missing required keys, a non-mapping where a mapping is required. Value rules
+    are the dataclass's own ``__post_init__``; a value of the wrong type that it lets through
+    (``moe.top_k: 1.5``, ``optim.lr: fast``) is reported after it.
+    """
+    if isinstance(data, cls):
+        return data
+    where = key_prefix or "the config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    fields = _fields(cls)
+    unknown = sorted((k for k in data if k not in fields), key=str)
+    if unknown:
+        under = f"under {key_prefix}" if key_prefix else "at the top level"
+        raise ConfigError(
+            f"unknown key {_join(key_prefix, unknown[0])}; known keys {under}: "
+            f"{', '.join(sorted(fields))}"
+        )
+    missing = [k for k, (_, required) in fields.items() if required and k not in data]
+    if missing:
+        raise ConfigError(f"missing required key {_join(key_prefix, missing[0])}")
+    kwargs = {k: _decode(fields[k][0], v, _join(key_prefix, k)) for k, v in data.items()}
+
+    def type_problem() -> str | None:
+        for k, v in kwargs.items():
+            problem = _type_problem(fields[k][0], v, _join(key_prefix, k))
+            if problem is not None:
+                return problem
+        return None
+
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:  # __post_init__ tripped over a value of the wrong type
+        raise ConfigError(type_problem() or f"{where}: {e}") from None
+    problem = type_problem()
+    if problem is not None:
+        raise ConfigError(problem)
+    return obj
+
+
+def router_config_from_dict(data: Mapping[str, Any]) -> RouterConfig:
+    return from_mapping(RouterConfig, data, "router")
+
+
+def moe_config_from_dict(data: Mapping[str, Any]) -> MoEConfig:
+    return from_mapping(MoEConfig, data, "moe")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -247,8 +441,6 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    data = dict(data)
-    if isinstance(data.get("moe"), dict):
-        data["moe"] = moe_config_from_dict(data["moe"])
-    return _from_mapping(ModelConfig, data, "model")
+def model_config_from_dict(data: Mapping[str, Any]) -> ModelConfig:
+    """ModelConfig from a mapping, e.g. ``dataclasses.asdict(model_config)`` in checkpoints."""
+    return from_mapping(ModelConfig, data, "model")

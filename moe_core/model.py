@@ -15,51 +15,7 @@ import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
 from moe_core.moe.layer import MoELayer
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.to(x.dtype) * self.weight
-
-
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), weights stored [in, out] like the MoE experts."""
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.w_gate = nn.Parameter(torch.empty(d_model, d_ff))
-        self.w_up = nn.Parameter(torch.empty(d_model, d_ff))
-        self.w_down = nn.Parameter(torch.empty(d_ff, d_model))
-
-    @torch.no_grad()
-    def reset_parameters(self, std: float) -> None:
-        for w in (self.w_gate, self.w_up, self.w_down):
-            nn.init.normal_(w, std=std)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.w_gate) * (x @ self.w_up)) @ self.w_down
-
-
-def rope_cache(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [S, Dh/2] for rotary embeddings."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
-    return ang.cos().float(), ang.sin().float()
-
-
-def apply_rope(x_BHSD: torch.Tensor, cos_SD: torch.Tensor, sin_SD: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) by position-dependent angles (RoPE, Llama)."""
-    x1, x2 = x_BHSD[..., 0::2].float(), x_BHSD[..., 1::2].float()
-    c, s = cos_SD[: x_BHSD.shape[-2]], sin_SD[: x_BHSD.shape[-2]]
-    out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    return out.to(x_BHSD.dtype)
+from moe_core.nn import RMSNorm, SwiGLU, apply_rope, rope_cache
 
 
 class Attention(nn.Module):

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from moe_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from moe_core.train.config import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,15 +98,6 @@ def lr_at(step: int, *, peak: float, cfg: ScheduleConfig) -> float:
     return fn(step, peak=peak, cfg=cfg)
 
 
-def branch_schedule(stable_cfg: ScheduleConfig, branch_start_step: int,
-                    decay_steps: int) -> ScheduleConfig:
-    """The WSD schedule of a decay branch taken at ``branch_start_step`` of a stable run:
-    identical to a single WSD run of ``branch_start_step + decay_steps`` steps whose decay
-    covers exactly the last ``decay_steps`` (000 §3.1)."""
-    total = branch_start_step + decay_steps
-    return replace(stable_cfg, kind="wsd", total_steps=total, decay_frac=decay_steps / total)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LRPolicyConfig:
     """LR of a run that starts from a parent (000 App. A.6; 004 §3.2.1; 002 §3.2)."""
@@ -146,3 +140,85 @@ def resolve_lr_policy(
     if peak is None:
         raise ConfigError("upcycle.lr_policy.peak is not set for policy=reset; give a peak")
     return peak, schedule_cfg
+
+
+# ---- the one schedule resolver -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Which part of a run's LR schedule a training call covers (000 §3.1 WSD branching).
+
+    ``full``: the whole run (steps 0..cfg.steps). ``stable``: warmup + constant peak up to
+    ``end`` (a WSD run without its decay: a stable run to branch from, or a parent that ends at
+    the transition point, 003 §3). ``decay``: from the stable checkpoint at step ``start``, the
+    last ``steps`` steps of the single WSD run of ``start + steps`` steps."""
+
+    kind: Literal["full", "stable", "decay"] = "full"
+    start: int = 0
+    steps: int | None = None
+
+    @staticmethod
+    def full() -> Phase:
+        return Phase("full")
+
+    @staticmethod
+    def stable(end_step: int) -> Phase:
+        return Phase("stable", 0, end_step)
+
+    @staticmethod
+    def decay(start_step: int, decay_steps: int) -> Phase:
+        return Phase("decay", start_step, decay_steps)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "stable", "decay"):
+            raise ConfigError(f"phase {self.kind!r} is not known; use full, stable or decay")
+        if self.kind != "full" and (self.steps is None or self.steps < 1):
+            raise ConfigError(f"a {self.kind} phase needs steps >= 1, got {self.steps}")
+        if self.start < 0:
+            raise ConfigError(f"phase start={self.start} must be >= 0")
+
+
+class ParentLR(Protocol):
+    """The LR facts of a parent run that the LR policies read (000 App. A.6)."""
+
+    peak_lr: float
+    final_lr: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSchedule:
+    peak: float
+    schedule: ScheduleConfig
+    end_step: int
+    """The optimizer step the phase ends at."""
+
+    def lr(self, step: int) -> float:
+        return lr_at(step, peak=self.peak, cfg=self.schedule)
+
+
+def run_schedule(cfg: TrainConfig, parent: ParentLR | None = None,
+                 phase: Phase = Phase()) -> RunSchedule:
+    """The peak LR, schedule and last step of ``phase`` of run ``cfg``: its own schedule over
+    ``cfg.steps``, or, with a parent, the upcycling LR policy against the parent's LR (000 App.
+    A.6). Every LR decision of a run, its parent, its WSD stable run and its decay branches is
+    made here."""
+    sched = replace(cfg.schedule, total_steps=cfg.steps)
+    peak = cfg.optim.lr
+    if parent is not None and cfg.upcycle is not None:
+        peak, sched = resolve_lr_policy(cfg.upcycle.lr_policy, parent_peak=parent.peak_lr,
+                                        parent_final_lr=parent.final_lr, schedule_cfg=sched,
+                                        default_peak=peak)
+    if phase.kind == "full":
+        return RunSchedule(peak, sched, sched.total_steps)
+    if phase.kind == "stable":  # the decay never starts: constant after warmup
+        return RunSchedule(peak, replace(sched, total_steps=phase.steps, decay_frac=0.0),
+                           phase.steps)
+    if sched.kind == "constant":
+        raise ConfigError("a decay phase needs a decaying schedule; this run's LR is constant "
+                          "(schedule.kind=constant or upcycle.lr_policy.policy=constant)")
+    # 000 §3.1: a branch at step s decaying over n steps is the single WSD run of s + n steps
+    # whose decay covers exactly its last n steps.
+    total = phase.start + phase.steps
+    return RunSchedule(peak, replace(sched, kind="wsd", total_steps=total,
+                                     decay_frac=phase.steps / total), total)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
-from typing import Any
 
 from moe_core.errors import UpcycleError
+from sweeps import console
+from sweeps.plan import build_plan
+from sweeps.spec import load_spec
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,14 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     _interruptible()
     try:
-        from sweeps.spec import estimate, load_spec
-
         spec = load_spec(args.spec, args.overrides, results=args.results)
-        plan = estimate(spec)
+        plan = build_plan(spec)
         if args.dry_run:
-            print_plan(spec, plan)
+            console.print_plan(spec, plan)
             return 0
-        from sweeps.driver import run_sweep
+        from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
         summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
                             max_concurrent=args.max_concurrent, verbose=args.verbose)
@@ -76,40 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary, default=str))
     return 0 if summary.get("failed", 0) == 0 else 1
-
-
-def print_plan(spec, plan: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    con.print(f"[bold]sweep[/] {spec.name}  ({spec.path})  algorithm={spec.algorithm} "
-              f"scheduler={spec.scheduler} num_samples={spec.num_samples}")
-    t = Table(title="trials (grid points × num_samples)")
-    keys = sorted({k for r in plan["rows"] for k in r["point"]})
-    for k in keys + ["tokens", "N_active", "parent"]:
-        t.add_column(k)
-    for r in plan["rows"]:
-        t.add_row(*[str(r["point"].get(k, "")) for k in keys],
-                  f"{r['tokens']:,}", f"{r['N_active']:,}", str(r["parent"] or "-"))
-    con.print(t)
-    if plan["sampled"]:
-        con.print(f"sampled knobs: {', '.join(plan['sampled'])}")
-    con.print(f"trials: {plan['trials']}   distinct parents: {len(plan['parents'])}")
-    con.print(f"trial tokens: {plan['trial_tokens']:,}   trial FLOPs (6·N·D): "
-              f"{plan['trial_flops']:.3e}")
-    con.print(f"parent tokens: {plan['parent_tokens']:,}   parent FLOPs: "
-              f"{plan['parent_flops']:.3e}   tokens saved by sharing parents: "
-              f"{plan['tokens_saved_by_sharing']:,}")
-    con.print(f"WSD stable runs shared by token-budget grids: {plan['branch_groups']}   "
-              f"stable tokens saved by branching: {plan['tokens_saved_by_branches']:,}")
-
-
-def eta(done: int, total: int, started: float) -> str:
-    if done == 0:
-        return "?"
-    left = (time.time() - started) / done * (total - done)
-    return f"{left / 60:.1f} min" if math.isfinite(left) else "?"
 
 
 if __name__ == "__main__":

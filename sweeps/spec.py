@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_core.config import from_mapping
 from moe_core.errors import ConfigError, SearchSpaceError
 from moe_core.train.config import (
     TrainConfig,
@@ -30,7 +31,7 @@ SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
-    "wsd_branches",
+    "wsd_branches", "storage",
 }
 
 
@@ -74,6 +75,22 @@ class Resources:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Where a sweep keeps what it trains besides the results, and how often it writes."""
+
+    parent_cache: str | None = None
+    """Directory of cached parents (content-hashed); None = ``<results>/<sweep>/parents``.
+    Point several sweeps at one directory to share parents across them."""
+    flush_s: float = 10.0
+    """Seconds between rewrites of ``results.parquet`` while trials report (a trial's end
+    always flushes)."""
+
+    def __post_init__(self) -> None:
+        if not self.flush_s >= 0:
+            raise SearchSpaceError(f"storage.flush_s={self.flush_s} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class WandbConfig:
     enabled: bool = True
     project: str = "upcycle-sweeps"
@@ -104,6 +121,7 @@ class SweepSpec:
     """Repeat every configuration with each of these seeds (a grid over ``seed``)."""
     description: str = ""
     path: str = ""
+    storage: StorageConfig = field(default_factory=StorageConfig)
     wsd_branches: bool = True
     """Trials differing only in ``tokens`` share one WSD stable run and branch off it (000
     §3.1); results are identical to training each budget on its own."""
@@ -254,15 +272,17 @@ def _choice(raw: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
 
 
 def _sub(cls: type, raw: Any, key: str) -> Any:
+    """A spec section (``resources``, ``logging.wandb``, the ``scheduler`` mapping) decoded by
+    ``moe_core.config.from_mapping``; null means the defaults. A ``kind`` key is dropped (the
+    ``scheduler: {kind: asha, ...}`` form; ``_choice`` reads it)."""
     if raw is None:
         return cls()
-    if not isinstance(raw, dict):
-        raise _err(f"{key} must be a mapping")
-    names = set(cls.__dataclass_fields__)
-    unknown = sorted(set(raw) - names - {"kind"})
-    if unknown:
-        raise _err(f"unknown key {key}.{unknown[0]}; known: {', '.join(sorted(names))}")
-    return cls(**{k: coerce_number(v, f"{key}.{k}") for k, v in raw.items() if k != "kind"})
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k != "kind"}
+    try:
+        return from_mapping(cls, raw, key)
+    except ConfigError as e:
+        raise _err(str(e)) from None
 
 
 def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
@@ -315,6 +335,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         max_concurrent=max_conc, wandb=wandb, results=str(raw.get("results", "results")),
         max_failures=max_failures, seeds=seeds, description=str(raw.get("description", "")),
         path=path, wsd_branches=bool(raw.get("wsd_branches", True)),
+        storage=_sub(StorageConfig, raw.get("storage"), "storage"),
     )
     validate(spec)
     return spec
@@ -465,45 +486,3 @@ def _merged(cfg: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:
     return train_config_from_dict(trial_dict(spec, point))
-
-
-def estimate(spec: SweepSpec) -> dict[str, Any]:
-    """Trials, distinct parents, and token/FLOP estimates (6·N_active·D) for --dry-run."""
-    from moe_core.params import count_params
-    from moe_core.train.runner import parent_key
-
-    points = list(iter_grid(spec))
-    n_trials = len(points) * spec.num_samples
-    rows, parents = [], {}
-    trial_tokens = trial_flops = 0
-    for pt in points:
-        cfg = trial_config(spec, pt)
-        n_act = count_params(cfg.model_config()).non_embedding_active
-        toks = cfg.steps * cfg.tokens_per_step
-        trial_tokens += toks * spec.num_samples
-        trial_flops += 6 * n_act * toks * spec.num_samples
-        pk = None
-        if cfg.parent is not None:
-            pk = parent_key(cfg)
-            if pk not in parents:
-                pc = cfg.parent_run()
-                n_p = count_params(pc.model_config()).non_embedding_active
-                ptoks = pc.steps * pc.tokens_per_step
-                parents[pk] = {"tokens": ptoks, "flops": 6 * n_p * ptoks, "trials": 0}
-            parents[pk]["trials"] += spec.num_samples
-        rows.append({"point": pt, "tokens": toks, "N_active": n_act, "parent": pk})
-    from sweeps.branches import plan_branches, stable_tokens_saved
-
-    branches = plan_branches(spec)
-    parent_tokens = sum(p["tokens"] for p in parents.values())
-    naive_parent_tokens = sum(p["tokens"] * p["trials"] for p in parents.values())
-    return {
-        "trials": n_trials, "grid_points": len(points), "rows": rows, "parents": parents,
-        "trial_tokens": trial_tokens, "trial_flops": trial_flops,
-        "parent_tokens": parent_tokens,
-        "parent_flops": sum(p["flops"] for p in parents.values()),
-        "tokens_saved_by_sharing": naive_parent_tokens - parent_tokens,
-        "branch_groups": len(branches),
-        "tokens_saved_by_branches": stable_tokens_saved(spec, branches),
-        "sampled": [p.key for p in spec.sampled_params()],
-    }

@@ -1,44 +1,51 @@
-"""The Tune function trainable: one trial = one ``moe_core.train`` run on the DeepSpeed engine.
+"""The Tune function trainable: one trial = one ``moe_core.train.Trainer`` run on the DeepSpeed
+engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, several.
 
-The trial's parent arrives as numpy arrays through Ray's object store (``ray.get`` of an
-ObjectRef carried inside a dict, so Ray does not resolve it early); when the object is gone
-(its node died) the trial falls back to the parent's disk cache. Each evaluation is reported with
-a checkpoint, so a failed trial restarts from its last eval and a resumed sweep reruns nothing
-finished. A diverged trial reports a final row with ``status="diverged"`` and ends normally.
+The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
+parent from the object store or the disk cache (``sweeps.parents``). Each evaluation is reported
+together with the checkpoint written at that step, so a failed trial restarts from its last eval
+and a resumed sweep reruns nothing finished. A diverged trial, single- or multi-rank, reports a
+final row with ``status="diverged"`` and ends normally.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ray
 from ray import tune
 
 from moe_core.errors import DivergenceError
 from moe_core.params import count_params
-from moe_core.train.runner import load_parent, parent_key, train_parent
-from moe_core.train.trainer import Callback, ParentState, train
-from sweeps.spec import SweepSpec, knob_values, trial_config
+from moe_core.schedules import Phase
+from moe_core.train.callbacks import Callback, ParentState
+from moe_core.train.loop import Trainer
+from sweeps.parents import StableRun, get_parent
+from sweeps.plan import SweepPlan, TrialPlan
+from sweeps.results import config_columns, knob_columns
+from sweeps.spec import SweepSpec
 
-# Test hook: raise inside the trainable once, after this many reports (fault-tolerance tests).
-FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
-class _TuneReporter(Callback):
-    """Reports each eval to Tune together with the checkpoint written right after it."""
+class TrialReporter(Callback):
+    """Reports each eval, with the checkpoint written at its step, in one call.
 
-    def __init__(self, static: dict[str, Any], fail_after: int | None, marker: Path | None):
-        self.static = static
-        self.pending: dict[str, Any] | None = None
-        self.reports = 0
-        self.fail_after = fail_after
-        self.marker = marker
+    ``report(row, checkpoint)`` is ``tune.report`` in a single-rank trial and
+    ``ray.train.report`` on every rank of a multi-rank trial (where only rank 0 attaches the
+    checkpoint: the directory holds every rank's files, on storage all ranks share)."""
+
+    def __init__(self, static: dict[str, Any], report: Callable[..., None],
+                 checkpoint_cls: Any, attach: bool = True):
+        self.static, self._report, self._ckpt_cls, self.attach = static, report, checkpoint_cls, \
+            attach
 
     def row(self, m: dict[str, Any]) -> dict[str, Any]:
         out = dict(self.static)
@@ -46,231 +53,130 @@ class _TuneReporter(Callback):
         out["D2"] = m["tokens"]
         out["flops"] = 6 * self.static["N2"] * m["tokens"]
         out["status"] = "running"
-        return out
+        return _clean(out)
 
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        row = self.row(metrics)
-        if metrics["step"] == 0 or math.isnan(metrics.get("train_loss", math.nan)):
-            self._report(row, None)
-        else:
-            self.pending = row
+    def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        self.report(self.row(metrics), checkpoint)
 
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        if self.pending is not None:
-            self._report(self.pending, path)
-            self.pending = None
+    def report(self, row: dict[str, Any], checkpoint: Path | None = None) -> None:
+        ckpt = None
+        if checkpoint is not None and self.attach:
+            ckpt = self._ckpt_cls.from_directory(str(checkpoint))
+        self._report(row, checkpoint=ckpt)
 
-    def _report(self, row: dict[str, Any], path: Path | None) -> None:
-        ckpt = tune.Checkpoint.from_directory(str(path)) if path is not None else None
-        tune.report(_clean(row), checkpoint=ckpt)
-        self.reports += 1
-        if self.fail_after is not None and self.reports >= self.fail_after and \
-                self.marker is not None and not self.marker.exists():
-            self.marker.write_text("failed once")
-            raise RuntimeError(f"injected failure after {self.reports} reports (test hook)")
+    def diverged(self, e: DivergenceError, tokens_per_step: int, wall_s: float) -> None:
+        """The trial's final row: diverged at ``e.step`` (the trial then ends normally)."""
+        row = dict(self.static)
+        row.update(status="diverged", reason=str(e), step=e.step, tokens=e.step *
+                   tokens_per_step, wall_s=wall_s, val_loss=None, train_loss=None)
+        self._report(_clean(row), checkpoint=None)
 
 
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-
-
-def get_parent(cfg, parents: dict[str, Any], cache_dir: Path) -> tuple[ParentState | None, str]:
-    """The trial's parent: object store first, then the disk cache (training it if absent)."""
-    if cfg.parent is None:
-        return None, ""
-    key = parent_key(cfg)
-    ref = parents.get(key)
-    if ref is not None:
-        try:
-            payload = ray.get(ref, timeout=600)
-            return ParentState(**payload), key
-        except Exception:  # object lost with its node: fall back to the disk cache
-            pass
-    if (cache_dir / key / "meta.json").exists():
-        return load_parent(cache_dir / key), key
-    with _file_lock(cache_dir / f"{key}.lock"):
-        state, _ = train_parent(cfg, cache_dir)
-    return state, key
-
-
-class _file_lock:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "w")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
-def static_columns(spec: SweepSpec, cfg, point: dict[str, Any], pkey: str,
-                   parent: ParentState | None) -> dict[str, Any]:
-    from sweeps.results import flatten_config
-
-    mc = cfg.model_config()
-    pc = count_params(mc)
+def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
+                   trial_id: str) -> dict[str, Any]:
+    """The columns every row of the trial carries (see ``sweeps.results``)."""
+    cfg = t.config
     kind = "dense" if cfg.moe is None else "moe"
-    n1 = pc.non_embedding_total
-    d1 = 0
+    n1, d1, lp = count_params(cfg.model_config()).non_embedding_total, 0, None
     if parent is not None:
         kind = "upcycled" if cfg.upcycle.method != "continue" else kind
-        n1 = count_params(parent.model_config).non_embedding_total
-        d1 = parent.tokens
+        n1, d1 = count_params(parent.model_config).non_embedding_total, parent.tokens
+        lp = parent.val_loss
+    pc = count_params(cfg.model_config())
     row = {
-        "sweep": spec.name, "trial_id": tune.get_context().get_trial_id(), "parent_key": pkey,
+        "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
         "N_total": pc.non_embedding_total, "D1": d1, "reason": None,
-        "ranks": spec.resources.ranks,
+        "ranks": spec.resources.ranks, "parent_val_loss": lp,
     }
-    row.update(flatten_config(cfg.to_dict()))
-    row.update({f"knob.{k}": v for k, v in knob_values(spec, point).items()})
+    row.update(config_columns(cfg.to_dict()))
+    row.update(knob_columns(t.knobs))
     return row
 
 
-def run_trial(config: dict[str, Any], spec: SweepSpec, parents: dict[str, Any],
-              cache_dir: str, stables: dict[str, Any] | None = None) -> None:
-    """Tune function trainable. ``config`` holds the search point (dotted keys)."""
-    point = {k: v for k, v in config.items()}
-    cfg = trial_config(spec, point)
-    cache = Path(cache_dir)
-    parent, pkey = get_parent(cfg, parents, cache)
-    static = static_columns(spec, cfg, point, pkey, parent)
-    fail_after = os.environ.get(FAIL_ONCE_ENV)
-    marker = None
-    if fail_after:
-        marker = cache / f".failed-{static['trial_id']}"
-    reporter = _TuneReporter(static, int(fail_after) if fail_after else None, marker)
-    work = Path(tempfile.mkdtemp(prefix="trial-"))
-    resume_from = None
-    ck = tune.get_checkpoint()
-    if ck is not None:
-        resume_from = work / "resume"
-        with ck.as_directory() as d:
-            shutil.copytree(d, resume_from)
-    eval_steps = report_steps(cfg)
-    t0 = time.perf_counter()
-    eval_at_start = resume_from is None
-    branch = _branch_for(spec, point, cfg, stables or {})
-    if branch is not None:  # a WSD decay branch of the group's shared stable run
-        start_ckpt, stable_curve, start_step = branch
-        static["branch_from_step"] = start_step
-        if resume_from is None:
-            for m in stable_curve:  # the stable phase's evals are this trial's too
-                if m["step"] <= start_step:
-                    reporter._report(reporter.row(m), None)
-            resume_from = Path(start_ckpt)
-        eval_at_start = False
-        eval_steps = [s for s in eval_steps if s > start_step]
-    if spec.resources.ranks > 1:
-        run_multi_rank(spec, point, parents, cache_dir, static, resume_from, eval_at_start)
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    try:
-        train(cfg, out_dir=work / "ckpt", callbacks=(reporter,), parent=parent,
-              resume_from=resume_from, checkpoint_steps=eval_steps,
-              eval_at_start=eval_at_start)
-    except DivergenceError as e:
-        row = dict(static)
-        row.update(status="diverged", reason=str(e), step=e.step,
-                   tokens=e.step * cfg.tokens_per_step, wall_s=time.perf_counter() - t0,
-                   val_loss=None, train_loss=None)
-        tune.report(_clean(row))
-        return
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def report_steps(cfg) -> list[int]:
+def report_steps(t: TrialPlan) -> list[int]:
     """Steps whose eval is reported with a checkpoint: every ``eval.every_steps`` and always the
     last step (a run shorter than the eval period, or a WSD branch starting after the last
     periodic eval, still reports its final eval)."""
+    cfg = t.config
     every = cfg.eval.every_steps
     return sorted(set(range(every, cfg.steps + 1, every)) | {cfg.steps})
 
 
-def _branch_for(spec: SweepSpec, point: dict[str, Any], cfg, stables: dict[str, Any]):
-    """(checkpoint, stable curve, decay-start step) when this trial is a WSD branch."""
-    if not stables:
+def _restored_checkpoint(work: Path) -> Path | None:
+    """This trial's own last checkpoint when Tune restarts it (a failure, a resumed sweep)."""
+    ck = tune.get_checkpoint()
+    if ck is None:
         return None
-    from sweeps.branches import decay_start, stable_key
-
-    st = stables.get(stable_key(spec, point))
-    if st is None or cfg.tokens not in st["checkpoints"]:
-        return None
-    return st["checkpoints"][cfg.tokens], st["curve"], decay_start(cfg)
+    dest = work / "resume"
+    with ck.as_directory() as d:
+        shutil.copytree(d, dest)
+    return dest
 
 
-def parent_payload(state: ParentState) -> dict[str, Any]:
-    """What goes into the object store: numpy arrays + small metadata (no torch tensors)."""
-    return {
-        "model_state": state.model_state, "model_config": state.model_config,
-        "peak_lr": state.peak_lr, "final_lr": state.final_lr, "tokens": state.tokens,
-        "optimizer_state": None,
-    }
-
+def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
+              parents: dict[str, Any], cache_dir: str,
+              stables: dict[str, StableRun] | None = None,
+              report: Callable[..., None] = tune.report) -> None:
+    """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
+    how rows reach Tune (``tune.report``)."""
+    t = plan.trial(spec, config)
+    parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
+    static = static_columns(spec, t, parent, tune.get_context().get_trial_id())
+    work = Path(tempfile.mkdtemp(prefix="trial-"))
+    try:
+        resume_from = _restored_checkpoint(work)
+        group = plan.branch_of(t) if stables else None
+        reporter = TrialReporter(static, report, tune.Checkpoint)
+        if group is not None:  # a WSD decay branch of the group's shared stable run
+            st = stables[group.key]
+            static["branch_from_step"] = t.decay_start
+            if resume_from is None:
+                for m in st.curve:  # the stable phase's evals are this trial's too
+                    if m["step"] <= t.decay_start:
+                        reporter.report(reporter.row(m))
+                resume_from = Path(st.checkpoints[t.config.tokens])
+        if spec.resources.ranks > 1:
+            run_multi_rank(spec, t, parents, cache_dir, static, resume_from)
+            return
+        t0 = time.perf_counter()
+        try:
+            Trainer(t.config, parent=parent, resume_from=resume_from,
+                    out_dir=work / "ckpt", checkpoint_steps=report_steps(t),
+                    callbacks=(reporter,)).fit()
+        except DivergenceError as e:
+            reporter.diverged(e, t.config.tokens_per_step, time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
-
-
-class _RankReporter(Callback):
-    """Every rank reports each eval (the same number of times); rank 0 attaches the checkpoint
-    directory, which holds every rank's files (a path on storage all ranks share)."""
-
-    def __init__(self, static: dict[str, Any], rank: int):
-        self.base = _TuneReporter(static, None, None)
-        self.rank = rank
-        self.pending: dict[str, Any] | None = None
-
-    def on_eval(self, metrics: dict[str, Any]) -> None:
-        import ray.train
-
-        row = _clean(self.base.row(metrics))
-        if metrics["step"] == 0 or math.isnan(metrics.get("train_loss", math.nan)):
-            ray.train.report(row)
-        else:
-            self.pending = row
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        import ray.train
-
-        if self.pending is None:
-            return
-        ckpt = ray.train.Checkpoint.from_directory(str(path)) if self.rank == 0 else None
-        ray.train.report(self.pending, checkpoint=ckpt)
-        self.pending = None
 
 
 def _train_worker(box: dict[str, Any]) -> None:
     """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train)."""
     import ray.train
 
-    spec, point = box["spec"], box["point"]
-    cfg = trial_config(spec, point)
-    parent, _ = get_parent(cfg, box["parents"], Path(box["cache_dir"]))
+    t: TrialPlan = box["trial"]
+    parent = get_parent(t.config, t.parent_key, box["parents"], Path(box["cache_dir"]))
     rank = ray.train.get_context().get_world_rank()
     resume = box["resume"]
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
     if ck is not None:
         resume = ck.path
-    eval_steps = report_steps(cfg)
-    train(cfg, out_dir=Path(box["ckpt_root"]), callbacks=(_RankReporter(box["static"], rank),),
-          parent=parent, resume_from=resume, checkpoint_steps=eval_steps,
-          eval_at_start=resume is None and box["eval_at_start"])
+    reporter = TrialReporter(box["static"], ray.train.report, ray.train.Checkpoint,
+                             attach=rank == 0)
+    t0 = time.perf_counter()
+    try:
+        Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
+                out_dir=Path(box["ckpt_root"]), checkpoint_steps=report_steps(t),
+                callbacks=(reporter,)).fit()
+    except DivergenceError as e:  # every rank sees the same all-reduced loss
+        reporter.diverged(e, t.config.tokens_per_step, time.perf_counter() - t0)
 
 
-def run_multi_rank(spec: SweepSpec, point: dict[str, Any], parents: dict[str, Any],
-                   cache_dir: str, static: dict[str, Any], resume_from: Path | None,
-                   eval_at_start: bool) -> None:
+def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
+                   static: dict[str, Any], resume_from: Path | None) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
     across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
     the trial's resources (the Tune trial itself reserves none)."""
@@ -284,10 +190,10 @@ def run_multi_rank(spec: SweepSpec, point: dict[str, Any], parents: dict[str, An
     ckpt_root = storage / "rank_checkpoints" / trial_id
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"spec": spec, "point": point, "parents": parents,
-                           "cache_dir": cache_dir, "static": static,
+        train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
+                           "static": static,
                            "resume": str(resume_from) if resume_from else None,
-                           "ckpt_root": str(ckpt_root), "eval_at_start": eval_at_start},
+                           "ckpt_root": str(ckpt_root)},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker={"CPU": r.cpus,

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from moe_core.config import MoEConfig
 from moe_core.moe import balancing, stats
 from moe_core.moe.routing import Routing, capacity, overflow_count, route
+from moe_core.nn import SwiGLU
 
 
 def swiglu_experts_loop(
@@ -94,8 +95,6 @@ class MoELayer(nn.Module):
         self.init_std = init_std
         self.shared: nn.Module | None = None
         if cfg.num_shared_experts > 0:
-            from moe_core.model import SwiGLU
-
             self.shared = SwiGLU(d_model, f * cfg.num_shared_experts)
         # Loss-free balancing bias (003 §2) and the replica bias noise of expert upcycling
         # (003 Def. 3.1): changes which experts are selected, never the weights.

@@ -70,11 +70,6 @@ def route(
     return Routing(logits_TE=z, probs_TE=probs, topk_idx_TK=idx, topk_weight_TK=w)
 
 
-def expert_counts(topk_idx_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Number of (token, slot) assignments per expert, shape [E] (int64)."""
-    return torch.bincount(topk_idx_TK.reshape(-1), minlength=num_experts)
-
-
 def capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
     """Per-expert capacity ceil(cf·T·K/E) (Switch Transformer; 002 §4.2 drop rate)."""
     import math

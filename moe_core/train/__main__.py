@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 from moe_core.errors import UpcycleError
+from moe_core.train.callbacks import FunctionCallback
+from moe_core.train.config import apply_overrides, load_yaml, train_config_from_dict
+from moe_core.train.runner import run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,18 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", help="YAML training config (see configs/train_debug.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="KEY=VALUE", help="override a config key, e.g. optim.lr=3e-4")
-    ap.add_argument("--cache", default=os.environ.get("UPCYCLE_PARENT_CACHE", "runs/parents"),
+    ap.add_argument("--cache", default="runs/parents",
                     help="parent checkpoint cache directory (default: runs/parents)")
     ap.add_argument("--quiet", action="store_true", help="no per-eval progress lines")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
-        from moe_core.train.config import apply_overrides, load_yaml, train_config_from_dict
-
         cfg = train_config_from_dict(apply_overrides(load_yaml(args.config), args.overrides))
-        from moe_core.train.runner import run
-        from moe_core.train.trainer import FunctionCallback
 
         def progress(m: dict) -> None:
             if not args.quiet:

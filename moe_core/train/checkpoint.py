@@ -168,13 +168,8 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     return Checkpoint(path=path, meta=meta)
 
 
-def state_to_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """A model state as numpy arrays (what Ray's object store shares zero-copy)."""
-    return {k: v.detach().cpu().numpy() for k, v in state.items()}
-
-
 def state_from_numpy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`state_to_numpy` (accepts torch tensors too). Copies, so read-only
+    """A model state from numpy arrays (accepts torch tensors too). Copies, so read-only
     object-store buffers are never written through."""
     return {k: torch.as_tensor(np.array(v)) if isinstance(v, np.ndarray) else v.clone()
             for k, v in state.items()}

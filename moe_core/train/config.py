@@ -1,8 +1,9 @@
 """Configuration of one training run (dense, MoE, or upcycled from a parent).
 
 A run is described by a nested mapping (YAML) that ``train_config_from_dict`` turns into frozen
-dataclasses, validating every key before any work starts. ``apply_overrides`` implements the
-``--set key.path=value`` command-line overrides with unknown keys rejected.
+dataclasses (``moe_core.config.from_mapping``), validating every key before any work starts.
+``apply_overrides`` implements the ``--set key.path=value`` command-line overrides with unknown
+keys rejected.
 """
 
 from __future__ import annotations
@@ -10,27 +11,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
 
-from moe_core.config import ModelConfig, MoEConfig, _check, moe_config_from_dict
+from moe_core.config import ModelConfig, MoEConfig, _check, from_mapping
+from moe_core.config import coerce_number as coerce_number  # re-exported (sweeps.spec uses it)
 from moe_core.data import DataConfig
 from moe_core.errors import ConfigError
 from moe_core.presets import model_config, preset
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig
-
-
-def coerce_number(value: Any, key: str) -> Any:
-    """YAML 1.1 reads ``1e-4`` (no dot) as a string: turn numeric strings into numbers."""
-    if isinstance(value, str):
-        try:
-            f = float(value)
-        except ValueError:
-            return value
-        return int(f) if f.is_integer() and "e" not in value.lower() and "." not in value else f
-    return value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -289,70 +281,9 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# ---- mapping -> dataclasses ---------------------------------------------------------------------
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    if data is None:
-        return None
-    if dataclasses.is_dataclass(data):
-        return data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix} must be a mapping, got {type(data).__name__}")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"unknown key {prefix}.{unknown[0]}; known keys under {prefix}: "
-            f"{', '.join(sorted(names))}"
-        )
-    kwargs = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}"
-        sub = _NESTED.get((cls, k))
-        if sub is not None and isinstance(v, dict):
-            kwargs[k] = sub(v, key)
-        elif isinstance(v, list):
-            kwargs[k] = tuple(coerce_number(x, key) for x in v)
-        else:
-            kwargs[k] = coerce_number(v, key)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # missing required field
-        raise ConfigError(f"{prefix}: {e}") from None
-
-
-def _moe(v: dict, key: str) -> MoEConfig:
-    from moe_core.config import router_config_from_dict
-
-    v = {k: coerce_number(x, f"{key}.{k}") for k, x in v.items()}
-    if isinstance(v.get("router"), dict):
-        v["router"] = router_config_from_dict(
-            {k: coerce_number(x, f"router.{k}") for k, x in v["router"].items()}
-        )
-    return moe_config_from_dict(v)
-
-
-_NESTED: dict[tuple[type, str], Any] = {
-    (TrainConfig, "model"): lambda v, k: _build(ModelSpec, v, k),
-    (TrainConfig, "moe"): _moe,
-    (TrainConfig, "data"): lambda v, k: _build(DataConfig, v, "data"),
-    (TrainConfig, "optim"): lambda v, k: _build(OptimConfig, v, "optim"),
-    (TrainConfig, "schedule"): lambda v, k: _build(ScheduleConfig, v, "schedule"),
-    (TrainConfig, "batch"): lambda v, k: _build(BatchConfig, v, "batch"),
-    (TrainConfig, "eval"): lambda v, k: _build(EvalConfig, v, "eval"),
-    (TrainConfig, "parent"): lambda v, k: _build(ParentConfig, v, "parent"),
-    (TrainConfig, "upcycle"): lambda v, k: _build(UpcycleConfig, v, "upcycle"),
-    (ParentConfig, "moe"): _moe,
-    (ParentConfig, "schedule"): lambda v, k: _build(ScheduleConfig, v, "parent.schedule"),
-    (ParentConfig, "batch"): lambda v, k: _build(BatchConfig, v, "parent.batch"),
-    (UpcycleConfig, "lr_policy"): lambda v, k: _build(LRPolicyConfig, v, "upcycle.lr_policy"),
-}
-
-
-def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
+def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     """Validate a nested mapping into a TrainConfig; errors name the key and the fix."""
-    return _build(TrainConfig, data, "config")
+    return from_mapping(TrainConfig, data)
 
 
 def load_yaml(path: str) -> dict[str, Any]:

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
-from moe_core.schedules import ScheduleConfig
+from moe_core.config import model_config_from_dict
+from moe_core.schedules import Phase
+from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
 from moe_core.train.config import TrainConfig
-from moe_core.train.trainer import Callback, ParentState, TrainResult, train
+from moe_core.train.loop import Trainer, train
 
 
 def _stable(obj: Any) -> Any:
@@ -43,14 +45,11 @@ def parent_key(cfg: TrainConfig) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def parent_schedule(cfg: TrainConfig) -> tuple[float, ScheduleConfig]:
-    """(peak, schedule) of the parent run: a full WSD run of D1 tokens (``parent.decay``) or
-    the stable phase only, ending at D1 without decay (a transition checkpoint, 003 §3)."""
+def parent_phase(cfg: TrainConfig) -> Phase:
+    """The parent's phase: a full WSD run of D1 tokens (``parent.decay``) or its stable phase
+    only, ending at D1 without decay (a transition checkpoint, 003 §3)."""
     p = cfg.parent_run()
-    sched = dataclasses.replace(p.schedule, total_steps=p.steps)
-    if not cfg.parent.decay:
-        sched = dataclasses.replace(sched, decay_frac=0.0)
-    return p.optim.lr, sched
+    return Phase.full() if cfg.parent.decay else Phase.stable(p.steps)
 
 
 def train_parent(
@@ -64,14 +63,16 @@ def train_parent(
     if (path / "meta.json").exists():
         return load_parent(path), False
     p = cfg.parent_run()
-    res = train(p, schedule_override=parent_schedule(cfg), callbacks=callbacks, keep_state=True)
+    trainer = Trainer(p, phase=parent_phase(cfg), callbacks=callbacks)
+    res = trainer.fit()
+    state = trainer.parent_state()
     save_checkpoint(
-        path, model_state={k: torch.as_tensor(v) for k, v in res.state.items()},
-        optimizer_state=res.optimizer_state,
+        path, model_state={k: torch.as_tensor(v) for k, v in state.model_state.items()},
+        optimizer_state=state.optimizer_state,
         meta={
             "step": res.steps, "tokens": res.tokens, "peak_lr": res.peak_lr,
             "lr": res.final_lr, "val_loss": res.val_loss, "parent_key": key,
-            "config": p.to_dict(), "model_config": dataclasses.asdict(res.model_config),
+            "config": p.to_dict(), "model_config": dataclasses.asdict(state.model_config),
             "curve": res.curve, "wall_s": res.wall_s,
         },
     )
@@ -79,8 +80,6 @@ def train_parent(
 
 
 def load_parent(path: str | Path) -> ParentState:
-    from moe_core.config import model_config_from_dict
-
     ck = load_checkpoint(path)
     state = {k: v.numpy() for k, v in ck.model_state().items()}
     return ParentState(
@@ -90,6 +89,7 @@ def load_parent(path: str | Path) -> ParentState:
         final_lr=float(ck.meta["lr"]),
         tokens=int(ck.meta["tokens"]),
         optimizer_state=ck.optimizer_state(),
+        val_loss=float(ck.meta.get("val_loss", math.nan)),
     )
 
 

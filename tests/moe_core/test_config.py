@@ -96,7 +96,8 @@ def test_unknown_preset():
 def test_from_dict_rejects_unknown_keys_and_nests():
     m = moe_config_from_dict({"num_experts": 4, "top_k": 1, "router": {"order": "topk_softmax"}})
     assert m.router.order == "topk_softmax"
-    with pytest.raises(ConfigError, match=r"unknown key router\.ordr"):
+    with pytest.raises(ConfigError, match=r"unknown key moe\.router\.ordr; known keys under "
+                                          r"moe\.router: adaptive_alpha_max"):
         moe_config_from_dict({"router": {"ordr": "x"}})
     with pytest.raises(ConfigError, match=r"unknown key model\.layers"):
         model_config_from_dict({"vocab_size": 5, "n_layer": 1, "d_model": 8, "n_head": 2,

@@ -8,7 +8,6 @@ from moe_core.errors import ConfigError
 from moe_core.schedules import (
     LRPolicyConfig,
     ScheduleConfig,
-    branch_schedule,
     lr_at,
     resolve_lr_policy,
 )
@@ -38,16 +37,42 @@ def test_cosine_and_constant_hand_values():
     assert [lr_at(s, peak=3.0, cfg=const) for s in range(5)] == [3.0] * 5
 
 
-def test_branch_schedule_equals_single_run():
-    stable = ScheduleConfig(kind="wsd", warmup_steps=3, total_steps=100, decay_frac=0.0)
+def test_run_schedule_phases_decide_every_lr():
+    """One resolver: full run, stable phase (no decay), decay branch == single WSD run."""
+    from types import SimpleNamespace
+
+    from moe_core.schedules import Phase, run_schedule
+
+    base = ScheduleConfig(kind="wsd", warmup_steps=3, decay_frac=0.25)
+    cfg = SimpleNamespace(schedule=base, steps=48, optim=SimpleNamespace(lr=1.0), upcycle=None)
+    full = run_schedule(cfg)
+    assert full.peak == 1.0 and full.end_step == 48 and full.schedule.decay_start == 36
+    stable = run_schedule(cfg, phase=Phase.stable(40))
+    assert stable.end_step == 40
+    assert [stable.lr(s) for s in range(40)] == [min(1.0, (s + 1) / 3) for s in range(40)]
     s, n = 37, 11
-    br = branch_schedule(stable, s, n)
+    br = run_schedule(cfg, phase=Phase.decay(s, n))
     single = ScheduleConfig(kind="wsd", warmup_steps=3, total_steps=s + n, decay_frac=n / (s + n))
+    assert br.end_step == s + n
     for step in range(s + n):
-        assert lr_at(step, peak=1.0, cfg=br) == lr_at(step, peak=1.0, cfg=single)
+        assert br.lr(step) == lr_at(step, peak=1.0, cfg=single)
         if step < s:
-            assert lr_at(step, peak=1.0, cfg=br) == lr_at(step, peak=1.0, cfg=stable)
-    assert lr_at(s + n - 1, peak=1.0, cfg=br) == pytest.approx(0.1)
+            assert br.lr(step) == stable.lr(step)
+    assert br.lr(s + n - 1) == pytest.approx(0.1)
+    # with a parent, the LR policy decides the peak in every phase
+    parent = SimpleNamespace(peak_lr=4.0, final_lr=0.4)
+    up = SimpleNamespace(lr_policy=LRPolicyConfig(policy="ratio", ratio=0.5))
+    cfg_up = SimpleNamespace(**{**vars(cfg), "upcycle": up})
+    for ph in (Phase.full(), Phase.stable(10), Phase.decay(10, 5)):
+        assert run_schedule(cfg_up, parent, ph).peak == 2.0
+    const = SimpleNamespace(**{**vars(cfg), "upcycle": SimpleNamespace(
+        lr_policy=LRPolicyConfig(policy="constant"))})
+    c = run_schedule(const, parent)
+    assert c.peak == 0.4 and c.lr(0) == 0.4 and c.lr(47) == 0.4
+    with pytest.raises(ConfigError, match="decay phase"):
+        run_schedule(const, parent, Phase.decay(10, 5))
+    with pytest.raises(ConfigError, match="steps >= 1"):
+        Phase.stable(0)
 
 
 def test_lr_policies():

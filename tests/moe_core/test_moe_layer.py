@@ -5,9 +5,9 @@ import torch
 
 from moe_core import build_model
 from moe_core.config import MoEConfig, RouterConfig
-from moe_core.model import SwiGLU
 from moe_core.moe import stats
 from moe_core.moe.layer import MoELayer, swiglu_experts_loop
+from moe_core.nn import SwiGLU
 from moe_core.presets import model_config
 
 

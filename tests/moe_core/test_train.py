@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from moe_core.errors import ConfigError, DivergenceError
-from moe_core.train import train, train_config_from_dict
+from moe_core.schedules import Phase
+from moe_core.train import Trainer, train, train_config_from_dict
 from moe_core.train.checkpoint import load_checkpoint
-from moe_core.train.wsd import branch, decay_schedule, log_spaced_tokens, stable_schedule
+from moe_core.train.wsd import branch, log_spaced_tokens, train_stable
 
 
 def small_cfg(tmp_path, **over):
@@ -29,16 +30,23 @@ def small_cfg(tmp_path, **over):
     return train_config_from_dict(d)
 
 
-def _state(res_or_model):
-    return {k: torch.as_tensor(v) for k, v in res_or_model.state.items()}
+def fit(cfg, **kw):
+    """(result, final model state) of one run."""
+    t = Trainer(cfg, **kw)
+    res = t.fit()
+    return res, {k: torch.as_tensor(v) for k, v in t.model_state_numpy().items()}
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_same_seed_same_losses(tmp_path):
     cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2})
-    a = train(cfg, keep_state=True)
-    b = train(cfg, keep_state=True)
+    a, sa = fit(cfg)
+    b, sb = fit(cfg)
     assert [m["val_loss"] for m in a.curve] == [m["val_loss"] for m in b.curve]
-    assert all(torch.equal(_state(a)[k], _state(b)[k]) for k in a.state)
+    assert _equal(sa, sb)
     assert a.steps == 8 and a.tokens == 8 * 8 * 32
     assert a.val_loss < a.initial_val_loss
 
@@ -48,16 +56,18 @@ def test_branch_equals_single_run(tmp_path, moe):
     cfg = small_cfg(tmp_path, moe=moe)
     s, n = 6, 4
     peak = cfg.optim.lr
-    single = train(cfg, schedule_override=(peak, decay_schedule(cfg, s, n)), keep_state=True)
-    stable = train(cfg, schedule_override=stable_schedule(cfg, s), out_dir=tmp_path / "st",
-                   checkpoint_steps=[s])
+    # the single WSD run of s + n steps whose decay covers its last n: a run of s + n steps
+    single, s_single = fit(dataclasses.replace(
+        cfg, tokens=(s + n) * cfg.tokens_per_step,
+        schedule=dataclasses.replace(cfg.schedule, decay_frac=n / (s + n))))
+    stable = train_stable(cfg, tmp_path / "st", [s])
     ck = stable.checkpoints[s]
     br = branch(cfg, ck, decay_tokens=n * cfg.tokens_per_step)
-    br_state = train(cfg, resume_from=ck, schedule_override=(peak, decay_schedule(cfg, s, n)),
-                     end_step=s + n, eval_at_start=False, keep_state=True)
-    assert br.steps == single.steps == s + n
-    assert br.val_loss == single.val_loss  # bit for bit
-    assert all(torch.equal(_state(br_state)[k], _state(single)[k]) for k in single.state)
+    br2, s_br = fit(cfg, resume_from=ck, phase=Phase.decay(s, n))
+    assert br.steps == br2.steps == single.steps == s + n
+    assert br.val_loss == br2.val_loss == single.val_loss  # bit for bit
+    assert _equal(s_br, s_single)
+    assert [m["step"] for m in br.curve] == [8, 10]  # no eval at the resumed start
     # the stable run's LR never decayed, the branch's last LR is min_ratio · peak
     assert stable.final_lr == pytest.approx(peak)
     assert br.final_lr == pytest.approx(0.1 * peak)
@@ -66,17 +76,17 @@ def test_branch_equals_single_run(tmp_path, moe):
 def test_resume_equals_uninterrupted(tmp_path):
     cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 1,
                                    "router": {"loss_free_rate": 0.01}})
-    full = train(cfg, keep_state=True)
-    part = train(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[4], end_step=4)  # "killed"
-    rest = train(cfg, resume_from=part.checkpoints[4], eval_at_start=False, keep_state=True)
+    full, s_full = fit(cfg)
+    part = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[4]).fit(until=4)  # "killed"
+    rest, s_rest = fit(cfg, resume_from=part.checkpoints[4])
     assert [m["val_loss"] for m in part.curve + rest.curve] == [m["val_loss"]
                                                                  for m in full.curve]
-    assert all(torch.equal(_state(rest)[k], _state(full)[k]) for k in full.state)
+    assert _equal(s_rest, s_full)
 
 
 def test_checkpoint_checksum_detects_corruption(tmp_path):
     cfg = small_cfg(tmp_path)
-    res = train(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[2], end_step=2)
+    res = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[2]).fit(until=2)
     path = res.checkpoints[2]
     ck = load_checkpoint(path)
     assert ck.step == 2 and "model" in ck.meta["files"]
@@ -129,8 +139,8 @@ def test_batch_not_divisible_refused(tmp_path):
 def test_zero_stages_train_and_resume(tmp_path, stage):
     cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2},
                     optim={"lr": 3e-3, "zero_stage": stage})
-    part = train(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[4], end_step=4)
-    rest = train(cfg, resume_from=part.checkpoints[4], eval_at_start=False)
+    part = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[4]).fit(until=4)
+    rest = train(cfg, resume_from=part.checkpoints[4])
     full = train(cfg)
     assert rest.val_loss == pytest.approx(full.val_loss, abs=1e-6)
 
@@ -165,3 +175,37 @@ def test_tokens_to_steps_and_parent_run(tmp_path):
     p = cfg.parent_run()
     assert p.moe is None and p.tokens == 1000 and p.steps == math.ceil(1000 / (8 * 32))
     assert dataclasses.replace(cfg, tokens=1).steps == 1
+
+
+def test_step_and_callbacks_at_named_points(tmp_path):
+    """step() is one optimizer step; fit() hands each eval and its checkpoint to on_eval in
+    one call, after the checkpoint was written."""
+    from moe_core.train import Callback
+
+    seen = []
+
+    class Rec(Callback):
+        def on_eval(self, metrics, checkpoint):
+            assert checkpoint is None or (checkpoint / "meta.json").exists()
+            seen.append((metrics["step"], checkpoint is not None))
+
+        def on_checkpoint(self, step, path):
+            seen.append(("ck", step))
+
+    cfg = small_cfg(tmp_path)
+    t = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[2, 4], callbacks=(Rec(),))
+    out = t.step()
+    assert out.step == 1 and t.step_count == 1 and math.isfinite(out.train_loss)
+    assert out.lr == pytest.approx(cfg.optim.lr / 2)  # warmup: (0 + 1) / 2 of the peak
+    res = t.fit()
+    assert seen == [(2, True), ("ck", 2), (4, True), ("ck", 4), (6, False), (8, True),
+                    ("ck", 8)]
+    assert res.steps == 8 and sorted(res.checkpoints) == [2, 4, 8]
+
+
+def test_branch_refuses_another_peak(tmp_path):
+    cfg = small_cfg(tmp_path)
+    stable = train_stable(cfg, tmp_path / "st", [4])
+    other = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-3))
+    with pytest.raises(ConfigError, match="peak LR"):
+        branch(other, stable.checkpoints[4], decay_tokens=2 * cfg.tokens_per_step)

@@ -38,8 +38,7 @@ def test_worker_node_killed_mid_sweep(tmp_path):
 
     # Ray 2.60 authenticates nodes with a token: head, worker and driver share one.
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-               UPCYCLE_SWEEPS_FLUSH_S="0.5")
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     env.pop("RAY_ADDRESS", None)
     gcs, nm = _port(), _port()
     common = ["--disable-usage-stats", "--num-cpus=1"]
@@ -51,7 +50,7 @@ def test_worker_node_killed_mid_sweep(tmp_path):
                        capture_output=True, timeout=120)
         base = dict(SPEC["base"], tokens=16384, eval={"every_steps": 8, "batches": 2})
         spec = dict(SPEC, base=base, results=str(tmp_path / "results"),
-                    logging={"wandb": {"enabled": False}}, failure={"max_failures": 3})
+                    storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}}, failure={"max_failures": 3})
         f = tmp_path / "spec.yaml"
         f.write_text(yaml.safe_dump(spec))
         log = open(tmp_path / "driver.log", "w")

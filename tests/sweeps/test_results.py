@@ -3,7 +3,16 @@
 import pandas as pd
 import pyarrow.dataset as ds
 
-from sweeps.results import CORE_COLUMNS, final_rows, flatten_config, read_rows, write_rows
+from sweeps.results import (
+    CORE_COLUMNS,
+    config_columns,
+    decode_value,
+    final_rows,
+    format_knob,
+    knob_columns,
+    read_rows,
+    write_rows,
+)
 
 
 def test_write_read_roundtrip_and_core_columns(tmp_path):
@@ -19,7 +28,8 @@ def test_write_read_roundtrip_and_core_columns(tmp_path):
     assert list(df.columns[: len(CORE_COLUMNS)]) == CORE_COLUMNS
     assert df["val_loss"].isna().sum() == 2  # NaN stored as null, missing as null
     assert df.loc[2, "reason"] == "nan"
-    assert df.loc[0, "knob.x"] == "{'policy': 'reset'}"
+    assert df.loc[0, "knob.x"] == '{"policy": "reset"}'  # JSON, not str()
+    assert df["step"].dtype == "int64" and df["seed"].isna().all()  # declared types
     assert ds.dataset(p).count_rows() == 3
     back = read_rows(tmp_path / "r")
     assert [r["trial_id"] for r in final_rows(back)] == ["a", "b"]
@@ -33,15 +43,37 @@ def test_mixed_types_fall_back_to_strings(tmp_path):
     assert df["weird"].tolist() == ["1", "x"] or df["weird"].tolist()[1:] == ["1", "x"]
 
 
-def test_flatten_config_moves_router_up():
+def test_config_columns_are_yaml_paths():
     cfg = {"model": {"preset": "debug"}, "moe": {"num_experts": 8, "router": {"order": "x"}},
-           "optim": {"lr": 1e-3, "betas": (0.9, 0.95)}, "parent": {"tokens": 5, "moe": None},
-           "upcycle": None, "tokens": 100}
-    flat = flatten_config(cfg)
-    assert flat["moe.num_experts"] == 8 and flat["router.order"] == "x"
-    assert flat["optim.betas"] == "[0.9, 0.95]"
-    assert flat["parent.tokens"] == 5 and flat["parent.num_experts"] is None
+           "optim": {"lr": 1e-3, "betas": (0.9, 0.95)},
+           "parent": {"tokens": 5, "moe": {"num_experts": 4}}, "upcycle": None, "tokens": 100}
+    flat = config_columns(cfg)
+    assert flat["moe.num_experts"] == 8 and flat["moe.router.order"] == "x"
+    assert "router.order" not in flat  # router.* columns are router statistics only
+    assert flat["optim.betas"] == "[0.9, 0.95]" and decode_value(flat["optim.betas"]) == [0.9,
+                                                                                          0.95]
+    assert flat["parent.tokens"] == 5 and flat["parent.moe.num_experts"] == 4
     assert flat["upcycle"] is None and flat["tokens_budget"] == 100
+    knobs = knob_columns({"upcycle.lr_policy": {"policy": "reset", "peak": 0.005}, "seed": 1})
+    assert knobs == {"knob.upcycle.lr_policy": '{"policy": "reset", "peak": 0.005}',
+                     "knob.seed": 1}
+    assert format_knob(knobs["knob.upcycle.lr_policy"]) == "policy=reset peak=0.005"
+
+
+def test_schema_1_files_are_upgraded_on_read(tmp_path):
+    """Results written before the re-partition keep reading: router config moves under
+    moe.router, parent.num_experts under parent.moe, str() dicts still decode."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = pa.table({"trial_id": ["a"], "step": [0], "router.order": ["topk_softmax"],
+                    "router.max_load": [0.4], "parent.num_experts": [4],
+                    "knob.upcycle.lr_policy": ["{'policy': 'reset', 'peak': 0.005}"]})
+    pq.write_table(old, tmp_path / "results.parquet")
+    (r,) = read_rows(tmp_path)
+    assert r["moe.router.order"] == "topk_softmax" and r["router.max_load"] == 0.4
+    assert r["parent.moe.num_experts"] == 4 and "router.order" not in r
+    assert decode_value(r["knob.upcycle.lr_policy"]) == {"policy": "reset", "peak": 0.005}
 
 
 def test_fresh_run_archives_an_earlier_one(tmp_path):

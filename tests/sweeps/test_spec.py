@@ -230,3 +230,28 @@ def test_knob_values_are_what_the_trial_ran():
     assert dense["tokens"] == 6144 and dense["seed"] == 3  # expr knobs are recorded too
     moe = next(v for k, v in got.items() if k != "None")
     assert moe["upcycle.method"] == "dense_to_moe" and moe["moe"]["num_experts"] == 4
+
+
+def test_spec_sections_decode_through_from_mapping():
+    from moe_core.errors import ConfigError
+
+    s = parse_spec(spec(scheduler={"kind": "asha", "grace_period": "3", "max_t": None},
+                        algorithm="random", num_samples=2,
+                        resources={"cpus": "2", "gpus": 0.5, "kind": "x"},
+                        logging={"wandb": {"project": "123", "mode": "disabled"}}))
+    assert s.scheduler == "asha" and s.asha.grace_period == 3 and s.asha.max_t is None
+    assert s.resources.cpus == 2 and s.resources.gpus == 0.5
+    assert s.wandb.project == "123" and s.wandb.mode == "disabled"
+    assert parse_spec(spec(resources=None, logging={"wandb": None})).resources.ranks == 1
+    for raw, match in [
+        (spec(scheduler={"kind": "asha", "grace": 1}, algorithm="random", num_samples=2),
+         r"^unknown key scheduler\.grace; known keys under scheduler: grace_period, max_t, "
+         r"reduction_factor$"),
+        (spec(resources=[1]), r"^resources must be a mapping, got list$"),
+        (spec(resources={"ranks": "two"}), r"^resources\.ranks='two' must be an integer$"),
+        (spec(logging={"wandb": {"enabled": True, "entity": None, "group": [1]}}),
+         r"^logging\.wandb\.group=\[1\] must be a string or null$"),
+    ]:
+        with pytest.raises(SearchSpaceError, match=match) as e:
+            parse_spec(raw)
+        assert type(e.value) is SearchSpaceError and isinstance(e.value, ConfigError)

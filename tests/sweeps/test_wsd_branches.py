@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sweeps.branches import plan_branches, stable_tokens_saved
+from sweeps.plan import build_plan
 from sweeps.spec import parse_spec
 
 SPEC = {
@@ -34,14 +34,31 @@ SPEC = {
 
 def test_plan_groups_budgets():
     spec = parse_spec(SPEC)
-    groups = plan_branches(spec)
-    assert len(groups) == 1
-    g = next(iter(groups.values()))
+    plan = build_plan(spec)
+    assert len(plan.branch_groups) == 1
+    g = next(iter(plan.branch_groups.values()))
     # T = 4, 6, 8 steps; decay = round(0.25·T) = 1, 2, 2 → decay starts 3, 4, 6
-    assert g["starts"] == {1024: 3, 1536: 4, 2048: 6}
-    assert stable_tokens_saved(spec, groups) == (3 + 4) * 256
-    off = parse_spec(dict(SPEC, wsd_branches=False))
-    assert plan_branches(off) == {}
+    assert g.starts == {1024: 3, 1536: 4, 2048: 6} and g.steps == [3, 4, 6]
+    assert g.representative.config.tokens == 2048  # the stable run covers every start
+    assert plan.tokens_saved_by_branches == (3 + 4) * 256
+    assert all(plan.branch_of(t) is g for t in plan.trials)
+    assert [t.decay_start for t in plan.trials] == [3, 4, 6]
+    off = build_plan(parse_spec(dict(SPEC, wsd_branches=False)))
+    assert off.branch_groups == {} and off.tokens_saved_by_branches == 0
+
+
+def test_plan_is_built_once_and_typed():
+    """Every grid trial carries its TrainConfig; sampled points are planned on demand."""
+    spec = parse_spec(dict(SPEC, num_samples=2))
+    plan = build_plan(spec)
+    assert plan.num_trials == 6 and len(plan.trials) == 3
+    t = plan.trials[1]
+    assert plan.trial(spec, {"tokens": 1536}) is t  # looked up, not rebuilt
+    assert t.knobs == {"tokens": 1536} and t.config.tokens == 1536
+    assert plan.trial_tokens == 2 * (1024 + 1536 + 2048)
+    assert plan.estimates()["trials"] == 6
+    other = plan.trial(spec, {"tokens": 512})  # e.g. a point a searcher sampled
+    assert other.config.tokens == 512 and other not in plan.trials
 
 
 def _run(tmp_path, name, branches):

@@ -1,0 +1,148 @@
+"""The engine room: torch.distributed through DeepSpeed, device and dtype, the DeepSpeed config,
+the optimizer and its state, and the collectives the loop needs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from moe_core.errors import ConfigError
+from moe_core.model import Transformer
+from moe_core.train.config import TrainConfig
+
+
+def init_distributed() -> tuple[int, int]:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA); a single
+    process without launcher variables becomes rank 0 of 1."""
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # A lone process: a fresh loopback port every time, never one inherited from a
+            # parent process (concurrent trials on one machine would collide).
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                              RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def pick_dtype(cfg_dtype: str, device: torch.device) -> torch.dtype:
+    if cfg_dtype == "fp32":
+        return torch.float32
+    if cfg_dtype == "bf16":
+        if device.type == "cpu":
+            raise ConfigError("optim.dtype=bf16 needs a CUDA device here; use fp32 or auto")
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices, none on norm weights (1-D); MoE expert parameters in their own
+    groups (DeepSpeed's ``split_params_into_different_moe_groups_for_optimizer``)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})
+    if any(getattr(p, "allreduce", True) is False for p in decay):
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+    return groups
+
+
+def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    gas = cfg.batch.accumulation_steps(world_size)
+    ds: dict[str, Any] = {
+        "train_batch_size": cfg.batch.global_batch,
+        "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": {"stage": cfg.optim.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == torch.bfloat16:
+        ds["bf16"] = {"enabled": True}
+    return ds
+
+
+def set_lr(optimizer: Any, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+
+
+def load_optimizer(ds_opt: Any, state: dict[str, Any], rank: int, world: int) -> None:
+    """Torch optimizers take their state dict; DeepSpeed's ZeRO optimizer takes a list indexed
+    by data-parallel rank (each rank saved its own partition)."""
+    if isinstance(ds_opt, torch.optim.Optimizer):
+        ds_opt.load_state_dict(state)
+    else:
+        states: list[Any] = [None] * world
+        states[rank] = state
+        ds_opt.load_state_dict(states, load_from_fp32_weights=True)
+
+
+def barrier() -> None:
+    torch.distributed.barrier()
+
+
+def sync_balancing(model: Transformer, world: int) -> None:
+    """Sum router loads over data-parallel ranks so every rank applies the same loss-free and
+    adaptive updates (the router is replicated)."""
+    if world == 1:
+        return
+    for m in model.moe_layers():
+        torch.distributed.all_reduce(m.load_accum)
+        torch.distributed.all_reduce(m.drop_accum)
+
+
+def build_engine(model: Transformer, cfg: TrainConfig, world: int, dtype: torch.dtype,
+                 peak: float) -> tuple[Any, Any]:
+    """AdamW (000 Table 4) in the DeepSpeed engine; returns (engine, DeepSpeed optimizer)."""
+    import deepspeed
+
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.optim.weight_decay), lr=peak, betas=tuple(cfg.optim.betas),
+        eps=cfg.optim.eps,
+    )
+    engine, ds_opt, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=deepspeed_config(cfg, world, dtype)
+    )
+    return engine, ds_opt
+
+
+def expert_parallel_layer(cfg: TrainConfig, world: int) -> tuple[int, type | None]:
+    """(expert-parallel degree, the DeepSpeed-MoE layer class) of an MoE run; (1, None) dense."""
+    if cfg.moe is None:
+        return 1, None
+    from moe_core.train.parallel import deepspeed_moe_layer_cls
+
+    ep = cfg.optim.expert_parallel or world
+    if world % ep or cfg.moe.num_experts % ep:
+        raise ConfigError(
+            f"optim.expert_parallel={ep} must divide the {world} ranks and "
+            f"moe.num_experts={cfg.moe.num_experts}"
+        )
+    return ep, deepspeed_moe_layer_cls(ep)

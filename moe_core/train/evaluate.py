@@ -1,0 +1,75 @@
+"""Evaluation: validation loss over fixed batches and router statistics (002 §4, 004 Fig. 6)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from moe_core.model import Transformer
+from moe_core.moe import stats as moe_stats
+from moe_core.train.callbacks import ParentState
+
+
+@torch.no_grad()
+def evaluate(
+    model: Transformer,
+    val_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    reference_mlp: dict[int, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Validation loss over fixed batches, plus router statistics averaged over MoE layers."""
+    was_training = model.training
+    model.eval()
+    model.record_router_stats(True)
+    losses, per_layer = [], []
+    for x, y in val_batches:
+        out = model(x.to(device), y.to(device))
+        losses.append(float(out.loss))
+        per_layer.append(out.router_stats)
+    model.record_router_stats(False)
+    model.train(was_training)
+    metrics: dict[str, Any] = {"val_loss": float(np.mean(losses))}
+    moe_layers = model.moe_layers()
+    if moe_layers:
+        keys = ("drop_rate", "overflow_rate_cf1", "entropy", "max1_max2", "max2_max3",
+                "aux_switch", "aux_coef")
+        for k in keys:
+            vals = [s[k] for batch in per_layer for s in batch]
+            metrics[f"router.{k}"] = float(np.nanmean(vals)) if vals else math.nan
+        loads = np.array([[s["load"] for s in batch] for batch in per_layer]).mean(0)  # [L, E]
+        metrics["router.max_load"] = float(loads.max(-1).mean())
+        metrics["router.min_load"] = float(loads.min(-1).mean())
+        sims = [moe_stats.mean_pairwise_cosine(m.expert_vectors().float()) for m in moe_layers]
+        metrics["router.expert_similarity"] = float(np.nanmean(sims))
+        if reference_mlp:
+            cos = []
+            for i, m in enumerate(moe_layers):
+                ref = reference_mlp.get(i)
+                if ref is not None and ref.numel() == m.expert_vectors().shape[1]:
+                    vecs = m.expert_vectors().float()
+                    cos.append(moe_stats.cosine_to_reference(vecs, ref.to(vecs.device)))
+            if cos:
+                metrics["router.cos_to_parent"] = float(np.mean(cos))
+    return metrics
+
+
+def parent_reference_mlp(parent: ParentState | None, model: Transformer) -> dict[int, Any]:
+    """Flattened dense-parent MLP per MoE layer, for 004 Fig. 6's cosine similarity (coarse
+    upcycling only: a granular expert is a shard and has another shape)."""
+    if parent is None or parent.model_config.moe is not None:
+        return {}
+    out, j = {}, 0
+    for i, b in enumerate(model.blocks):
+        if b.is_moe:
+            try:
+                parts = [parent.model_state[f"blocks.{i}.mlp.{w}"] for w in
+                         ("w_gate", "w_up", "w_down")]
+            except KeyError:
+                return {}
+            out[j] = torch.cat([torch.as_tensor(np.asarray(p)).reshape(-1) for p in parts])
+            j += 1
+    return out

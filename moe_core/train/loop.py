@@ -1,0 +1,265 @@
+"""The training loop on the DeepSpeed engine (torchtitan / OLMo-core shape).
+
+``Trainer(cfg, ...)`` sets a run up: ranks, data, the initial model (fresh or upcycled from a
+parent), a resumed checkpoint, the LR schedule of its phase, the engine. ``step()`` runs one
+optimizer step, ``fit()`` the loop with evaluation, checkpoints and callbacks. ``train(cfg, ...)``
+is ``Trainer(cfg, ...).fit()``. Every LR decision comes from ``schedules.run_schedule``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moe_core.data import TokenBatcher, load_dataset
+from moe_core.errors import ConfigError, DivergenceError
+from moe_core.params import count_params
+from moe_core.schedules import Phase, run_schedule
+from moe_core.train import engine as eng
+from moe_core.train.callbacks import Callback, ParentState, TrainResult
+from moe_core.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from moe_core.train.config import TrainConfig
+from moe_core.train.evaluate import evaluate, parent_reference_mlp
+from moe_core.train.init import build_initial_model, needs_calibration
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    step: int
+    train_loss: float
+    aux_loss: float
+    lr: float
+
+
+class Trainer:
+    """One training run.
+
+    parent: upcycle from this state (``cfg.upcycle`` says how; the LR policy uses its LR facts).
+    resume_from: a checkpoint directory; model, optimizer, step (= data position) and RNG are
+        restored exactly. A fresh run (no resume) evaluates once before its first step.
+    phase: which part of the schedule to train (``Phase.full()``, ``Phase.stable(end)`` for a
+        WSD stable run, ``Phase.decay(start, n)`` for a decay branch).
+    checkpoint_steps: optimizer-step counts after which to write a checkpoint into out_dir
+        (and, when any are given, the last step).
+    """
+
+    def __init__(self, cfg: TrainConfig, *, parent: ParentState | None = None,
+                 resume_from: str | Path | None = None, phase: Phase = Phase(),
+                 out_dir: str | Path | None = None, checkpoint_steps: Sequence[int] = (),
+                 callbacks: Sequence[Callback] = ()):
+        self.t0 = time.perf_counter()
+        self.cfg, self.parent, self.callbacks = cfg, parent, tuple(callbacks)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.checkpoint_steps = frozenset(int(s) for s in checkpoint_steps)
+        self.rank, self.world = eng.init_distributed()
+        self.device = eng.pick_device()
+        self.dtype = eng.pick_dtype(cfg.optim.dtype, self.device)
+        self.gas = cfg.batch.accumulation_steps(self.world)
+        self._setup_data()
+        resume = load_checkpoint(resume_from) if resume_from is not None else None
+        self.model = self._setup_model(resume)
+        self.plan = run_schedule(cfg, parent, phase)
+        self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
+                                                       self.plan.peak)
+        self.start = self._restore(resume)
+        self.step_count = self.start
+        self.fresh = resume is None
+        self.lr = self.plan.lr(self.start) if self.start < self.plan.schedule.total_steps else 0.0
+        self.train_loss = self.aux_loss = math.nan
+        self.result = self._new_result()
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        dataset = load_dataset(cfg.data)
+        self.vocab_size = dataset.vocab_size
+        self.batcher = TokenBatcher(
+            dataset.train, seq_len=cfg.seq_len, global_batch=cfg.batch.global_batch,
+            micro_batch=cfg.batch.micro_batch, seed=cfg.seed, rank=self.rank,
+            world_size=self.world,
+        )
+        self.val = dataset.val_batches(
+            seq_len=cfg.seq_len, batch_size=cfg.batch.micro_batch,
+            num_batches=cfg.eval.batches, seed=cfg.eval.seed,
+        )
+
+    def _setup_model(self, resume: Checkpoint | None) -> torch.nn.Module:
+        """Initial model (fresh or upcycled), resumed weights, expert shards, device, dtype."""
+        cfg = self.cfg
+        calib = None
+        if self.parent is not None and needs_calibration(cfg):
+            calib = self.batcher.batch(0, 0)  # (inputs, targets) calibration pair
+        self.ep, layer_cls = eng.expert_parallel_layer(cfg, self.world)
+        model = build_initial_model(cfg, self.vocab_size, self.parent, calib, layer_cls)
+        self.reference = parent_reference_mlp(self.parent, model)
+        if resume is not None:
+            if resume.meta.get("world_size", 1) != self.world:
+                raise ConfigError(
+                    f"checkpoint {resume.path} was written by {resume.meta.get('world_size')} "
+                    f"ranks; resume it with the same number of ranks (now {self.world})"
+                )
+            model.load_state_dict(resume.model_state(self.rank))  # full or this rank's shard
+        if self.ep > 1:
+            for m in model.moe_layers():
+                m.shard_experts(self.rank % self.ep, self.ep)
+        model = model.to(self.device)
+        if self.dtype != torch.float32:
+            model = model.to(self.dtype)
+        return model
+
+    def _restore(self, resume: Checkpoint | None) -> int:
+        """Optimizer state and RNG of a resumed run (returns its step), or the parent's
+        optimizer state when training continues on the same architecture."""
+        if resume is not None:
+            opt_state = resume.optimizer_state(self.rank)
+            if opt_state is not None:
+                eng.load_optimizer(self.optimizer, opt_state, self.rank, self.world)
+            rng = resume.rng_state(self.rank)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            return resume.step
+        p = self.parent
+        if p is not None and p.optimizer_state is not None and \
+                self.cfg.upcycle.method == "continue":
+            self.optimizer.load_state_dict(p.optimizer_state)
+        return 0
+
+    def _new_result(self) -> TrainResult:
+        pc = count_params(self.model.config)
+        moe = self.model.moe_layers()
+        return TrainResult(
+            initial_val_loss=math.nan, val_loss=math.nan, train_loss=math.nan, tokens=0,
+            steps=0, wall_s=0.0, peak_lr=self.plan.peak,
+            params={"N_total": pc.non_embedding_total, "N_active": pc.non_embedding_active,
+                    "expert_parallel": self.ep,
+                    "local_experts": moe[0].num_local_experts if moe else 0},
+        )
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def step(self) -> StepOutput:
+        """One optimizer step (all micro-batches, balancing updates); raises
+        ``DivergenceError`` on a non-finite training loss."""
+        step = self.step_count + 1
+        lr = self.plan.lr(step - 1)
+        eng.set_lr(self.optimizer, lr)
+        ce_sum = aux_sum = 0.0
+        for micro in range(self.gas):
+            x, y = self.batcher.batch(step - 1, micro)
+            out = self.engine(x.to(self.device), y.to(self.device))
+            self.engine.backward(out.loss + out.aux_loss)
+            self.engine.step()
+            ce_sum += float(out.loss.detach())
+            aux_sum += float(out.aux_loss.detach())
+        stats = torch.tensor([ce_sum / self.gas, aux_sum / self.gas], dtype=torch.float64)
+        if self.world > 1:
+            torch.distributed.all_reduce(stats)
+            stats /= self.world
+        train_loss, aux = float(stats[0]), float(stats[1])
+        if not math.isfinite(train_loss):
+            raise DivergenceError(step, f"train loss is {train_loss} (lr={lr:.3g})")
+        eng.sync_balancing(self.model, self.world)
+        self.model.update_balancing()
+        self.step_count, self.lr, self.train_loss, self.aux_loss = step, lr, train_loss, aux
+        return StepOutput(step, train_loss, aux, lr)
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate now; the metrics row joins the curve."""
+        m = evaluate(self.model, self.val, self.device, self.reference)
+        step = self.step_count
+        m.update(step=step, tokens=step * self.cfg.tokens_per_step, lr=self.lr,
+                 train_loss=self.train_loss, aux_loss=self.aux_loss,
+                 wall_s=time.perf_counter() - self.t0)
+        self.result.curve.append(m)
+        return m
+
+    def save(self, path: Path) -> Path:
+        """Checkpoint model, optimizer, step (= data position), RNG and the schedule."""
+        cfg, step = self.cfg, self.step_count
+        save_checkpoint(
+            path, model_state=self.model.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),
+            meta={"step": step, "tokens": step * cfg.tokens_per_step, "lr": self.lr,
+                  "peak_lr": self.plan.peak,
+                  "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
+            rank=self.rank, world_size=self.world,
+            barrier=eng.barrier if self.world > 1 else None, per_rank_model=self.ep > 1,
+        )
+        self.result.checkpoints[step] = str(path)
+        return path
+
+    def fit(self, until: int | None = None) -> TrainResult:
+        """Train to the phase's last step (or to ``until``): an eval every
+        ``eval.every_steps``, at the last step and when a callback asks to stop; checkpoints at
+        ``checkpoint_steps`` and the last step; then the callbacks."""
+        last = self.plan.end_step if until is None else until
+        if self.fresh and self.step_count == self.start and not self.result.curve:
+            m0 = self.evaluate()
+            self.result.initial_val_loss = m0["val_loss"]
+            for cb in self.callbacks:
+                cb.on_eval(m0, None)
+        self.engine.train()
+        while self.step_count < last:
+            step = self.step().step
+            is_last = step == last
+            stop = any(cb.should_stop() for cb in self.callbacks)
+            m = None
+            if step % self.cfg.eval.every_steps == 0 or is_last or stop:
+                m = self.evaluate()
+                if not math.isfinite(m["val_loss"]):
+                    raise DivergenceError(step, f"validation loss is {m['val_loss']}")
+            path = None
+            if self.out_dir is not None and (step in self.checkpoint_steps or
+                                             (is_last and self.checkpoint_steps)):
+                path = self.save(self.out_dir / f"step_{step:08d}")
+            self._notify(m, path)
+            if stop:
+                break
+        return self._finish()
+
+    def _notify(self, metrics: dict[str, Any] | None, path: Path | None) -> None:
+        for cb in self.callbacks:
+            if metrics is not None:
+                cb.on_eval(metrics, path)
+            if path is not None:
+                cb.on_checkpoint(self.step_count, path)
+
+    def _finish(self) -> TrainResult:
+        r = self.result
+        r.steps = self.step_count
+        r.tokens = self.step_count * self.cfg.tokens_per_step
+        r.train_loss = self.train_loss
+        r.val_loss = r.curve[-1]["val_loss"] if r.curve else math.nan
+        r.final_lr = self.lr
+        r.wall_s = time.perf_counter() - self.t0
+        return r
+
+    # ---- hand-off ----------------------------------------------------------------------------
+
+    def model_state_numpy(self) -> dict[str, Any]:
+        """The model's state as fp32 numpy arrays (what Ray's object store shares zero-copy)."""
+        return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
+
+    def parent_state(self) -> ParentState:
+        """This run as the parent of others: final weights, optimizer state and LR facts."""
+        return ParentState(
+            model_state=self.model_state_numpy(), model_config=self.model.config,
+            peak_lr=self.plan.peak, final_lr=self.lr,
+            tokens=self.step_count * self.cfg.tokens_per_step,
+            optimizer_state=self.optimizer.state_dict(), val_loss=self.result.val_loss,
+        )
+
+
+def train(cfg: TrainConfig, **kwargs: Any) -> TrainResult:
+    """``Trainer(cfg, **kwargs).fit()``: one run from set-up to its last step."""
+    return Trainer(cfg, **kwargs).fit()

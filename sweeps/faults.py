@@ -1,0 +1,40 @@
+"""Fault injection for the fault-tolerance tests, kept out of the production path.
+
+``UPCYCLE_SWEEPS_FAIL_ONCE_AFTER=N`` in the driver's environment makes every trial raise once,
+right after its N-th report; a marker file ``.failed-<trial>`` in the parent cache records that
+it did, so the restarted trial runs through. The driver swaps this in for ``tune.report`` only
+when the variable is set; the trainable and its reporter know nothing of it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
+
+
+class FailOnceReport:
+    """``tune.report`` that raises once per trial after ``after`` reports."""
+
+    def __init__(self, after: int, marker_dir: str | Path):
+        self.after, self.marker_dir = after, Path(marker_dir)
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        tune.report(metrics, checkpoint=checkpoint)
+        trial = tune.get_context().get_trial_id()
+        self.counts[trial] = self.counts.get(trial, 0) + 1
+        marker = self.marker_dir / f".failed-{trial}"
+        if self.counts[trial] >= self.after and not marker.exists():
+            marker.write_text("failed once")
+            raise RuntimeError(f"injected failure after {self.counts[trial]} reports (test hook)")
+
+
+def report_function(marker_dir: str | Path) -> Any:
+    """``tune.report``, or the failing one when the test variable is set."""
+    after = os.environ.get(FAIL_ONCE_ENV)
+    return FailOnceReport(int(after), marker_dir) if after else tune.report

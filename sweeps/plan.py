@@ -1,0 +1,209 @@
+"""The sweep plan: every grid trial with its TrainConfig, the distinct parents, the WSD branch
+groups and the compute estimates, built once from the spec before Ray starts.
+
+``build_plan(spec)`` is the only place a grid point becomes a ``TrialPlan``; the driver, the
+parent tasks and the trainable read the plan (``plan.trial(point)``), and nothing downstream
+re-derives a trial's config, parent or branch. Points sampled at run time (random / Optuna
+knobs) get their ``TrialPlan`` from the same function when their trial starts.
+
+WSD branches (000 §3.1): trials that differ only in their token budget D share one stable-phase
+run, trained once with a checkpoint where each budget's decay starts; each trial then runs only
+its decay. A branch equals, bit for bit on CPU, the single WSD run of its budget
+(``tests/moe_core/test_train.py``), so results are unchanged while stable tokens are paid once.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_core.params import count_params
+from moe_core.schedules import run_schedule
+from moe_core.train.config import TrainConfig, train_config_from_dict
+from moe_core.train.runner import parent_key
+from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
+
+
+def point_key(point: Mapping[str, Any]) -> str:
+    """A search point as a stable string (the plan's index)."""
+    return json.dumps(dict(point), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPlan:
+    """One trial: its search point, config and everything derived from them once."""
+
+    point: dict[str, Any]
+    config: TrainConfig
+    knobs: dict[str, Any]
+    """The value each searched knob has in the trial's config, keyed by YAML path."""
+    tokens: int
+    N_active: int
+    parent_key: str | None
+    stable_key: str
+    """Hash of the trial's config without its token budget (its WSD branch group)."""
+    decay_start: int
+    """The step where the trial's WSD decay starts (where its stable phase ends)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParentPlan:
+    key: str
+    child: TrainConfig
+    """The config of a trial with this parent (``train_parent(child)`` trains or loads it)."""
+    tokens: int
+    flops: float
+    trials: int
+    """Trials (× num_samples) that start from this parent."""
+
+
+@dataclass(frozen=True, slots=True)
+class BranchGroup:
+    """Grid points that share one WSD stable run: same config but the token budget."""
+
+    key: str
+    representative: TrialPlan
+    """The member with the largest budget: its config trains the stable run."""
+    starts: dict[int, int]
+    """{token budget: the step its decay starts at} (= the stable run's checkpoints)."""
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(set(self.starts.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    trials: tuple[TrialPlan, ...]
+    """The grid trials, one per grid point (each runs ``num_samples`` times)."""
+    parents: dict[str, ParentPlan]
+    branch_groups: dict[str, BranchGroup]
+    num_samples: int
+    sampled: tuple[str, ...]
+    """Knobs sampled at run time (random / Optuna)."""
+    _index: dict[str, TrialPlan] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_trials(self) -> int:
+        return len(self.trials) * self.num_samples
+
+    @property
+    def trial_tokens(self) -> int:
+        return sum(t.tokens for t in self.trials) * self.num_samples
+
+    @property
+    def trial_flops(self) -> float:
+        return sum(6 * t.N_active * t.tokens for t in self.trials) * self.num_samples
+
+    @property
+    def parent_tokens(self) -> int:
+        return sum(p.tokens for p in self.parents.values())
+
+    @property
+    def parent_flops(self) -> float:
+        return sum(p.flops for p in self.parents.values())
+
+    @property
+    def tokens_saved_by_sharing(self) -> int:
+        """Parent tokens not trained because trials share parents."""
+        return sum(p.tokens * p.trials for p in self.parents.values()) - self.parent_tokens
+
+    @property
+    def tokens_saved_by_branches(self) -> int:
+        """Stable-phase tokens not trained thanks to WSD branches: Σ starts − max start."""
+        saved = 0
+        for g in self.branch_groups.values():
+            starts = sorted(g.starts.values())
+            saved += (sum(starts) - starts[-1]) * g.representative.config.tokens_per_step
+        return saved * self.num_samples
+
+    def estimates(self) -> dict[str, Any]:
+        """The plan's compute ledger (the ``planned_*`` keys of summary.json)."""
+        return {"trials": self.num_trials, "grid_points": len(self.trials),
+                "parents": len(self.parents), "trial_tokens": self.trial_tokens,
+                "trial_flops": self.trial_flops, "parent_tokens": self.parent_tokens,
+                "parent_flops": self.parent_flops,
+                "tokens_saved_by_sharing": self.tokens_saved_by_sharing,
+                "branch_groups": len(self.branch_groups),
+                "tokens_saved_by_branches": self.tokens_saved_by_branches}
+
+    def trial(self, spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
+        """The TrialPlan of a point: from the plan (grid points), or built now (a point with
+        knobs sampled at run time)."""
+        found = self._index.get(point_key(point))
+        return found if found is not None else plan_trial(spec, point)
+
+    def branch_of(self, t: TrialPlan) -> BranchGroup | None:
+        """The WSD branch group ``t`` decays from (None when it trains on its own)."""
+        g = self.branch_groups.get(t.stable_key)
+        return g if g is not None and t.config.tokens in g.starts else None
+
+
+def _stable_key(cfg_dict: dict[str, Any]) -> str:
+    d = copy.deepcopy(cfg_dict)
+    d.pop("tokens", None)
+    d.pop("name", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
+    """Config, knob values, size, parent and branch facts of one search point."""
+    point = dict(point)
+    d = trial_dict(spec, point)
+    cfg = train_config_from_dict(d)
+    return TrialPlan(
+        point=point, config=cfg, knobs=knob_values(spec, point),
+        tokens=cfg.steps * cfg.tokens_per_step,
+        N_active=count_params(cfg.model_config()).non_embedding_active,
+        parent_key=parent_key(cfg) if cfg.parent is not None else None,
+        stable_key=_stable_key(d), decay_start=run_schedule(cfg).schedule.decay_start,
+    )
+
+
+def _branchable(cfg: TrainConfig) -> bool:
+    return cfg.schedule.kind == "wsd" and not (
+        cfg.upcycle is not None and cfg.upcycle.lr_policy.policy == "constant")
+
+
+def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, BranchGroup]:
+    """Groups of two or more distinct budgets with the same config otherwise (WSD, no
+    constant-LR policy)."""
+    if not spec.wsd_branches:
+        return {}
+    members: dict[str, list[TrialPlan]] = {}
+    for t in trials:
+        if _branchable(t.config):
+            members.setdefault(t.stable_key, []).append(t)
+    groups = {}
+    for key, ts in members.items():
+        starts = {t.config.tokens: t.decay_start for t in ts}
+        if len(starts) > 1:
+            rep = max(ts, key=lambda t: t.config.tokens)  # first of the largest budget
+            groups[key] = BranchGroup(key=key, representative=rep, starts=starts)
+    return groups
+
+
+def build_plan(spec: SweepSpec) -> SweepPlan:
+    """The plan of a validated spec (grid points × num_samples)."""
+    trials = [plan_trial(spec, pt) for pt in iter_grid(spec)]
+    parents: dict[str, ParentPlan] = {}
+    for t in trials:
+        if t.parent_key is None:
+            continue
+        p = parents.get(t.parent_key)
+        if p is None:
+            pc = t.config.parent_run()
+            n_p = count_params(pc.model_config()).non_embedding_active
+            ptoks = pc.steps * pc.tokens_per_step
+            p = ParentPlan(key=t.parent_key, child=t.config, tokens=ptoks,
+                           flops=6 * n_p * ptoks, trials=0)
+        parents[t.parent_key] = dataclasses.replace(p, trials=p.trials + spec.num_samples)
+    index = {point_key(t.point): t for t in reversed(trials)}  # the first of equal points
+    return SweepPlan(trials=tuple(trials), parents=parents,
+                     branch_groups=_branch_groups(spec, trials), num_samples=spec.num_samples,
+                     sampled=tuple(p.key for p in spec.sampled_params()), _index=index)
