@@ -26,6 +26,9 @@ class DivergenceError(UpcycleError, RuntimeError):
         self.step = step
         self.reason = reason
 
+    def __reduce__(self):  # picklable across Ray processes (the default passes only args)
+        return (type(self), (self.step, self.reason))
+
 
 class CheckpointError(UpcycleError, RuntimeError):
     """A checkpoint is missing, corrupt (checksum mismatch) or incompatible."""

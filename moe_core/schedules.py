@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from moe_core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from moe_core.train.config import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,6 +176,17 @@ class Phase:
             raise ConfigError(f"phase start={self.start} must be >= 0")
 
 
+class RunLike(Protocol):
+    """What the resolver reads of a run's config (``moe_core.train.config.TrainConfig``)."""
+
+    schedule: ScheduleConfig
+    steps: int
+    optim: Any
+    """``.lr``: the run's own peak."""
+    upcycle: Any
+    """None, or ``.lr_policy``: an ``LRPolicyConfig``."""
+
+
 class ParentLR(Protocol):
     """The LR facts of a parent run that the LR policies read (000 App. A.6)."""
 
@@ -197,7 +205,7 @@ class RunSchedule:
         return lr_at(step, peak=self.peak, cfg=self.schedule)
 
 
-def run_schedule(cfg: TrainConfig, parent: ParentLR | None = None,
+def run_schedule(cfg: RunLike, parent: ParentLR | None = None,
                  phase: Phase = Phase()) -> RunSchedule:
     """The peak LR, schedule and last step of ``phase`` of run ``cfg``: its own schedule over
     ``cfg.steps``, or, with a parent, the upcycling LR policy against the parent's LR (000 App.

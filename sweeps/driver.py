@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from ray import tune
 
+from moe_core.errors import SearchSpaceError
 from sweeps import console, faults
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan
@@ -151,8 +152,6 @@ def searcher(spec: SweepSpec):
         return None
     import optuna
     from ray.tune.search.optuna import OptunaSearch
-
-    from moe_core.errors import SearchSpaceError
 
     grid = spec.grid_params()
     if grid and spec.sampled_params():

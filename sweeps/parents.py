@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import ray
 
+from moe_core.fsio import atomic_write_text
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
@@ -114,9 +114,8 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
     ck = {t: res.checkpoints[s] for t, s in group.starts.items()}
     curve = [{k: v for k, v in m.items() if isinstance(v, (int, float, str, type(None)))}
              for m in res.curve]
-    tmp = manifest.with_name(f".stable.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"checkpoints": ck, "curve": curve, "peak": res.peak_lr}))
-    os.replace(tmp, manifest)
+    atomic_write_text(manifest, json.dumps({"checkpoints": ck, "curve": curve,
+                                            "peak": res.peak_lr}))
     return StableRun(ck, curve, res.peak_lr)
 
 

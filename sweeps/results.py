@@ -23,7 +23,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from moe_core.fsio import atomic_write, atomic_write_text
 
 RESULTS_FILE = "results.parquet"
 SCHEMA_VERSION = 2
@@ -183,10 +184,7 @@ def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
                 seen.add(k)
     table = pa.table({c: _array(c, [encode_value(r.get(c)) for r in rows]) for c in cols})
     table = table.replace_schema_metadata({_META_KEY: str(SCHEMA_VERSION).encode()})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_table(path: str | Path) -> pa.Table | None:
@@ -268,8 +266,5 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
 
 def write_summary(results_dir: str | Path, summary: Mapping[str, Any]) -> Path:
     """``summary.json`` next to the results (the compute ledger analysis.report reads)."""
-    path = Path(results_dir) / "summary.json"
-    tmp = path.with_name(f".summary.json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(summary, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(results_dir) / "summary.json",
+                             json.dumps(summary, indent=1, default=str))

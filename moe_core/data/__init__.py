@@ -16,6 +16,6 @@ step counter, resume is exact, and a global batch does not depend on ranks or mi
 
 from moe_core.data.batching import TokenBatcher
 from moe_core.data.config import DataConfig
-from moe_core.data.sources import Dataset, load_dataset
+from moe_core.data.sources import Dataset, data_fingerprint, load_dataset
 
-__all__ = ["DataConfig", "Dataset", "TokenBatcher", "load_dataset"]
+__all__ = ["DataConfig", "Dataset", "TokenBatcher", "data_fingerprint", "load_dataset"]

@@ -5,15 +5,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from moe_core.data.config import DataConfig
 from moe_core.errors import ConfigError
+from moe_core.fsio import atomic_write, atomic_write_text
 
 
 @dataclass
@@ -68,6 +71,13 @@ def _split_interleaved(tokens: np.ndarray, val_fraction: float,
     tr = [tokens[a:b] for a, b, v in zip(edges[:-1], edges[1:], is_val) if not v]
     va = [tokens[a:b] for a, b, v in zip(edges[:-1], edges[1:], is_val) if v]
     return np.concatenate(tr), np.concatenate(va)
+
+
+def _npy_writer(arr: np.ndarray):
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:  # a file object: np.save would append .npy to a path
+            np.save(f, arr, allow_pickle=False)
+    return write
 
 
 def _hash_bytes(*parts: bytes) -> str:
@@ -162,11 +172,9 @@ def tokenize(text: bytes, cfg: DataConfig, cache: Path) -> tuple[np.ndarray, int
         ids = [i for enc in tok.encode_batch(lines) for i in enc.ids]
         arr = np.asarray(ids, dtype=np.uint16 if vocab < 65536 else np.uint32)
         tok_path = str(tok_path)
-    tmp = d / f".tokens-{os.getpid()}.npy"
-    np.save(tmp, arr)
-    os.replace(tmp, npy)
-    meta.write_text(json.dumps({"vocab_size": vocab, "tokenizer": tok_path,
-                                "tokens": int(len(arr))}))
+    atomic_write(npy, _npy_writer(arr))
+    atomic_write_text(meta, json.dumps({"vocab_size": vocab, "tokenizer": tok_path,
+                                        "tokens": int(len(arr))}))
     return np.load(npy, mmap_mode="r"), vocab, tok_path
 
 
@@ -210,6 +218,41 @@ def sample_chain(P: np.ndarray, n: int, seed: int) -> np.ndarray:
 # ---- entry point ---------------------------------------------------------------------------
 
 
+def _file_print(f: Path, h: Any) -> None:
+    """Path, size, mtime and the first and last MiB of a file (cheap for GB token files)."""
+    st = f.stat()
+    h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|".encode())
+    with open(f, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        if st.st_size > 2 << 20:
+            fh.seek(-(1 << 20), os.SEEK_END)
+            h.update(fh.read(1 << 20))
+
+
+def data_fingerprint(cfg: DataConfig) -> str:
+    """A hash of the data ``cfg`` reads as it is on disk now: the token or text files (path,
+    size, mtime, first and last MiB), the standard library's files for ``stdlib``; the config
+    alone for ``synthetic``. A parent trained on other data gets another cache key."""
+    h = hashlib.sha256(cfg.source.encode())
+    if cfg.source == "synthetic":
+        return "synthetic"
+    if cfg.source == "tokens":
+        p = Path(cfg.path)
+        files = [p / "train.bin", p / "val.bin"] if p.is_dir() else [p]
+    else:
+        files = stdlib_files() if cfg.source == "stdlib" else text_files(cfg.path)
+        h.update(sys.version.encode())
+    total = 0
+    for f in files:
+        if not f.exists():
+            raise ConfigError(f"data.path: {f} does not exist")
+        _file_print(f, h)
+        total += f.stat().st_size
+        if cfg.source in ("stdlib", "text") and total >= cfg.max_corpus_bytes:
+            break  # read_corpus stops here too
+    return h.hexdigest()[:16]
+
+
 def load_dataset(cfg: DataConfig) -> Dataset:
     """Load (and cache) the tokens of ``cfg`` and split them into train/val."""
     cache = cfg.resolved_cache_dir
@@ -223,9 +266,7 @@ def load_dataset(cfg: DataConfig) -> Dataset:
         else:
             f.parent.mkdir(parents=True, exist_ok=True)
             toks = sample_chain(P, cfg.synthetic_tokens, cfg.synthetic_seed)
-            tmp = f.with_name(f".{f.stem}-{os.getpid()}.npy")
-            np.save(tmp, toks)
-            os.replace(tmp, f)
+            atomic_write(f, _npy_writer(toks))
         tr, va = _split_interleaved(toks, cfg.val_fraction)
         return Dataset(tr, va, cfg.synthetic_vocab, f"synthetic-{key}", entropy_rate(P))
     if cfg.source == "tokens":

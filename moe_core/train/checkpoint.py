@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from moe_core.errors import CheckpointError
+from moe_core.fsio import publish_dir
 
 META = "meta.json"
 
@@ -93,11 +94,15 @@ def save_checkpoint(
     ``barrier`` is called between the writes and the rename so all ranks' files are in place.
     """
     path = Path(path)
-    tmp = path.parent / f".tmp-{path.name}"
-    if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+    if world_size == 1:  # a unique name: concurrent savers of one path never share it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    else:  # every rank writes into one directory, so its name is agreed: the run's own
+        tmp = path.parent / f".tmp-{path.name}-w{world_size}"
+        if rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
     if barrier:
         barrier()
     files: dict[str, str] = {}
@@ -126,9 +131,7 @@ def save_checkpoint(
         full["sha256"] = {v["file"]: v["sha256"] for v in merged.values()}
         full["world_size"] = world_size
         (tmp / META).write_text(json.dumps(full, indent=1, default=_json_default))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        publish_dir(tmp, path)
     if barrier:
         barrier()
     return path

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from moe_core.config import model_config_from_dict
+from moe_core.data import data_fingerprint
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
@@ -34,12 +35,13 @@ def _stable(obj: Any) -> Any:
 
 
 def parent_key(cfg: TrainConfig) -> str:
-    """Content hash of what determines a trial's parent (16 hex chars)."""
+    """Content hash of what determines a trial's parent (16 hex chars): its config and a
+    fingerprint of the data on disk (a corpus changed under the same path is another parent)."""
     p = cfg.parent_run()
     ident = {
         "model": p.model, "moe": p.moe, "data": p.data, "optim": p.optim,
         "schedule": p.schedule, "batch": p.batch, "seed": p.seed, "tokens": p.tokens,
-        "decay": cfg.parent.decay,
+        "decay": cfg.parent.decay, "data_fingerprint": data_fingerprint(p.data),
     }
     blob = json.dumps(_stable(ident), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

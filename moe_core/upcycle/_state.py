@@ -10,6 +10,8 @@ import torch
 
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
+from moe_core.model import Transformer
+from moe_core.moe.layer import MoELayer
 
 State = dict[str, torch.Tensor]
 
@@ -62,9 +64,6 @@ def rebuild(template: torch.nn.Module, cfg: ModelConfig, state: State,
             moe_layer_cls: type | None = None) -> Any:
     """A fresh ``Transformer`` for ``cfg`` holding ``state``, on the template's device and dtype
     and in its train/eval mode."""
-    from moe_core.model import Transformer
-    from moe_core.moe.layer import MoELayer
-
     model = Transformer(cfg, moe_layer_cls or MoELayer)
     model.load_state_dict(state)
     p = next(template.parameters())

@@ -21,6 +21,7 @@ import torch
 
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
+from moe_core.model import Transformer
 from moe_core.upcycle._state import (
     State,
     generator,
@@ -143,8 +144,6 @@ def expand_experts_state(
                 f"expand_experts(strategy={strategy!r}) needs batch= (calibration tokens "
                 "[B, S]) for one forward/backward pass; pass a batch or use strategy='uniform'"
             )
-        from moe_core.model import Transformer
-
         parent = Transformer(cfg)
         parent.load_state_dict(tstate)
         scores = expert_scores(parent, strategy, batch)

@@ -1,0 +1,120 @@
+"""The project's layout, checked from the source (the re-partition's "done when"):
+no import circle, no upward import (analysis → sweeps → moe_core), few in-function imports of
+the project's own modules, and short functions in the training loop and the report."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("moe_core", "sweeps", "analysis")  # each may import only those before it
+# In-function imports of the project's own modules, each for a reason:
+LAZY_OK = {
+    ("moe_core.train.engine", "moe_core.train.parallel"),  # DeepSpeed-MoE only for MoE runs
+    ("sweeps.run", "sweeps.driver"),  # Ray only when a sweep really starts (not --dry-run)
+}
+MAX_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in LAYERS:
+        for f in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(mods: dict[str, Path]) -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    """(module → project modules it imports, (module, target) pairs imported in a function)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    inner: set[tuple[str, str]] = set()
+    for m, f in mods.items():
+        tree = ast.parse(f.read_text())
+        in_func = {id(n) for fn in ast.walk(tree)
+                   if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in {resolve(n) for n in names} - {None, m}:
+                if t.startswith(m + "."):  # a package re-exporting its own submodule
+                    continue
+                edges[m].add(t)
+                if id(node) in in_func:
+                    inner.add((m, t))
+    return edges, inner
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_and_no_upward_import():
+    edges, _ = _imports(_modules())
+    assert _cycles(edges) == []
+    rank = {p: i for i, p in enumerate(LAYERS)}
+    upward = [(m, t) for m, ts in edges.items() for t in ts
+              if rank[t.split(".")[0]] > rank[m.split(".")[0]]]
+    assert upward == []
+
+
+def test_in_function_imports_of_own_modules_are_the_listed_ones():
+    _, inner = _imports(_modules())
+    assert inner <= LAZY_OK, sorted(inner - LAZY_OK)
+
+
+def test_functions_in_the_loop_and_the_report_are_short():
+    files = sorted((ROOT / "moe_core" / "train").glob("*.py")) + [ROOT / "analysis" /
+                                                                  "report.py"]
+    long = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    long.append(f"{f.relative_to(ROOT)}:{node.name} ({n} lines)")
+    assert long == []
