@@ -12,16 +12,22 @@ A comparison "A beats B on a metric" is paired by seed when both ran the same se
 
 Trends ("grows with λ") use Spearman's ρ over the configurations together with the same
 threshold on the difference between the ends of the range.
+
+Which claims a sweep tests follows from the knobs it varies (:data:`RULES`: the LR-policy claims
+when ``upcycle.lr_policy`` varies, the top-K claim when ``moe.top_k`` does, ...), whatever the
+sweep is called; groups are picked by their knob values, not by their labels.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from analysis.sweep import Group, Stat, Sweep
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 FLOOR = 0.005
@@ -36,12 +42,8 @@ class Claim:
     numbers: str
 
 
-def _stats(g: dict[str, Any], metric: str) -> tuple[float, float, int]:
-    return g[metric]
-
-
-def _threshold(a: tuple, b: tuple, metric: str) -> float:
-    (ma, sa, na), (mb, sb, nb) = a, b
+def _threshold(a: Stat, b: Stat, metric: str) -> float:
+    (ma, sa, na), (mb, sb, nb) = (a.mean, a.std, a.n), (b.mean, b.std, b.n)
     scale = max(abs(ma), abs(mb))
     if na > 1 and nb > 1 and math.isfinite(sa) and math.isfinite(sb):
         return max(2 * math.sqrt(sa ** 2 / na + sb ** 2 / nb),
@@ -49,17 +51,17 @@ def _threshold(a: tuple, b: tuple, metric: str) -> float:
     return FLOOR if "loss" in metric else 0.02 * scale
 
 
-def _by_seed(g: dict, metric: str) -> dict[Any, float]:
+def _by_seed(g: Group, metric: str) -> dict[Any, float]:
     out = {}
-    for r in g["rows"]:
+    for r in g.rows:
         v, seed = r.get(metric), r.get("seed")
         if seed is None or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
             continue
         out[seed] = float(v)
-    return out if len(out) == len(g["rows"]) else {}
+    return out if len(out) == len(g.rows) else {}
 
 
-def compare(better: dict, worse: dict, metric: str = "val_loss",
+def compare(better: Group, worse: Group, metric: str = "val_loss",
             higher_is_better: bool = False) -> tuple[str, str]:
     """Verdict and numbers for "``better`` beats ``worse`` on ``metric``".
 
@@ -68,19 +70,19 @@ def compare(better: dict, worse: dict, metric: str = "val_loss",
     configuration together): reproduced only if every seed's difference has the claimed sign and
     the mean difference exceeds max(2·SE, floor); "not reproduced" mirrors it.
     """
-    a, b = _stats(better, metric), _stats(worse, metric)
-    if not (math.isfinite(a[0]) and math.isfinite(b[0])):
+    a, b = better.stat(metric), worse.stat(metric)
+    if not (a.finite and b.finite):
         return INCONCLUSIVE, f"{metric} missing"
     sign = 1 if higher_is_better else -1
-    fmt = lambda g, s: (f"{g['label']}: {s[0]:.4f}"  # noqa: E731
-                        + (f" ± {s[1]:.4f}" if math.isfinite(s[1]) else "") + f" (n={s[2]})")
+    fmt = lambda g, s: (f"{g.label}: {s.mean:.4f}"  # noqa: E731
+                        + (f" ± {s.std:.4f}" if math.isfinite(s.std) else "") + f" (n={s.n})")
     sa, sb = _by_seed(better, metric), _by_seed(worse, metric)
     common = sorted(set(sa) & set(sb), key=str)
     if len(common) >= 2:
         d = np.array([sign * (sa[k] - sb[k]) for k in common])
         mean = float(d.mean())
         se = float(d.std(ddof=1) / math.sqrt(len(d)))
-        floor = MIN_LOSS if "loss" in metric else 0.005 * max(abs(a[0]), abs(b[0]))
+        floor = MIN_LOSS if "loss" in metric else 0.005 * max(abs(a.mean), abs(b.mean))
         thr = max(2 * se, floor)
         if (d > 0).all() and mean > thr:
             verdict = REPRODUCED
@@ -91,7 +93,7 @@ def compare(better: dict, worse: dict, metric: str = "val_loss",
         per = ", ".join(f"{x:+.4f}" for x in d)
         return verdict, (f"{fmt(better, a)}; {fmt(worse, b)}; paired by seed Δ = {mean:+.4f} "
                          f"(per seed {per}; threshold {thr:.4f})")
-    diff = sign * (a[0] - b[0])
+    diff = sign * (a.mean - b.mean)
     thr = _threshold(a, b, metric)
     verdict = REPRODUCED if diff > thr else NOT_REPRODUCED if diff < -thr else INCONCLUSIVE
     return verdict, f"{fmt(better, a)}; {fmt(worse, b)}; Δ = {diff:+.4f} (threshold {thr:.4f})"
@@ -105,18 +107,18 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def trend(groups: list[dict], key: Callable[[dict], float], metric: str,
+def trend(groups: Sequence[Group], key: Callable[[Group], float], metric: str,
           increasing: bool = True) -> tuple[str, str]:
     """Verdict for "``metric`` grows (or falls) with ``key``"."""
-    gs = sorted((g for g in groups if math.isfinite(g[metric][0])), key=key)
+    gs = sorted((g for g in groups if g.stat(metric).finite), key=key)
     if len(gs) < 3:
         return INCONCLUSIVE, f"only {len(gs)} configurations with {metric}"
     xs = [key(g) for g in gs]
-    ys = [g[metric][0] for g in gs]
+    ys = [g.stat(metric).mean for g in gs]
     rho = spearman(xs, ys)
     sign = 1 if increasing else -1
     end = sign * (ys[-1] - ys[0])
-    thr = _threshold(gs[-1][metric], gs[0][metric], metric)
+    thr = _threshold(gs[-1].stat(metric), gs[0].stat(metric), metric)
     if sign * rho >= 0.8 and end > thr:
         v = REPRODUCED
     elif sign * rho <= -0.5 and end < -thr:
@@ -127,13 +129,6 @@ def trend(groups: list[dict], key: Callable[[dict], float], metric: str,
     return v, f"ρ = {rho:+.2f}; {pts}; end-to-end Δ = {end:+.4g} (threshold {thr:.4g})"
 
 
-def _knob(g: dict, name: str) -> Any:
-    for k, v in g["knobs"].items():
-        if k == f"knob.{name}" or k.endswith("." + name):
-            return v
-    return None
-
-
 def _num(v: Any) -> float:
     try:
         f = float(v)
@@ -142,48 +137,58 @@ def _num(v: Any) -> float:
     return f
 
 
-# ---- per-sweep claims ------------------------------------------------------------------------
+# ---- claims by the knobs a sweep varies -----------------------------------------------------
 
 
-def _upcycle_lr(s, **_) -> list[Claim]:
-    const = [g for g in s.groups if "constant" in g["label"]]
-    resets = [g for g in s.groups if "reset" in g["label"]]
+def _lr_policy(g: Group) -> Any:
+    """The LR policy's name: ``upcycle.lr_policy.policy``, a knob or a key of the
+    ``upcycle.lr_policy`` knob."""
+    return g.knob("upcycle.lr_policy.policy")
+
+
+def _upcycle_lr(s: Sweep, **_) -> list[Claim]:
+    const = [g for g in s.groups if _lr_policy(g) == "constant"]
+    resets = [g for g in s.groups if _lr_policy(g) == "reset"]
     if not const or not resets:
         return []
-    best = min(resets, key=lambda g: g["val_loss"][0])
+    best = min(resets, key=lambda g: g.stat("val_loss").mean)
     out = [Claim("Resetting the LR on upcycling beats a constant small LR",
                  "004 §3.2.1 Fig. 5; 000 App. A.6 Fig. 8", *compare(best, const[0]))]
-    if any(math.isfinite(g["router.cos_to_parent"][0]) for g in const):
+    if any(g.stat("router.cos_to_parent").finite for g in const):
         out.append(Claim("The constant-LR run keeps a higher cosine similarity to the dense "
                          "parent", "004 Fig. 6",
                          *compare(const[0], best, "router.cos_to_parent", higher_is_better=True)))
     return out
 
 
-def _upcycle_vs_dense(s, **_) -> list[Claim]:
-    dense = [g for g in s.groups if all(r.get("kind") == "dense" for r in g["rows"])]
-    moe = [g for g in s.groups if all(r.get("kind") == "upcycled" for r in g["rows"])]
+def _upcycle_vs_dense(s: Sweep, **_) -> list[Claim]:
+    dense = [g for g in s.groups if all(r.get("kind") == "dense" for r in g.rows)]
+    moe = [g for g in s.groups if all(r.get("kind") == "upcycled" for r in g.rows)]
     if not dense or not moe:
         return []
     return [Claim("The upcycled MoE beats continued dense training on the same tokens",
                   "004 §3.1 Fig. 4a", *compare(moe[0], dense[0]))]
 
 
-def _router_order(s, **_) -> list[Claim]:
-    sm = [g for g in s.groups if "=softmax_topk" in g["label"]]
-    tk = [g for g in s.groups if "=topk_softmax" in g["label"]]
+def _router_order(s: Sweep, **_) -> list[Claim]:
+    sm = [g for g in s.groups if g.knob("moe.router.order") == "softmax_topk"]
+    tk = [g for g in s.groups if g.knob("moe.router.order") == "topk_softmax"]
     if not sm or not tk:
         return []
     return [Claim("softmax-then-topK beats topK-then-softmax after upcycling", "004 §3.4",
                   *compare(sm[0], tk[0]))]
 
 
-def _gating_lambda(s, **_) -> list[Claim]:
-    lam = [g for g in s.groups if math.isfinite(_num(_knob(g, "logit_norm_lambda")))]
-    null = [g for g in s.groups if not math.isfinite(_num(_knob(g, "logit_norm_lambda")))]
-    key = lambda g: _num(_knob(g, "logit_norm_lambda"))  # noqa: E731
-    out = [Claim(f"{m.split('.')[-1]} grows with λ", "002 §4.1 Fig. 3",
-                 *trend(lam, key, f"router.{m.split('.')[-1]}"))
+def _knob_num(path: str) -> Callable[[Group], float]:
+    """A group's value of the knob at ``path`` as a number (NaN when null or not numeric)."""
+    return lambda g: _num(g.knob(path))
+
+
+def _gating_lambda(s: Sweep, **_) -> list[Claim]:
+    key = _knob_num("moe.router.logit_norm_lambda")
+    lam = [g for g in s.groups if math.isfinite(key(g))]
+    null = [g for g in s.groups if not math.isfinite(key(g))]
+    out = [Claim(f"{m} grows with λ", "002 §4.1 Fig. 3", *trend(lam, key, f"router.{m}"))
            for m in ("max1_max2", "max2_max3")]
     if null:
         res = [compare(g, null[0]) for g in lam]
@@ -195,37 +200,37 @@ def _gating_lambda(s, **_) -> list[Claim]:
     return out
 
 
-def _aux_coef(s, **_) -> list[Claim]:
-    key = lambda g: _num(_knob(g, "aux_coef"))  # noqa: E731
+def _aux_coef(s: Sweep, **_) -> list[Claim]:
+    key = _knob_num("moe.router.aux_coef")
     gs = sorted((g for g in s.groups if math.isfinite(key(g))), key=key)
     if len(gs) < 3:
         return []
     smallest, largest = gs[0], gs[-1]
     mid = [g for g in gs if 1e-3 <= key(g) <= 1e-2] or gs[1:-1]
-    best = min(gs, key=lambda g: g["val_loss"][0])
+    best = min(gs, key=lambda g: g.stat("val_loss").mean)
     return [
         Claim(f"Too small a coefficient ({key(smallest):g}) imbalances experts (higher max "
               f"expert load than at {key(mid[-1]):g})", "000 App. A.7 Fig. 9; 004 §3.3",
               *compare(mid[-1], smallest, "router.max_load")),
         Claim(f"Too large a coefficient ({key(largest):g}) hurts cross-entropy",
               "000 App. A.7 Fig. 9; 004 §3.3", *compare(best, largest)
-              if best is not largest else (NOT_REPRODUCED, f"{largest['label']} is the best")),
+              if best is not largest else (NOT_REPRODUCED, f"{largest.label} is the best")),
     ]
 
 
-def _granularity(s, **_) -> list[Claim]:
-    key = lambda g: _num(_knob(g, "granularity"))  # noqa: E731
+def _granularity(s: Sweep, **_) -> list[Claim]:
+    key = _knob_num("moe.granularity")
     coarse = [g for g in s.groups if key(g) == 1]
     fine = [g for g in s.groups if key(g) > 1]
     if not coarse or not fine:
         return []
-    best = min(fine, key=lambda g: g["val_loss"][0])
+    best = min(fine, key=lambda g: g.stat("val_loss").mean)
     return [Claim("A granular MoE (virtual-group upcycling) beats the coarse E8G1T2 at the same "
                   "active FLOPs", "004 §3.6", *compare(best, coarse[0]))]
 
 
-def _top_k(s, **_) -> list[Claim]:
-    key = lambda g: _num(_knob(g, "top_k"))  # noqa: E731
+def _top_k(s: Sweep, **_) -> list[Claim]:
+    key = _knob_num("moe.top_k")
     k1 = [g for g in s.groups if key(g) == 1]
     k2 = [g for g in s.groups if key(g) == 2]
     if not k1 or not k2:
@@ -233,24 +238,21 @@ def _top_k(s, **_) -> list[Claim]:
     return [Claim("Top-2 beats top-1 after upcycling", "004 §3.7", *compare(k2[0], k1[0]))]
 
 
-def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
-    ok = [r for r in rows if math.isfinite(r["eta"])]
-    if not ok:
-        return []
-    # η measures how much of the Fixed-E → Fixed-mE gap upcycling closes: it needs a gap
+def _gap_claim(ok: list[dict]) -> Claim:
+    """η measures how much of the Fixed-E → Fixed-mE gap upcycling closes: it needs a gap."""
     gaps = {r["T"]: r["L_fixed_E"] - r["L_fixed_mE"] for r in ok}
     gv = (REPRODUCED if all(g > MIN_LOSS for g in gaps.values()) else
           NOT_REPRODUCED if all(g < -MIN_LOSS for g in gaps.values()) else INCONCLUSIVE)
     E, mE = ok[0]["E"], ok[0]["mE"]
-    out = [Claim(f"From scratch, {mE:g} experts beat {E:g} at the same tokens (the gap η measures)",
+    return Claim(f"From scratch, {mE:g} experts beat {E:g} at the same tokens (the gap η measures)",
                  "003 §5.1, Fig. 1", gv, ", ".join(
                      f"T={t:,.0f}: L(Fixed-{E:g}) − L(Fixed-{mE:g}) = {g:+.4f}"
-                     for t, g in sorted(gaps.items())))]
-    if gv != REPRODUCED:
-        out.append(Claim("η (expert upcycling efficiency) trends", "003 Tables 3–4", INCONCLUSIVE,
-                         "η is not defined where the larger from-scratch MoE is not better: the "
-                         "table's η values are not efficiencies at this scale"))
-        return out
+                     for t, g in sorted(gaps.items())))
+
+
+def _eta_trend_claims(ok: list[dict], vary: str) -> list[Claim]:
+    """Per duplication strategy: η against τ/T (``vary="tau"``) or CPT/τ (``"cpt"``)."""
+    out = []
     for strat in sorted({r["strategy"] for r in ok}):
         sub = sorted((r for r in ok if r["strategy"] == strat), key=lambda r: r[vary])
         if len(sub) < 3:
@@ -266,32 +268,55 @@ def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
         out.append(Claim(f"{text} ({strat})", "003 Table 3a" if vary == "tau" else
                          "003 Table 3b", v, f"ρ = {rho:+.2f}; " + ", ".join(
                              f"{name}={x:.2f}: η={y:.2f}" for x, y in zip(xs, ys))))
-    by = {st: [r["eta"] for r in ok if r["strategy"] == st] for st in {r["strategy"] for r in ok}}
-    if "uniform" in by and len(by) > 1:
-        util = max((k for k in by if k != "uniform"), key=lambda k: np.mean(by[k]))
-        d = float(np.mean(by[util]) - np.mean(by["uniform"]))
-        pair = [(a, b) for a, b in zip(
-            sorted((r for r in ok if r["strategy"] == util), key=lambda r: (r["tau"], r["cpt"])),
-            sorted((r for r in ok if r["strategy"] == "uniform"),
-                   key=lambda r: (r["tau"], r["cpt"])))]
-        wins = sum(a["eta"] > b["eta"] for a, b in pair)
-        v = REPRODUCED if wins == len(pair) and d > 0 else NOT_REPRODUCED if wins == 0 \
-            else INCONCLUSIVE
-        out.append(Claim(f"Utility-based duplication ({util}) beats uniform", "003 Table 4", v,
-                         f"mean η {util} {np.mean(by[util]):.2f} vs uniform "
-                         f"{np.mean(by['uniform']):.2f}; wins {wins}/{len(pair)} paired points"))
     return out
 
 
-def _transition(s, efficiency=(), transition=(), **_) -> list[Claim]:
+def _utility_claim(ok: list[dict]) -> Claim | None:
+    """The best non-uniform duplication strategy against uniform, paired by (τ, CPT)."""
+    by = {st: [r["eta"] for r in ok if r["strategy"] == st] for st in {r["strategy"] for r in ok}}
+    if "uniform" not in by or len(by) < 2:
+        return None
+    util = max((k for k in by if k != "uniform"), key=lambda k: np.mean(by[k]))
+    d = float(np.mean(by[util]) - np.mean(by["uniform"]))
+    pair = [(a, b) for a, b in zip(
+        sorted((r for r in ok if r["strategy"] == util), key=lambda r: (r["tau"], r["cpt"])),
+        sorted((r for r in ok if r["strategy"] == "uniform"),
+               key=lambda r: (r["tau"], r["cpt"])))]
+    wins = sum(a["eta"] > b["eta"] for a, b in pair)
+    v = REPRODUCED if wins == len(pair) and d > 0 else NOT_REPRODUCED if wins == 0 \
+        else INCONCLUSIVE
+    return Claim(f"Utility-based duplication ({util}) beats uniform", "003 Table 4", v,
+                 f"mean η {util} {np.mean(by[util]):.2f} vs uniform "
+                 f"{np.mean(by['uniform']):.2f}; wins {wins}/{len(pair)} paired points")
+
+
+def _eta_claims(rows: list[dict], vary: str) -> list[Claim]:
+    ok = [r for r in rows if math.isfinite(r["eta"])]
+    if not ok:
+        return []
+    out = [_gap_claim(ok)]
+    if out[0].verdict != REPRODUCED:
+        out.append(Claim("η (expert upcycling efficiency) trends", "003 Tables 3–4", INCONCLUSIVE,
+                         "η is not defined where the larger from-scratch MoE is not better: the "
+                         "table's η values are not efficiencies at this scale"))
+        return out
+    out += _eta_trend_claims(ok, vary)
+    util = _utility_claim(ok)
+    return out + ([util] if util else [])
+
+
+def _transition(s: Sweep, efficiency=(), transition=(), **_) -> list[Claim]:
+    """Expert upcycling (``upcycle.method: expand_experts``, 003) at several τ or CPT budgets:
+    the warm start at the transition, and η's trends."""
     out = []
-    if transition:
-        jumps = [r["jump"] for r in transition]
+    expanded = [r for r in transition if r.get("method") == "expand_experts"]
+    if expanded:
+        jumps = [r["jump"] for r in expanded]
         v = (REPRODUCED if all(abs(j) < 1e-2 for j in jumps) else
              NOT_REPRODUCED if all(j > 1e-2 for j in jumps) else INCONCLUSIVE)
         out.append(Claim("Expert upcycling is a warm start: the loss right after expansion is "
                          "within 1e-2 of the parent's", "003 Def. 3.1, §3.2", v,
-                         ", ".join(f"{r['label']}: {r['jump']:+.3f}" for r in transition)))
+                         ", ".join(f"{r['label']}: {r['jump']:+.3f}" for r in expanded)))
     rows = list(efficiency)
     if not rows:
         return out
@@ -299,7 +324,7 @@ def _transition(s, efficiency=(), transition=(), **_) -> list[Claim]:
     return out + _eta_claims(rows, "tau" if len(taus) > 1 else "cpt")
 
 
-def _scaling(s, law_info=None, **_) -> list[Claim]:
+def _scaling(s: Sweep, law_info=None, **_) -> list[Claim]:
     if not law_info:
         return []
     fits = law_info["fits"]
@@ -350,24 +375,40 @@ def _rho_verdict(rho: float, want: int, xs, ys, name: str) -> tuple[str, str]:
                                               for x, y in zip(xs, ys))
 
 
-CLAIMS: dict[str, Callable[..., list[Claim]]] = {
-    "upcycle_lr": _upcycle_lr,
-    "upcycle_vs_dense": _upcycle_vs_dense,
-    "router_order": _router_order,
-    "gating_lambda": _gating_lambda,
-    "aux_coef": _aux_coef,
-    "granularity": _granularity,
-    "top_k": _top_k,
-    "transition_tau": _transition,
-    "transition_cpt": _transition,
-    "scaling_d1_d2": _scaling,
-}
+@dataclass(frozen=True)
+class Rule:
+    """The claims ``test`` makes, for a sweep that varies any of ``knobs`` (every one of them
+    with ``every``): YAML paths, a key inside a dict-valued knob included."""
+
+    knobs: tuple[str, ...]
+    test: Callable[..., list[Claim]]
+    every: bool = False
+
+    def applies(self, s: Sweep) -> bool:
+        hits = [s.varies(k) for k in self.knobs]
+        return all(hits) if self.every else any(hits)
 
 
-def evaluate_claims(s, *, law_info: dict | None = None, efficiency: list[dict] | None = None,
+RULES: tuple[Rule, ...] = (
+    Rule(("upcycle.lr_policy.policy",), _upcycle_lr),
+    Rule(("moe", "upcycle.method"), _upcycle_vs_dense),  # dense (moe: null) against an MoE
+    Rule(("moe.router.order",), _router_order),
+    Rule(("moe.router.logit_norm_lambda",), _gating_lambda),
+    Rule(("moe.router.aux_coef",), _aux_coef),
+    Rule(("moe.granularity",), _granularity),
+    Rule(("moe.top_k",), _top_k),
+    Rule(("parent.tokens", "tokens"), _transition),  # τ or the CPT budget (003 Table 3)
+    Rule(("parent.tokens", "tokens"), _scaling, every=True),  # the D1 × D2 grid (000 §4.1)
+)
+
+
+def evaluate_claims(s: Sweep, *, law_info: dict | None = None,
+                    efficiency: list[dict] | None = None,
                     transition: list[dict] | None = None) -> list[Claim]:
-    """Claims registered for this sweep's name (a renamed sweep keeps its tables, not verdicts)."""
-    fn = CLAIMS.get(s.name)
-    if fn is None:
-        return []
-    return fn(s, law_info=law_info, efficiency=efficiency or [], transition=transition or [])
+    """The claims of every rule whose knobs the sweep varies (whatever the sweep's name)."""
+    out: list[Claim] = []
+    for rule in RULES:
+        if rule.applies(s):
+            out += rule.test(s, law_info=law_info, efficiency=efficiency or [],
+                             transition=transition or [])
+    return out

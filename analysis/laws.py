@@ -110,6 +110,31 @@ def log_predict_fit(law: Law, theta: Mapping[str, float], x: Mapping[str, Array]
     return m + np.log(np.exp(terms - m).sum(axis=0))
 
 
+@dataclass(frozen=True)
+class Points:
+    """The points one law is fitted to: variables (raw counts) and the loss L (nats).
+
+    Read from results by :func:`analysis.data.load_points`, fitted by :func:`analysis.fit.fit`.
+    """
+
+    x: dict[str, np.ndarray]
+    L: np.ndarray
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.L)
+        for k, v in self.x.items():
+            if len(v) != n:
+                raise FitError(f"variable {k} has {len(v)} values but L has {n}")
+
+    def __len__(self) -> int:
+        return len(self.L)
+
+    def take(self, idx: np.ndarray) -> Points:
+        return Points({k: v[idx] for k, v in self.x.items()}, self.L[idx],
+                      tuple(self.labels[i] for i in idx) if self.labels else ())
+
+
 # ---- the seeds' laws -----------------------------------------------------------------------------
 
 _LN = np.log

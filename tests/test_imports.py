@@ -1,7 +1,9 @@
 """Import direction: moe_core never pulls in Ray, W&B or Optuna (STYLE.md)."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_moe_core_does_not_import_ray_or_wandb():
@@ -20,12 +22,87 @@ def test_moe_core_errors_is_cheap():
     assert out.stdout.strip() == "False"
 
 
+ANALYSIS = ("laws", "fit", "derived", "data", "sweep", "sections", "plots", "claims", "cli",
+            "report")
+
+
 def test_analysis_imports_neither_torch_nor_ray():
     code = (
-        "import sys, analysis.fit, analysis.laws, analysis.derived, analysis.report, "
-        "analysis.claims;"
+        "import sys, " + ", ".join(f"analysis.{m}" for m in ANALYSIS) + ";"
         "bad=[m for m in ('torch','ray','wandb','deepspeed') if m in sys.modules];"
         "print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"analysis imported {out.stdout.strip()}"
+
+
+# analysis' own import graph (module → the analysis modules it imports, anywhere in the file),
+# plus its only ways into the rest of the project: the results schema and moe_core.errors.
+# `python -m analysis.fit` / `analysis.derived` run the packages' __main__, which import the
+# command lines (analysis.cli); the libraries themselves do not (cli imports them).
+ANALYSIS_GRAPH = {
+    "laws": set(),
+    "fit": {"laws"},
+    "fit.__main__": {"cli"},
+    "derived": {"laws"},
+    "derived.__main__": {"cli"},
+    "data": {"laws"},
+    "sweep": {"data"},
+    "sections": {"data", "derived", "fit", "laws", "sweep"},
+    "plots": {"derived", "laws", "sweep"},
+    "claims": {"sweep"},
+    "cli": {"data", "derived", "fit", "laws"},
+    "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
+}
+OUTSIDE = {"moe_core.errors", "sweeps.results"}
+
+
+def _analysis_modules() -> dict[str, Path]:
+    root = Path(__file__).resolve().parents[1] / "analysis"
+    out = {}
+    for f in root.rglob("*.py"):
+        name = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix("__init__")
+        if name:
+            out[name.rstrip(".")] = f
+    return out
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Modules of the project a file imports (``from pkg import mod`` as ``pkg.mod``)."""
+    packages = ("analysis", "sweeps", "moe_core")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            mods = ([f"{node.module}.{a.name}" for a in node.names] if node.module in packages
+                    else [node.module])
+        elif isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        else:
+            continue
+        out |= {m for m in mods if m.split(".")[0] in packages}
+    return out
+
+
+def test_analysis_import_graph_is_the_declared_layering():
+    mods = _analysis_modules()
+    graph, outside = {}, set()
+    for name, path in mods.items():
+        deps = _project_imports(path)
+        graph[name] = {m for m in mods for d in deps if d == f"analysis.{m}"}
+        outside |= {d for d in deps if not d.startswith("analysis.")}
+    assert graph == ANALYSIS_GRAPH
+    assert outside <= OUTSIDE, outside
+    # no circles: peel off modules whose imports are all peeled already
+    left = dict(graph)
+    while left:
+        free = [m for m, deps in left.items() if not deps & set(left)]
+        assert free, f"import cycle among {sorted(left)}"
+        for m in free:
+            del left[m]
+
+
+def test_fit_and_derived_do_not_load_the_command_lines():
+    code = ("import sys, analysis.fit, analysis.derived, analysis.sections, analysis.plots;"
+            "print('analysis.cli' in sys.modules, 'analysis.report' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,5 +1,5 @@
 """analysis.fit and analysis.report command lines on CSV and on Parquet in the sweep's schema
-(written by the sweep's own writer, sweeps.results.write_rows)."""
+(written by the sweep's own writer, sweeps.results.write_rows, at schema 2)."""
 
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def test_report_efficiency_against_baselines(tmp_path):
         up.append({"sweep": "transition_tau", "trial_id": f"u{int(tau)}", "status": "ok",
                    "kind": "upcycled", "step": 5, "D1": tau, "tokens": T - tau, "val_loss": L,
                    "upcycle.method": "expand_experts", "upcycle.strategy": "uniform",
-                   "parent.num_experts": 4, "moe.num_experts": 8, "parent_key": "p",
-                   "parent.tokens": tau, "knob.parent.tokens": tau})
+                   "parent.moe.num_experts": 4, "moe.num_experts": 8, "parent_key": "p",
+                   "parent_val_loss": 2.20, "parent.tokens": tau, "knob.parent.tokens": tau})
     for e, L in ((4, 2.10), (8, 2.00)):
         for seed, d in ((0, -0.005), (1, 0.005)):
             base.append({"sweep": "expert_baselines", "trial_id": f"b{e}{seed}", "status": "ok",
@@ -143,9 +143,10 @@ def test_report_efficiency_against_baselines(tmp_path):
                          "moe.num_experts": e, "knob.moe.num_experts": e, "seed": seed})
     up += [dict(r, step=0, tokens=0.0, val_loss=2.30) for r in up]  # right after expansion
     write_rows(tmp_path / "transition_tau" / RESULTS_FILE, up)
+    # the sweep driver's private parent cache is never read: parent_val_loss is the record
     meta = tmp_path / "transition_tau" / "parents" / "p" / "meta.json"
     meta.parent.mkdir(parents=True)
-    meta.write_text(json.dumps({"val_loss": 2.20}))  # the parent cache's record
+    meta.write_text(json.dumps({"val_loss": 9.99}))
     write_rows(tmp_path / "expert_baselines" / RESULTS_FILE, base)
     p = _run("-m", "analysis.report", str(tmp_path / "transition_tau"), "--baseline",
              str(tmp_path / "expert_baselines"), "--out", str(tmp_path / "out"))

@@ -125,7 +125,7 @@ def test_skywork_rules():
 def test_derived_cli(tmp_path, capsys):
     import json
 
-    from analysis.derived import main
+    from analysis.cli import derived_main as main
 
     assert main(["dstar", "--n1", "1e9"]) == 0
     out = json.loads(capsys.readouterr().out)

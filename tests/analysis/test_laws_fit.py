@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.fit import Points, fit, fit_shared, load_points
+from analysis.data import load_points
+from analysis.fit import Points, fit, fit_shared
 from analysis.laws import LAWS, TABLE2, Law, Param, get_law, register
 from moe_core.errors import FitError
 

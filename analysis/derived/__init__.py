@@ -1,6 +1,7 @@
 """Decisions the fitted laws imply: D* crossover, compute-optimal upcycling, efficiency η, cost.
 
 Pure functions of fitted parameters (natural units: tokens, parameters, nats; natural logs).
+``python -m analysis.derived {dstar,optimal,advice,cost} ...``: :mod:`analysis.cli`, via __main__.
 """
 
 from __future__ import annotations
@@ -178,72 +179,3 @@ def skywork_advice(C_moe: float, C_dense: float, upcycle_below: float = 1 / 3,
     return Advice("borderline", r, "between the rules (Skywork: from scratch matched upcycling "
                   "at C_MoE = ⅔·C_dense); fit the laws to decide (see d_star)")
 
-
-# ---- command line ---------------------------------------------------------------------------
-
-
-def _params(path: str | None, default: dict[str, float]) -> dict[str, float]:
-    """Parameters from ``python -m analysis.fit ... --json`` output (or 000 Table 2)."""
-    if path is None:
-        return dict(default)
-    import json
-    from pathlib import Path
-
-    d = json.loads(Path(path).read_text())
-    return dict(d.get("params", d))
-
-
-def main(argv=None) -> int:
-    import argparse
-    import json
-    import sys
-
-    from analysis.laws import TABLE2
-
-    ap = argparse.ArgumentParser(
-        prog="python -m analysis.derived",
-        description="Decisions from fitted laws (default: 000 Table 2's published parameters; "
-                    "pass your own with --upcycled/--moe FILE, the JSON of analysis.fit --json).")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("dstar", help="D*: where from-scratch MoE catches up (000 Eq. 13, Eq. 2)")
-    p.add_argument("--n1", type=float, required=True, help="dense non-embedding parameters")
-    p.add_argument("--upcycled", help="joint_upcycled fit (JSON)")
-    p.add_argument("--moe", help="chinchilla fit of from-scratch MoE vs N1 (JSON)")
-    p = sub.add_parser("optimal", help="compute-optimal D2 and N1 (000 Eq. 14, App. F.3)")
-    p.add_argument("--d1", type=float, required=True, help="dense tokens already spent")
-    p.add_argument("--c2", type=float, required=True, help="upcycling FLOPs budget")
-    p.add_argument("--upcycled", help="joint_upcycled fit (JSON)")
-    p = sub.add_parser("advice", help="Skywork rules of thumb (002 §3.3)")
-    p.add_argument("--c-moe", type=float, required=True, help="MoE training budget")
-    p.add_argument("--c-dense", type=float, required=True, help="the dense checkpoint's cost")
-    p = sub.add_parser("cost", help="GPU-hours of expert upcycling at τ (003 Eq. 1–2)")
-    p.add_argument("--T", dest="T", type=float, required=True, help="total steps")
-    p.add_argument("--tau", type=float, required=True, help="transition step")
-    p.add_argument("--s-e", dest="s_E", type=float, required=True, help="s/step, E experts")
-    p.add_argument("--s-me", dest="s_mE", type=float, required=True, help="s/step, mE experts")
-    p.add_argument("--gpus", type=int, default=1)
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "dstar":
-            upc = _params(args.upcycled, TABLE2["upcycled"])
-            moe = _params(args.moe, TABLE2["moe"])
-            out = {"N1": args.n1, "d_star": d_star(moe, upc, args.n1),
-                   "d_star_eq2": d_star_approx(args.n1)}
-        elif args.cmd == "optimal":
-            c = compute_optimal(_params(args.upcycled, TABLE2["upcycled"]), args.d1, args.c2)
-            out = {"D1": args.d1, "C2": args.c2, **c.__dict__}
-        elif args.cmd == "advice":
-            a = skywork_advice(args.c_moe, args.c_dense)
-            out = a.__dict__
-        else:
-            c = expert_upcycling_cost(args.T, args.tau, args.s_E, args.s_mE, args.gpus)
-            out = {**c.__dict__, "saving_frac": c.saving_frac}
-    except FitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(out, default=float))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

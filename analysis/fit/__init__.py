@@ -8,55 +8,27 @@
 - leave-one-out RMS in nats and in ln-loss (000 Table 1's metric), residuals, and bootstrap
   percentile intervals on every parameter (resampled points, parallel over cores).
 
-CLI: ``python -m analysis.fit DATA --law NAME [--fix E=0.165] [--loo] [--bootstrap N] [--json]``.
+Points come from :func:`analysis.data.load_points`. CLI (:mod:`analysis.cli`, run by __main__):
+``python -m analysis.fit DATA --law NAME [--fix E=0.165] [--loo] [--bootstrap N] [--json]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
 
-from analysis.laws import Law, get_law
+from analysis.laws import Law, Points, get_law
 from moe_core.errors import FitError
 
 DEFAULT_DELTA = 1e-3
-
-
-# ---- data -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Points:
-    """The points one law is fitted to: variables (raw counts) and the loss L (nats)."""
-
-    x: dict[str, np.ndarray]
-    L: np.ndarray
-    labels: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        n = len(self.L)
-        for k, v in self.x.items():
-            if len(v) != n:
-                raise FitError(f"variable {k} has {len(v)} values but L has {n}")
-
-    def __len__(self) -> int:
-        return len(self.L)
-
-    def take(self, idx: np.ndarray) -> Points:
-        return Points({k: v[idx] for k, v in self.x.items()}, self.L[idx],
-                      tuple(self.labels[i] for i in idx) if self.labels else ())
 
 
 # ---- the objective --------------------------------------------------------------------------
@@ -435,225 +407,3 @@ def fit_shared(items: Sequence[tuple[Law | str, Points]], *, shared: Sequence[st
             starts=len(starts), fit_s=time.perf_counter() - t0, converged=ok, theta=v))
     return out
 
-
-# ---- loading results ------------------------------------------------------------------------
-
-DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
-
-
-def read_table(path: str | Path):
-    """A pandas DataFrame from a CSV, a Parquet file, or a results directory (its
-    ``results.parquet``, or those of the sweep directories right below it)."""
-    import pandas as pd
-
-    path = Path(path)
-    if path.is_dir():
-        files = ([path / "results.parquet"] if (path / "results.parquet").exists()
-                 else sorted(path.glob("*/results.parquet")))
-        if not files:
-            raise FitError(f"{path} holds no results.parquet (run python -m sweeps.run first)")
-        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    if not path.exists():
-        raise FitError(f"{path} does not exist")
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    if path.suffix in (".parquet", ".pq"):
-        return pd.read_parquet(path)
-    raise FitError(f"{path}: expected a .csv, a .parquet or a results directory")
-
-
-def ok_trials(df):
-    """Rows of trials that finished ("ok"); of running ones only if none has finished yet."""
-    if "trial_id" not in df.columns or "status" not in df.columns:
-        return df
-    status = df["status"].astype(str)
-    good = "ok" if (status == "ok").any() else "running"
-    return df[df["trial_id"].isin(set(df.loc[status == good, "trial_id"]))]
-
-
-def final_evals(df):
-    """The final evaluation (max step) of each successful trial."""
-    df = ok_trials(df)
-    if "trial_id" in df.columns and "step" in df.columns:
-        df = df.sort_values("step", kind="stable").groupby("trial_id", as_index=False).tail(1)
-    return df
-
-
-def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = None,
-                curves: bool = False, where: Mapping[str, Any] | None = None) -> Points:
-    """Points for ``law`` from a path or a DataFrame.
-
-    ``columns`` maps a law variable (or ``L``) to a column name; by default a variable uses the
-    column of the same name, D → ``tokens``, N → ``N1``, L → ``val_loss`` (or ``loss``), and
-    sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
-    trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
-    Rows with a missing, non-positive or non-finite value are dropped.
-    """
-    import pandas as pd
-
-    law = get_law(law) if isinstance(law, str) else law
-    df = data if isinstance(data, pd.DataFrame) else read_table(data)
-    for k, v in (where or {}).items():
-        if k not in df.columns:
-            raise FitError(f"--where {k}=…: no column {k!r}")
-        df = df[df[k].astype(str) == str(v)]
-    if not curves:
-        df = final_evals(df)
-    else:
-        df = ok_trials(df)
-    cmap = dict(columns or {})
-    x = {}
-    for var in law.variables:
-        col = cmap.get(var)
-        if col is None:
-            if var in df.columns:
-                col = var
-            elif var in DEFAULT_COLUMNS and DEFAULT_COLUMNS[var] in df.columns:
-                col = DEFAULT_COLUMNS[var]
-            elif var == "P" and {"N_total", "N2"} <= set(df.columns):
-                x[var] = (pd.to_numeric(df["N_total"]) / pd.to_numeric(df["N2"])).to_numpy(float)
-                continue
-            else:
-                raise FitError(f"law {law.name!r} needs variable {var!r} but the data has no "
-                               f"such column; map one with --columns {var}=<column>")
-        elif col not in df.columns:
-            raise FitError(f"--columns {var}={col}: no column {col!r}; the data has "
-                           f"{', '.join(map(str, df.columns[:20]))}")
-        x[var] = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
-    lcol = cmap.get("L") or ("val_loss" if "val_loss" in df.columns else "loss")
-    if lcol not in df.columns:
-        raise FitError(f"no loss column {lcol!r}; map it with --columns L=<column>")
-    L = pd.to_numeric(df[lcol], errors="coerce").to_numpy(float)
-    good = np.isfinite(L) & (L > 0)
-    for v in x.values():
-        good &= np.isfinite(v) & (v > 0)
-    labels = tuple(df["trial_id"].astype(str)) if "trial_id" in df.columns else ()
-    pts = Points(x, L, labels)
-    idx = np.flatnonzero(good)
-    if len(idx) == 0:
-        raise FitError(f"no usable points for law {law.name!r} (need positive "
-                       f"{', '.join(law.variables)} and L)")
-    return pts.take(idx)
-
-
-# ---- command line ---------------------------------------------------------------------------
-
-
-def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        for part in item.split(","):
-            if not part:
-                continue
-            if "=" not in part:
-                raise FitError(f"{flag} {part!r}: expected NAME=VALUE")
-            k, v = part.split("=", 1)
-            if numeric:
-                try:
-                    out[k.strip()] = float(v)
-                except ValueError:
-                    raise FitError(f"{flag} {part!r}: {v!r} is not a number") from None
-            else:
-                out[k.strip()] = v.strip()
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m analysis.fit",
-        description="Fit a scaling law of the seeds to sweep results or any CSV/Parquet.")
-    ap.add_argument("data", help="results directory, results.parquet, or a CSV/Parquet file")
-    ap.add_argument("--law", required=True,
-                    help="law name, or several separated by commas to compare them")
-    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                    help="hold a parameter fixed, e.g. --fix E=0.165 (000 §5)")
-    ap.add_argument("--columns", action="append", default=[], metavar="VAR=COLUMN",
-                    help="map law variables and L to columns, e.g. N=params,D=tokens,L=loss")
-    ap.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
-                    help="keep only rows with this value, e.g. --where kind=upcycled")
-    ap.add_argument("--curves", action="store_true",
-                    help="fit every eval of every trial instead of each trial's final eval")
-    ap.add_argument("--loo", action="store_true", help="leave-one-out RMS (000 Table 1)")
-    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
-                    help="bootstrap N resamples for confidence intervals")
-    ap.add_argument("--ci", type=float, default=0.95, help="interval level (default 0.95)")
-    ap.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="Huber δ (default 1e-3)")
-    ap.add_argument("--max-starts", type=int, default=128, help="initialisation grid size cap")
-    ap.add_argument("--refine", type=int, default=8,
-                    help="optimise from this many best grid points (0: from all of them)")
-    ap.add_argument("--jobs", type=int, default=None, help="bootstrap processes (default: cores)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    args = ap.parse_args(argv)
-    try:
-        fixed = _kv(args.fix, "--fix", True)
-        columns = _kv(args.columns, "--columns", False)
-        where = _kv(args.where, "--where", False)
-        names = [n.strip() for n in args.law.split(",") if n.strip()]
-        results = []
-        for name in names:
-            law = get_law(name)
-            pts = load_points(args.data, law, columns=columns, curves=args.curves, where=where)
-            fx = {k: v for k, v in fixed.items() if k in law.param_names}
-            results.append(fit(law, pts, fixed=fx, delta=args.delta, loo=args.loo,
-                               bootstrap=args.bootstrap, ci_level=args.ci,
-                               max_starts=args.max_starts, refine=args.refine or None,
-                               n_jobs=args.jobs))
-    except FitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        if len(results) == 1:
-            print(json.dumps(results[0].to_dict()))
-        else:
-            key = (lambda r: r.loo["rms_ln"]) if args.loo else (lambda r: r.rms_ln)
-            print(json.dumps({"fits": {r.law: r.to_dict() for r in results},
-                              "best": min(results, key=key).law,
-                              "by": "loo_rms" if args.loo else "rms"}))
-        return 0
-    _print_fits(results, args)
-    return 0
-
-
-def _print_fits(results: list[FitResult], args) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    for r in results:
-        law = get_law(r.law)
-        t = Table(title=f"{r.law}: {law.equation}   ({law.source}; {r.n} points, "
-                        f"{r.starts} starts, {r.fit_s:.2f} s)")
-        t.add_column("param")
-        t.add_column("value", justify="right")
-        if r.ci:
-            t.add_column(f"{args.ci:.0%} interval", justify="right")
-        for k, v in r.params.items():
-            row = [k + (" (fixed)" if k in r.fixed else ""), f"{v:.5g}"]
-            if r.ci:
-                lo, hi = r.ci[k]
-                row.append(f"[{lo:.5g}, {hi:.5g}]")
-            t.add_row(*row)
-        con.print(t)
-        if r.at_bounds:
-            con.print(f"[yellow]on a bound of the fit (not identified by these data; fix with "
-                      f"--fix): {', '.join(r.at_bounds)}[/yellow]")
-        line = f"RMS: {r.rms_nats:.4g} nats, {r.rms_ln:.4g} ln-loss"
-        if r.loo:
-            line += (f"   leave-one-out RMS: {r.loo['rms_nats']:.4g} nats, "
-                     f"{r.loo['rms_ln']:.4g} ln-loss")
-        con.print(line)
-    if len(results) > 1:
-        t = Table(title="comparison (000 Table 1)")
-        for c in ("law", "params", "RMS (ln)", "LOO RMS (nats)", "LOO RMS (ln)"):
-            t.add_column(c)
-        best = min(results, key=lambda r: r.loo["rms_ln"] if r.loo else r.rms_ln)
-        for r in results:
-            t.add_row(r.law + (" *" if r is best else ""), str(len(r.params) - len(r.fixed)),
-                      f"{r.rms_ln:.4g}",
-                      f"{r.loo['rms_nats']:.4g}" if r.loo else "—",
-                      f"{r.loo['rms_ln']:.4g}" if r.loo else "—")
-        con.print(t)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

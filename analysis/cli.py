@@ -1,0 +1,246 @@
+"""Command lines of the analysis package and their shared error contract.
+
+- ``python -m analysis.fit DATA --law NAME ...``: :func:`fit_main`;
+- ``python -m analysis.derived {dstar,optimal,advice,cost} ...``: :func:`derived_main`;
+- ``python -m analysis.report`` (:func:`analysis.report.main`) uses the same contract.
+
+Every one of them turns a :class:`~moe_core.errors.FitError` (bad data, a bad flag, a fit that
+cannot run) into one line ``error: ...`` on stderr and exit status 2 (:func:`one_line_errors`);
+argparse's own usage errors exit 2 as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis.data import load_points
+from analysis.derived import (
+    compute_optimal,
+    d_star,
+    d_star_approx,
+    expert_upcycling_cost,
+    skywork_advice,
+)
+from analysis.fit import DEFAULT_DELTA, FitResult, fit
+from analysis.laws import TABLE2, get_law
+from moe_core.errors import FitError
+
+ERROR_EXIT = 2
+
+
+def error_line(e: BaseException | str) -> str:
+    """``error: <message>`` on one line (a multi-line message is joined with spaces)."""
+    return "error: " + " ".join(str(e).splitlines())
+
+
+def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a command's ``main``: a FitError becomes one line on stderr and exit status 2."""
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> int:
+        try:
+            return main(*args, **kwargs)
+        except FitError as e:
+            print(error_line(e), file=sys.stderr)
+            return ERROR_EXIT
+
+    return wrapped
+
+
+def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
+    """``NAME=VALUE`` flags (repeated or comma-separated) as a dict, numbers when ``numeric``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            if not part:
+                continue
+            if "=" not in part:
+                raise FitError(f"{flag} {part!r}: expected NAME=VALUE")
+            k, v = part.split("=", 1)
+            if numeric:
+                try:
+                    out[k.strip()] = float(v)
+                except ValueError:
+                    raise FitError(f"{flag} {part!r}: {v!r} is not a number") from None
+            else:
+                out[k.strip()] = v.strip()
+    return out
+
+
+# ---- python -m analysis.fit -----------------------------------------------------------------
+
+
+def _fit_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.fit",
+        description="Fit a scaling law of the seeds to sweep results or any CSV/Parquet.")
+    ap.add_argument("data", help="results directory, results.parquet, or a CSV/Parquet file")
+    ap.add_argument("--law", required=True,
+                    help="law name, or several separated by commas to compare them")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a parameter fixed, e.g. --fix E=0.165 (000 §5)")
+    ap.add_argument("--columns", action="append", default=[], metavar="VAR=COLUMN",
+                    help="map law variables and L to columns, e.g. N=params,D=tokens,L=loss")
+    ap.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                    help="keep only rows with this value, e.g. --where kind=upcycled")
+    ap.add_argument("--curves", action="store_true",
+                    help="fit every eval of every trial instead of each trial's final eval")
+    ap.add_argument("--loo", action="store_true", help="leave-one-out RMS (000 Table 1)")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                    help="bootstrap N resamples for confidence intervals")
+    ap.add_argument("--ci", type=float, default=0.95, help="interval level (default 0.95)")
+    ap.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="Huber δ (default 1e-3)")
+    ap.add_argument("--max-starts", type=int, default=128, help="initialisation grid size cap")
+    ap.add_argument("--refine", type=int, default=8,
+                    help="optimise from this many best grid points (0: from all of them)")
+    ap.add_argument("--jobs", type=int, default=None, help="bootstrap processes (default: cores)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return ap
+
+
+def _fit_all(args: argparse.Namespace) -> list[FitResult]:
+    fixed = _kv(args.fix, "--fix", True)
+    columns = _kv(args.columns, "--columns", False)
+    where = _kv(args.where, "--where", False)
+    results = []
+    for name in [n.strip() for n in args.law.split(",") if n.strip()]:
+        law = get_law(name)
+        pts = load_points(args.data, law, columns=columns, curves=args.curves, where=where)
+        fx = {k: v for k, v in fixed.items() if k in law.param_names}
+        results.append(fit(law, pts, fixed=fx, delta=args.delta, loo=args.loo,
+                           bootstrap=args.bootstrap, ci_level=args.ci,
+                           max_starts=args.max_starts, refine=args.refine or None,
+                           n_jobs=args.jobs))
+    return results
+
+
+@one_line_errors
+def fit_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis.fit``."""
+    args = _fit_parser().parse_args(argv)
+    results = _fit_all(args)
+    if not args.json:
+        _print_fits(results, args)
+    elif len(results) == 1:
+        print(json.dumps(results[0].to_dict()))
+    else:
+        key = (lambda r: r.loo["rms_ln"]) if args.loo else (lambda r: r.rms_ln)
+        print(json.dumps({"fits": {r.law: r.to_dict() for r in results},
+                          "best": min(results, key=key).law,
+                          "by": "loo_rms" if args.loo else "rms"}))
+    return 0
+
+
+def _fit_table(r: FitResult, ci: float):
+    from rich.table import Table
+
+    law = get_law(r.law)
+    t = Table(title=f"{r.law}: {law.equation}   ({law.source}; {r.n} points, "
+                    f"{r.starts} starts, {r.fit_s:.2f} s)")
+    t.add_column("param")
+    t.add_column("value", justify="right")
+    if r.ci:
+        t.add_column(f"{ci:.0%} interval", justify="right")
+    for k, v in r.params.items():
+        row = [k + (" (fixed)" if k in r.fixed else ""), f"{v:.5g}"]
+        if r.ci:
+            lo, hi = r.ci[k]
+            row.append(f"[{lo:.5g}, {hi:.5g}]")
+        t.add_row(*row)
+    return t
+
+
+def _comparison_table(results: list[FitResult]):
+    from rich.table import Table
+
+    t = Table(title="comparison (000 Table 1)")
+    for c in ("law", "params", "RMS (ln)", "LOO RMS (nats)", "LOO RMS (ln)"):
+        t.add_column(c)
+    best = min(results, key=lambda r: r.loo["rms_ln"] if r.loo else r.rms_ln)
+    for r in results:
+        t.add_row(r.law + (" *" if r is best else ""), str(len(r.params) - len(r.fixed)),
+                  f"{r.rms_ln:.4g}",
+                  f"{r.loo['rms_nats']:.4g}" if r.loo else "—",
+                  f"{r.loo['rms_ln']:.4g}" if r.loo else "—")
+    return t
+
+
+def _print_fits(results: list[FitResult], args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    con = Console()
+    for r in results:
+        con.print(_fit_table(r, args.ci))
+        if r.at_bounds:
+            con.print(f"[yellow]on a bound of the fit (not identified by these data; fix with "
+                      f"--fix): {', '.join(r.at_bounds)}[/yellow]")
+        line = f"RMS: {r.rms_nats:.4g} nats, {r.rms_ln:.4g} ln-loss"
+        if r.loo:
+            line += (f"   leave-one-out RMS: {r.loo['rms_nats']:.4g} nats, "
+                     f"{r.loo['rms_ln']:.4g} ln-loss")
+        con.print(line)
+    if len(results) > 1:
+        con.print(_comparison_table(results))
+
+
+# ---- python -m analysis.derived -------------------------------------------------------------
+
+
+def _params(path: str | None, default: dict[str, float]) -> dict[str, float]:
+    """Parameters from ``python -m analysis.fit ... --json`` output (or 000 Table 2)."""
+    if path is None:
+        return dict(default)
+    d = json.loads(Path(path).read_text())
+    return dict(d.get("params", d))
+
+
+def _derived_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.derived",
+        description="Decisions from fitted laws (default: 000 Table 2's published parameters; "
+                    "pass your own with --upcycled/--moe FILE, the JSON of analysis.fit --json).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("dstar", help="D*: where from-scratch MoE catches up (000 Eq. 13, Eq. 2)")
+    p.add_argument("--n1", type=float, required=True, help="dense non-embedding parameters")
+    p.add_argument("--upcycled", help="joint_upcycled fit (JSON)")
+    p.add_argument("--moe", help="chinchilla fit of from-scratch MoE vs N1 (JSON)")
+    p = sub.add_parser("optimal", help="compute-optimal D2 and N1 (000 Eq. 14, App. F.3)")
+    p.add_argument("--d1", type=float, required=True, help="dense tokens already spent")
+    p.add_argument("--c2", type=float, required=True, help="upcycling FLOPs budget")
+    p.add_argument("--upcycled", help="joint_upcycled fit (JSON)")
+    p = sub.add_parser("advice", help="Skywork rules of thumb (002 §3.3)")
+    p.add_argument("--c-moe", type=float, required=True, help="MoE training budget")
+    p.add_argument("--c-dense", type=float, required=True, help="the dense checkpoint's cost")
+    p = sub.add_parser("cost", help="GPU-hours of expert upcycling at τ (003 Eq. 1–2)")
+    p.add_argument("--T", dest="T", type=float, required=True, help="total steps")
+    p.add_argument("--tau", type=float, required=True, help="transition step")
+    p.add_argument("--s-e", dest="s_E", type=float, required=True, help="s/step, E experts")
+    p.add_argument("--s-me", dest="s_mE", type=float, required=True, help="s/step, mE experts")
+    p.add_argument("--gpus", type=int, default=1)
+    return ap
+
+
+@one_line_errors
+def derived_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis.derived``."""
+    args = _derived_parser().parse_args(argv)
+    if args.cmd == "dstar":
+        upc = _params(args.upcycled, TABLE2["upcycled"])
+        moe = _params(args.moe, TABLE2["moe"])
+        out = {"N1": args.n1, "d_star": d_star(moe, upc, args.n1),
+               "d_star_eq2": d_star_approx(args.n1)}
+    elif args.cmd == "optimal":
+        c = compute_optimal(_params(args.upcycled, TABLE2["upcycled"]), args.d1, args.c2)
+        out = {"D1": args.d1, "C2": args.c2, **c.__dict__}
+    elif args.cmd == "advice":
+        out = skywork_advice(args.c_moe, args.c_dense).__dict__
+    else:
+        c = expert_upcycling_cost(args.T, args.tau, args.s_E, args.s_mE, args.gpus)
+        out = {**c.__dict__, "saving_frac": c.saving_frac}
+    print(json.dumps(out, default=float))
+    return 0

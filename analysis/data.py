@@ -1,0 +1,149 @@
+"""Reading sweep results (and any CSV/Parquet table) for the fits and the reports.
+
+Sweep results are read only through :mod:`sweeps.results`, the column schema's module: it
+upgrades files written before schema 2 on read, so the columns here are always schema 2's (config
+by YAML path, knobs as ``knob.<YAML path>``, router statistics as ``router.<stat>``). Nothing
+here reads the sweep driver's private files (the parent cache); ``summary.json`` next to the
+results is the driver's published compute ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.laws import Law, Points, get_law
+from moe_core.errors import FitError
+from sweeps import results as schema
+
+DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
+SUMMARY_FILE = "summary.json"
+"""The sweep driver's compute ledger next to ``results.parquet``."""
+
+
+def _results_frame(path: Path):
+    table = schema.read_table(path)
+    if table is None:
+        raise FitError(f"{path} holds no {schema.RESULTS_FILE} (run python -m sweeps.run first)")
+    return table.to_pandas()
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    """A sweep's results directory (it holds ``results.parquet``)."""
+    return (Path(path) / schema.RESULTS_FILE).is_file()
+
+
+def sweep_dirs(root: str | Path) -> list[Path]:
+    """The sweep results directories right below ``root``, sorted."""
+    return sorted(p.parent for p in Path(root).glob(f"*/{schema.RESULTS_FILE}"))
+
+
+def read_table(path: str | Path):
+    """A pandas DataFrame from a CSV, a Parquet file, or a results directory (its
+    ``results.parquet``, or those of the sweep directories right below it)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_dir():
+        dirs = [path] if is_sweep_dir(path) else sweep_dirs(path)
+        if not dirs:
+            raise FitError(f"{path} holds no {schema.RESULTS_FILE} "
+                           "(run python -m sweeps.run first)")
+        return pd.concat([_results_frame(d) for d in dirs], ignore_index=True)
+    if not path.exists():
+        raise FitError(f"{path} does not exist")
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix in (".parquet", ".pq"):
+        return _results_frame(path)
+    raise FitError(f"{path}: expected a .csv, a .parquet or a results directory")
+
+
+def read_summary(path: str | Path) -> dict[str, Any] | None:
+    """``summary.json`` next to a sweep's results (None when the sweep wrote none)."""
+    path = Path(path)
+    sp = (path if path.is_dir() else path.parent) / SUMMARY_FILE
+    return json.loads(sp.read_text()) if sp.exists() else None
+
+
+def ok_trials(df):
+    """Rows of trials that finished ("ok"); of running ones only if none has finished yet."""
+    if "trial_id" not in df.columns or "status" not in df.columns:
+        return df
+    status = df["status"].astype(str)
+    good = "ok" if (status == "ok").any() else "running"
+    return df[df["trial_id"].isin(set(df.loc[status == good, "trial_id"]))]
+
+
+def final_evals(df):
+    """The final evaluation (max step) of each successful trial."""
+    df = ok_trials(df)
+    if "trial_id" in df.columns and "step" in df.columns:
+        df = df.sort_values("step", kind="stable").groupby("trial_id", as_index=False).tail(1)
+    return df
+
+
+def _filter(df, where: Mapping[str, Any] | None):
+    for k, v in (where or {}).items():
+        if k not in df.columns:
+            raise FitError(f"--where {k}=…: no column {k!r}")
+        df = df[df[k].astype(str) == str(v)]
+    return df
+
+
+def _variable(df, law: Law, var: str, col: str | None) -> np.ndarray:
+    """The values of one law variable: the mapped column, the same-named one, the default
+    column (D → tokens, N → N1), or sparsity P = N_total/N2 (000 §4.2)."""
+    import pandas as pd
+
+    if col is None:
+        if var in df.columns:
+            col = var
+        elif var in DEFAULT_COLUMNS and DEFAULT_COLUMNS[var] in df.columns:
+            col = DEFAULT_COLUMNS[var]
+        elif var == "P" and {"N_total", "N2"} <= set(df.columns):
+            return (pd.to_numeric(df["N_total"]) / pd.to_numeric(df["N2"])).to_numpy(float)
+        else:
+            raise FitError(f"law {law.name!r} needs variable {var!r} but the data has no "
+                           f"such column; map one with --columns {var}=<column>")
+    elif col not in df.columns:
+        raise FitError(f"--columns {var}={col}: no column {col!r}; the data has "
+                       f"{', '.join(map(str, df.columns[:20]))}")
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+
+
+def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = None,
+                curves: bool = False, where: Mapping[str, Any] | None = None) -> Points:
+    """Points for ``law`` from a path or a DataFrame.
+
+    ``columns`` maps a law variable (or ``L``) to a column name; by default a variable uses the
+    column of the same name, D → ``tokens``, N → ``N1``, L → ``val_loss`` (or ``loss``), and
+    sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
+    trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
+    Rows with a missing, non-positive or non-finite value are dropped.
+    """
+    import pandas as pd
+
+    law = get_law(law) if isinstance(law, str) else law
+    df = data if isinstance(data, pd.DataFrame) else read_table(data)
+    df = _filter(df, where)
+    df = ok_trials(df) if curves else final_evals(df)
+    cmap = dict(columns or {})
+    x = {var: _variable(df, law, var, cmap.get(var)) for var in law.variables}
+    lcol = cmap.get("L") or ("val_loss" if "val_loss" in df.columns else "loss")
+    if lcol not in df.columns:
+        raise FitError(f"no loss column {lcol!r}; map it with --columns L=<column>")
+    L = pd.to_numeric(df[lcol], errors="coerce").to_numpy(float)
+    good = np.isfinite(L) & (L > 0)
+    for v in x.values():
+        good &= np.isfinite(v) & (v > 0)
+    labels = tuple(df["trial_id"].astype(str)) if "trial_id" in df.columns else ()
+    idx = np.flatnonzero(good)
+    if len(idx) == 0:
+        raise FitError(f"no usable points for law {law.name!r} (need positive "
+                       f"{', '.join(law.variables)} and L)")
+    return Points(x, L, labels).take(idx)
