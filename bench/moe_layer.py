@@ -2,9 +2,19 @@
 
 All dropless, same shapes, measured side by side in one run (medians of interleaved repeats).
 Ends with one JSON line: ``ours_vs_deepspeed`` and ``ours_vs_dense_active`` are geometric means
-over the shapes of time(ours) / time(other).
+over the shapes of time(ours) / time(other); ``per_shape`` holds both ratios and the achieved
+TFLOP/s of each variant.
 
-    python bench/moe_layer.py [--tokens 8192] [--repeats 7] [--device cpu|cuda]
+FLOPs of one forward+backward (matmuls only; backward = 2 × forward): experts 18·T·K·d·f (three
+d×f projections per routed token), router 6·T·d·E; the dense reference 18·T·d·(K·f).
+
+CPU (default there): fp32, 8,192 tokens, two small shapes. CUDA (default there): bf16, 16k and
+32k tokens, shapes at model scale: d 2048 f 8192 E8 K2 (coarse upcycling of a d_ff = 4d MLP),
+d 2048 f 1024 E64 K8 (fine-grained) and Qwen3-30B-A3B's experts (d 2048 f 768 E128 K8).
+DeepSpeed-MoE's dense [tokens, E, capacity] dispatch may not fit at the large shapes: it is
+then reported as out of memory and left out of ``ours_vs_deepspeed``.
+
+    python bench/moe_layer.py [--tokens 8192[,16384...]] [--repeats 7] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -27,6 +37,18 @@ SHAPES = {
     "coarse": dict(d=256, f=1024, E=8, K=2),
     "fine": dict(d=256, f=128, E=64, K=8),
 }
+CUDA_SHAPES = {
+    "E8K2-f8192": dict(d=2048, f=8192, E=8, K=2),
+    "E64K8-f1024": dict(d=2048, f=1024, E=64, K=8),
+    "qwen3-30b-a3b": dict(d=2048, f=768, E=128, K=8),
+}
+CUDA_TOKENS = (16384, 32768)
+
+
+def flops(variant: str, d: int, f: int, E: int, K: int, T: int) -> float:
+    """Matmul FLOPs of one forward+backward (module docstring)."""
+    experts = 18.0 * T * K * d * f
+    return experts if variant == "dense_active" else experts + 6.0 * T * d * E
 
 
 class _DSExpert(nn.Module):
@@ -67,9 +89,80 @@ def _time(fn, device: str) -> float:
     return time.perf_counter() - t
 
 
+def _measure(fns: dict, device: str, repeats: int) -> dict[str, float | None]:
+    """Median seconds of each variant (None: out of memory), repeats interleaved so drift hits
+    every variant alike."""
+    ok = {}
+    for k, fn in fns.items():  # warm-up
+        try:
+            fn()
+            ok[k] = fn
+        except torch.cuda.OutOfMemoryError:
+            ok[k] = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    times: dict[str, list[float]] = {k: [] for k, fn in ok.items() if fn is not None}
+    for _ in range(repeats):
+        for k in times:
+            times[k].append(_time(ok[k], device))
+    return {k: statistics.median(times[k]) if k in times else None for k in fns}
+
+
+def _cases(device: str, tokens_arg: str | None) -> list[tuple[str, dict, int]]:
+    if device == "cuda":
+        tokens = [int(t) for t in tokens_arg.split(",")] if tokens_arg else list(CUDA_TOKENS)
+        return [(f"{n}@{t // 1024}k" if t % 1024 == 0 else f"{n}@{t}", s, t)
+                for n, s in CUDA_SHAPES.items() for t in tokens]
+    tokens = [int(t) for t in (tokens_arg or "8192").split(",")]
+    if len(tokens) == 1:  # the CPU default: shape names as before
+        return [(n, s, tokens[0]) for n, s in SHAPES.items()]
+    return [(f"{n}@{t}", s, t) for n, s in SHAPES.items() for t in tokens]
+
+
+def _case(name: str, s: dict, T: int, device: str, dtype: torch.dtype, repeats: int):
+    from deepspeed.moe.layer import MoE as DSMoE
+
+    d, f, E, K = s["d"], s["f"], s["E"], s["K"]
+    cfg = MoEConfig(num_experts=E, top_k=K, expert_d_ff=f,
+                    router=RouterConfig(order="softmax_topk"))
+    ours = MoELayer(d, f, cfg, init_std=0.02).to(device, dtype)
+    ds = DSMoE(
+        hidden_size=d, expert=_DSExpert(d, f), num_experts=E, ep_size=1, k=K,
+        capacity_factor=1.0, drop_tokens=False, use_rts=False,
+        top2_2nd_expert_sampling=False,
+    ).to(device, dtype)
+    dense = SwiGLU(d, f * K).to(device, dtype)
+    dense.reset_parameters(0.02)
+    x = torch.randn(1, T, d, device=device, dtype=dtype)
+
+    def run_ours():
+        y, aux = ours(x)
+        (y.float().pow(2).mean() + aux).backward()
+
+    def run_ds():
+        y, aux, _ = ds(x)
+        (y.float().pow(2).mean() + aux).backward()
+
+    def run_dense():
+        dense(x).float().pow(2).mean().backward()
+
+    med = _measure({"ours": run_ours, "deepspeed": run_ds, "dense_active": run_dense}, device,
+                   repeats)
+    tflops = {k: (flops(k, d, f, E, K, T) / v / 1e12 if v else None) for k, v in med.items()}
+    r_ds = med["ours"] / med["deepspeed"] if med["deepspeed"] else None
+    r_dense = med["ours"] / med["dense_active"]
+    return (name, E, K, f, T, med, r_ds, r_dense, tflops)
+
+
+def _ms(v: float | None) -> str:
+    return f"{v * 1e3:9.1f}" if v else f"{'OOM':>9}"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tokens", type=int, default=8192)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", default=None,
+                    help="tokens per forward, comma-separated (CPU 8192; CUDA 16384,32768)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU)")
@@ -78,67 +171,53 @@ def main() -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
     torch.manual_seed(0)
     _init_single_rank_dist()
-    from deepspeed.moe.layer import MoE as DSMoE
+    rows = []
+    for n, s, T in _cases(device, args.tokens):
+        rows.append(_case(n, s, T, device, dtype, args.repeats))
+        if device == "cuda":  # the case's tensors are gone: give their blocks back
+            torch.cuda.empty_cache()
 
-    ratios_ds, ratios_dense, rows = [], [], []
-    for name, s in SHAPES.items():
-        d, f, E, K = s["d"], s["f"], s["E"], s["K"]
-        cfg = MoEConfig(
-            num_experts=E, top_k=K, expert_d_ff=f, router=RouterConfig(order="softmax_topk")
-        )
-        ours = MoELayer(d, f, cfg, init_std=0.02).to(device, dtype)
-        ds = DSMoE(
-            hidden_size=d, expert=_DSExpert(d, f), num_experts=E, ep_size=1, k=K,
-            capacity_factor=1.0, drop_tokens=False, use_rts=False,
-            top2_2nd_expert_sampling=False,
-        ).to(device, dtype)
-        dense = SwiGLU(d, f * K).to(device, dtype)
-        dense.reset_parameters(0.02)
-        x = torch.randn(1, args.tokens, d, device=device, dtype=dtype)
+    print(json.dumps(report(rows, device, dtype, args.repeats)))
 
-        def run_ours(ours=ours, x=x):
-            y, aux = ours(x)
-            (y.float().pow(2).mean() + aux).backward()
 
-        def run_ds(ds=ds, x=x):
-            y, aux, _ = ds(x)
-            (y.float().pow(2).mean() + aux).backward()
+def report(rows: list, device: str, dtype: torch.dtype, repeats: int) -> dict:
+    """Print the table (TFLOP/s columns on CUDA); return the JSON line's content."""
+    tokens = sorted({r[4] for r in rows})
+    print(f"device={device} dtype={dtype} tokens={','.join(map(str, tokens))} "
+          f"repeats={repeats}")
+    cuda = device == "cuda"
+    nw = max([8] + [len(r[0]) for r in rows])
 
-        def run_dense(dense=dense, x=x):
-            dense(x).float().pow(2).mean().backward()
+    def num(v: float | None, width: int, fmt: str) -> str:
+        return f"{v:{width}{fmt}}" if v else f"{'-':>{width}}"
 
-        fns = {"ours": run_ours, "deepspeed": run_ds, "dense_active": run_dense}
-        for fn in fns.values():  # warm-up
-            fn()
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(args.repeats):  # interleave so drift hits every variant alike
-            for k, fn in fns.items():
-                times[k].append(_time(fn, device))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        r_ds, r_dense = med["ours"] / med["deepspeed"], med["ours"] / med["dense_active"]
-        ratios_ds.append(r_ds)
-        ratios_dense.append(r_dense)
-        rows.append((name, E, K, f, med, r_ds, r_dense))
-
-    print(f"device={device} dtype={dtype} tokens={args.tokens} repeats={args.repeats}")
-    print(f"{'shape':8} {'E':>3} {'K':>2} {'f':>5} {'ours ms':>9} {'DS ms':>9} "
-          f"{'dense ms':>9} {'ours/DS':>8} {'ours/dense':>10}")
-    for name, E, K, f, med, r_ds, r_dense in rows:
-        print(f"{name:8} {E:>3} {K:>2} {f:>5} {med['ours']*1e3:9.1f} "
-              f"{med['deepspeed']*1e3:9.1f} {med['dense_active']*1e3:9.1f} "
-              f"{r_ds:8.3f} {r_dense:10.3f}")
+    print(f"{'shape':{nw}} {'E':>3} {'K':>2} {'f':>5} {'ours ms':>9} {'DS ms':>9} "
+          f"{'dense ms':>9} {'ours/DS':>8} {'ours/dense':>10}"
+          + (f" {'ours TF/s':>9} {'DS TF/s':>8} {'dense TF/s':>10}" if cuda else ""))
+    for name, E, K, f, _T, med, r_ds, r_dense, tf in rows:
+        line = (f"{name:{nw}} {E:>3} {K:>2} {f:>5} {_ms(med['ours'])} {_ms(med['deepspeed'])} "
+                f"{_ms(med['dense_active'])} {num(r_ds, 8, '.3f')} {r_dense:10.3f}")
+        if cuda:
+            line += (f" {num(tf['ours'], 9, '.1f')} {num(tf['deepspeed'], 8, '.1f')} "
+                     f"{num(tf['dense_active'], 10, '.1f')}")
+        print(line)
 
     def gmean(v):
-        return math.exp(sum(math.log(x) for x in v) / len(v))
+        v = [x for x in v if x]
+        return round(math.exp(sum(math.log(x) for x in v) / len(v)), 4) if v else None
 
-    print(json.dumps({
+    def r4(v):
+        return round(v, 4) if v else None
+
+    return {
         "bench": "moe_layer", "device": device, "dtype": str(dtype).replace("torch.", ""),
-        "tokens": args.tokens,
-        "ours_vs_deepspeed": round(gmean(ratios_ds), 4),
-        "ours_vs_dense_active": round(gmean(ratios_dense), 4),
-        "per_shape": {r[0]: {"ours_vs_deepspeed": round(r[5], 4),
-                             "ours_vs_dense_active": round(r[6], 4)} for r in rows},
-    }))
+        "tokens": tokens[0] if len(tokens) == 1 else tokens,
+        "ours_vs_deepspeed": gmean([r[6] for r in rows]),
+        "ours_vs_dense_active": gmean([r[7] for r in rows]),
+        "per_shape": {r[0]: {"tokens": r[4], "ours_vs_deepspeed": r4(r[6]),
+                             "ours_vs_dense_active": r4(r[7]),
+                             "tflops": {k: r4(v) for k, v in r[8].items()}} for r in rows},
+    }
 
 
 if __name__ == "__main__":

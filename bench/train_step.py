@@ -1,9 +1,20 @@
-"""Training throughput on the DeepSpeed engine: tokens/s of the debug and 15M presets, dense vs
-E8 top-2 MoE (CPU), and on CUDA the model FLOPs utilisation 6·N_active·tokens / time / peak for
-0.1B dense and upcycled 8×0.1B.
+"""Training throughput on the DeepSpeed engine, dense vs E8 top-2 MoE upcycled from it
+(``dense_to_moe``): tokens/s on CPU (debug and 15M presets); on CUDA also the model FLOPs
+utilisation and the peak memory, for 0.1B dense and upcycled E8 top-2 0.1B in bf16.
+
+MFU = FLOPs per token × tokens/s / peak, with FLOPs per token (PaLM, App. B)
+
+    6·N_active + 6·V·d + 12·L·d·S
+
+N_active: active non-embedding parameters (attention, MLP or the K routed experts, router,
+norms); 6·V·d: the LM head (the input embedding is a lookup); 12·L·d·S: attention scores and
+their weighted sum, forward and backward (L layers, width d, sequence S; not halved for the
+causal mask). ``mfu_6n`` counts 6·N_active alone. On CUDA the data are random tokens of a
+32,768-word vocabulary (a real LM head); on CPU a 512-word synthetic chain.
 
     python bench/train_step.py [--steps 20] [--presets debug,15M] [--peak-tflops 989]
-Ends with one JSON line.
+                               [--seq S] [--batch B] [--micro M] [--vocab V]
+Ends with one JSON line (``mfu`` per model on CUDA).
 """
 
 from __future__ import annotations
@@ -11,47 +22,85 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from moe_core.params import count_params
 from moe_core.train import Trainer, train_config_from_dict
 
 
-def run(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int) -> dict:
-    cfg = train_config_from_dict({
+def flops_per_token(n_active: int, vocab: int, d: int, layers: int, seq: int) -> dict:
+    return {"6N": 6 * n_active, "lm_head": 6 * vocab * d, "attention": 12 * layers * d * seq}
+
+
+def _data(vocab: int, tokens: int, tmp: Path) -> dict:
+    if vocab <= 4096:
+        return {"source": "synthetic", "synthetic_vocab": vocab,
+                "synthetic_tokens": max(400_000, tokens), "cache_dir": str(tmp)}
+    path = tmp / "tokens.bin"  # random tokens: throughput does not depend on the text
+    rng = np.random.default_rng(0)
+    rng.integers(0, vocab, size=tokens, dtype=np.uint16).tofile(path)
+    return {"source": "tokens", "path": str(path), "dtype": "uint16",
+            "token_vocab_size": vocab, "cache_dir": str(tmp)}
+
+
+def config(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int,
+           data: dict) -> dict:
+    d = {
         "model": {"preset": preset},
-        "moe": {"num_experts": 8, "top_k": 2} if moe else None,
-        "data": {"source": "synthetic", "synthetic_vocab": 512, "synthetic_tokens": 400_000,
-                 "seq_len": seq},
+        "data": {**data, "seq_len": seq},
         "batch": {"global_batch": batch, "micro_batch": micro},
         "schedule": {"kind": "constant", "warmup_steps": 0},
         "eval": {"every_steps": 10**6, "batches": 1},
         "tokens": (steps + 2) * batch * seq,
-    })
-    trainer = Trainer(cfg)
+    }
+    if moe:
+        d.update(moe={"num_experts": 8, "top_k": 2},
+                 parent={"tokens": (steps + 2) * batch * seq},
+                 upcycle={"method": "dense_to_moe"})
+    return d
+
+
+def run(cfg_dict: dict, steps: int, parent=None) -> tuple[dict, Trainer]:
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    cfg = train_config_from_dict(cfg_dict)
+    trainer = Trainer(cfg, parent=parent)
     stamps = []
     for _ in range(steps + 2):  # Trainer.step(): one optimizer step, no eval
         trainer.step()
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
     gaps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))  # skip warm-up
     step_s = gaps[len(gaps) // 2]
+    seq, batch = cfg.seq_len, cfg.batch.global_batch
     tok_s = batch * seq / step_s
-    n_act = count_params(cfg.model_config(512)).non_embedding_active
-    return {"preset": preset, "moe": moe, "tokens_per_s": tok_s, "N_active": n_act,
-            "flops_per_s": 6 * n_act * tok_s}
+    mcfg = trainer.model.config
+    n_act = count_params(mcfg).non_embedding_active
+    f = flops_per_token(n_act, mcfg.vocab_size, mcfg.d_model, mcfg.n_layer, seq)
+    row = {"preset": cfg.model.preset, "moe": cfg.moe is not None, "tokens_per_s": tok_s,
+           "N_active": n_act, "flops_per_token": f, "flops_per_s": sum(f.values()) * tok_s}
+    if cuda:
+        row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row, trainer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--presets", default=None)
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--micro", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="accelerator peak (H100 SXM bf16 dense: 989)")
     args = ap.parse_args()
@@ -60,23 +109,40 @@ def main() -> None:
     presets = (args.presets or ("0.1B" if cuda else "debug,15M")).split(",")
     seq = args.seq or (1024 if cuda else 128)
     batch = args.batch or (32 if cuda else 8)
-    micro = args.micro or (8 if cuda else 8)
+    micro = args.micro or (32 if cuda else 8)
+    vocab = args.vocab or (32768 if cuda else 512)
     rows = []
-    for p in presets:
-        for moe in (False, True):
-            r = run(p, moe, args.steps, seq, batch, micro)
-            if cuda:
-                r["mfu"] = r["flops_per_s"] / (args.peak_tflops * 1e12)
-            rows.append(r)
-            print(f"{p:>5} {'E8top2' if moe else 'dense':>6}: {r['tokens_per_s']:10.0f} tok/s  "
-                  f"N_active={r['N_active']:,}" + (f"  MFU={r['mfu']:.1%}" if cuda else ""),
-                  flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _data(vocab, (args.steps + 4) * batch * (seq + 1) * 2, Path(tmp))
+        for p in presets:
+            dense, trainer = run(config(p, False, args.steps, seq, batch, micro, data),
+                                 args.steps)
+            parent = trainer.parent_state()
+            del trainer
+            moe, _ = run(config(p, True, args.steps, seq, batch, micro, data), args.steps,
+                         parent=parent)
+            for r in (dense, moe):
+                if cuda:
+                    peak = args.peak_tflops * 1e12
+                    r["mfu"] = r["flops_per_s"] / peak
+                    r["mfu_6n"] = r["flops_per_token"]["6N"] * r["tokens_per_s"] / peak
+                rows.append(r)
+                print(f"{p:>5} {'E8top2' if r['moe'] else 'dense':>6}: "
+                      f"{r['tokens_per_s']:10.0f} tok/s  N_active={r['N_active']:,}"
+                      + (f"  MFU={r['mfu']:.1%} (6·N alone {r['mfu_6n']:.1%})  "
+                         f"peak mem {r['peak_mem_gib']:.1f} GiB" if cuda else ""), flush=True)
     ratios = {p: next(r for r in rows if r["preset"] == p and r["moe"])["tokens_per_s"]
               / next(r for r in rows if r["preset"] == p and not r["moe"])["tokens_per_s"]
               for p in presets}
-    print(json.dumps({"bench": "train_step", "device": "cuda" if cuda else "cpu",
-                      "seq": seq, "batch": batch, "rows": rows,
-                      "moe_vs_dense_tokens_per_s": ratios}, default=float))
+    out = {"bench": "train_step", "device": "cuda" if cuda else "cpu", "seq": seq,
+           "batch": batch, "micro": micro, "vocab": vocab, "rows": rows,
+           "moe_vs_dense_tokens_per_s": ratios,
+           "mfu_formula": "(6*N_active + 6*V*d + 12*L*d*S) * tokens_per_s / peak"}
+    if cuda:
+        out["peak_tflops"] = args.peak_tflops
+        out["mfu"] = {f"{r['preset']}-{'E8top2' if r['moe'] else 'dense'}": round(r["mfu"], 4)
+                      for r in rows}
+    print(json.dumps(out, default=float))
 
 
 if __name__ == "__main__":

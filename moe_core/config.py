@@ -18,9 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from moe_core.errors import ConfigError
+from moe_core.errors import ConfigError, shown
 
 _T = TypeVar("_T")
+
+INT_MAX = 2**63 - 1
+"""Largest magnitude an integer field takes (int64: what torch and numpy hold)."""
 
 RouterOrder = Literal["softmax_topk", "topk_softmax"]
 AuxLossKind = Literal["switch", "squared", "none"]
@@ -322,7 +325,8 @@ def _describe(tp: Any) -> str:
         elif origin is tuple:
             args = typing.get_args(arm)
             fixed = args and not (len(args) == 2 and args[1] is Ellipsis)
-            names.append(f"a list of {len(args)} values" if fixed else "a list")
+            names.append(f"a list of {len(args)} values" if fixed
+                         else f"a list ({_describe(args[0])} each)" if args else "a list")
         elif isinstance(arm, type) and dataclasses.is_dataclass(arm):
             names.append("a mapping")
         else:
@@ -339,8 +343,9 @@ def _fits(arm: Any, value: Any) -> bool:
         return True
     if arm is type(None):
         return value is None
-    if origin is Literal:
-        return value in typing.get_args(arm)
+    if origin is Literal:  # true is not 1
+        return any(value == a and isinstance(value, bool) == isinstance(a, bool)
+                   for a in typing.get_args(arm))
     if origin is tuple:
         if not isinstance(value, tuple):
             return False
@@ -350,17 +355,42 @@ def _fits(arm: Any, value: Any) -> bool:
         return len(value) == len(args) and all(
             _type_problem(a, x, "") is None for a, x in zip(args, value)
         )
+    if arm in (int, float) and _bad_number(value, integer=arm is int) is not None:
+        return False
     if arm is int:  # integral floats (``tokens: 1e6``) are accepted as they always were
         return isinstance(value, numbers.Integral) or (
             isinstance(value, numbers.Real) and float(value).is_integer()
         )
     if arm is float:
         return isinstance(value, numbers.Real)
-    if arm in (str, bool):  # taken as YAML typed them; value rules are __post_init__'s
-        return not isinstance(value, (Mapping, list, tuple, set))
+    if arm is bool:
+        return isinstance(value, bool)
+    if arm is str:  # taken as YAML typed them (``name: 123``); value rules are __post_init__'s
+        return value is not None and not isinstance(
+            value, (Mapping, list, tuple, set, bytes, bytearray))
     if isinstance(arm, type):
         return isinstance(value, arm)
     return True  # a type this decoder does not know: trust the dataclass
+
+
+def _bad_number(value: Any, integer: bool = True) -> str | None:
+    """Why ``value`` is no number for an int (``integer``) or float field: a bool, NaN or
+    infinite, an integer beyond int64; or None."""
+    if isinstance(value, bool):
+        return "is true/false, not a number"
+    if isinstance(value, numbers.Real) and not math.isfinite(value):
+        return "is not finite"
+    if integer and isinstance(value, numbers.Real) and abs(value) > INT_MAX:
+        return f"is out of range: an integer is at most 2**63 - 1 = {INT_MAX:,} in magnitude"
+    return None
+
+
+def _has_bad_number(value: Any) -> bool:
+    """A bool, NaN, ±inf or beyond-int64 number in ``value``: refused before ``__post_init__``
+    where the field does not take it (``moe.num_experts: true`` is not 1)."""
+    if isinstance(value, tuple):
+        return any(_has_bad_number(v) for v in value)
+    return isinstance(value, numbers.Number) and _bad_number(value) is not None
 
 
 def _type_problem(tp: Any, value: Any, path: str) -> str | None:
@@ -368,6 +398,9 @@ def _type_problem(tp: Any, value: Any, path: str) -> str | None:
     arms = _arms(tp)
     if any(_fits(arm, value) for arm in arms):
         return None
+    why = _bad_number(value, integer=int in arms) if isinstance(value, numbers.Number) else None
+    if why is not None and _admits_number(tp):
+        return f"{path}={shown(value)} {why}; use {_describe(tp)}"
     for arm in arms:  # name the element of a tuple that does not fit
         if typing.get_origin(arm) is tuple and isinstance(value, tuple):
             args = typing.get_args(arm)
@@ -378,8 +411,8 @@ def _type_problem(tp: Any, value: Any, path: str) -> str | None:
                     problem = _type_problem(a, x, f"{path}[{i}]")
                     if problem is not None:
                         return problem
-    shown = list(value) if isinstance(value, tuple) else value
-    return f"{path}={shown!r} must be {_describe(tp)}"
+    return f"{path}={shown(list(value) if isinstance(value, tuple) else value)} must be " \
+        f"{_describe(tp)}"
 
 
 def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
@@ -391,7 +424,9 @@ def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
     are ``ConfigError`` naming the full dotted key (``key_prefix`` is the path of ``data``):
     unknown keys, missing required keys, a non-mapping where a mapping is required. Value rules
     are the dataclass's own ``__post_init__``; a value of the wrong type that it lets through
-    (``moe.top_k: 1.5``, ``optim.lr: fast``) is reported after it.
+    (``moe.top_k: 1.5``, ``optim.lr: fast``) is reported after it. A number that no number field
+    takes is refused before ``__post_init__`` sees it: a bool (``true`` is not 1), NaN or ±inf,
+    an integer beyond int64; bool fields take only true/false, string fields no null.
     """
     if isinstance(data, cls):
         return data
@@ -402,8 +437,9 @@ def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
     unknown = sorted((k for k in data if k not in fields), key=str)
     if unknown:
         under = f"under {key_prefix}" if key_prefix else "at the top level"
+        name = str(unknown[0]) if len(str(unknown[0])) <= 100 else shown(unknown[0], 100)
         raise ConfigError(
-            f"unknown key {_join(key_prefix, unknown[0])}; known keys {under}: "
+            f"unknown key {_join(key_prefix, name)}; known keys {under}: "
             f"{', '.join(sorted(fields))}"
         )
     missing = [k for k, (_, required) in fields.items() if required and k not in data]
@@ -418,14 +454,50 @@ def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
                 return problem
         return None
 
+    for k, v in kwargs.items():  # true, NaN, inf, 1e30 where a number goes: refused first
+        if _has_bad_number(v):
+            problem = _type_problem(fields[k][0], v, _join(key_prefix, k))
+            if problem is not None:
+                raise ConfigError(problem)
     try:
         obj = cls(**kwargs)
-    except TypeError as e:  # __post_init__ tripped over a value of the wrong type
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as e:
+        # __post_init__ tripped over a value of the wrong type
         raise ConfigError(type_problem() or f"{where}: {e}") from None
     problem = type_problem()
     if problem is not None:
         raise ConfigError(problem)
     return obj
+
+
+def unknown_key(cls: type, dotted: str) -> str | None:
+    """None if ``dotted`` (``moe.router.order``) names a field of dataclass ``cls`` (following
+    nested and optional dataclass fields), else ``from_mapping``'s message for that key."""
+    tp: Any = cls
+    path = ""
+    for part in dotted.split("."):
+        dc = next((a for a in _arms(tp) if isinstance(a, type) and dataclasses.is_dataclass(a)),
+                  None)
+        if dc is None:
+            return f"unknown key {dotted}: {path} is not a mapping of options"
+        if part not in _fields(dc):
+            under = f"under {path}" if path else "at the top level"
+            return (f"unknown key {_join(path, part)}; known keys {under}: "
+                    f"{', '.join(sorted(_fields(dc)))}")
+        tp, path = _fields(dc)[part][0], _join(path, part)
+    return None
+
+
+def decode_value(tp: Any, value: Any, path: str) -> Any:
+    """One value decoded as a field of type ``tp`` would be (``from_mapping``'s rules, without
+    a dataclass): a ``ConfigError`` naming ``path`` if it does not fit."""
+    out = _decode(tp, value, path)
+    problem = _type_problem(tp, out, path)
+    if problem is not None:
+        raise ConfigError(problem)
+    return out
 
 
 def router_config_from_dict(data: Mapping[str, Any]) -> RouterConfig:

@@ -5,6 +5,27 @@ The command-line front ends turn any ``UpcycleError`` into one clear line and ex
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+MAX_SHOWN = 200
+"""Characters of a value's ``repr`` an error message shows (``shown``)."""
+MAX_MESSAGE = 1000
+"""Characters of an error line the command-line front ends print (``one_line``)."""
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages never carry a huge value."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}… ({len(r):,} characters)"
+
+
+def one_line(message: Any, limit: int = MAX_MESSAGE) -> str:
+    """An error message as one line of at most ``limit`` characters (whitespace runs and
+    newlines become one space)."""
+    s = re.sub(r"\s+", " ", str(message)).strip()
+    return s if len(s) <= limit else s[:limit] + "…"
+
 
 class UpcycleError(Exception):
     """Base of every error this project raises on purpose."""

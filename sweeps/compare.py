@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -29,6 +30,20 @@ def load(path: str) -> tuple[str, list[dict[str, Any]]]:
     if not rows:
         raise UpcycleError(f"{f} has no rows")
     return str(rows[0].get("sweep") or p.name), rows
+
+
+def labelled(loaded) -> dict[str, list[dict[str, Any]]]:
+    """Results keyed by sweep name; results of one spec run twice (other ``--set`` or
+    ``--results``) are told apart by their folder, never merged or dropped."""
+    loaded = [(name, str(Path(path)), rows) for path, (name, rows) in loaded]
+    names = [n for n, _, _ in loaded]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, path, rows in loaded:
+        label = name if names.count(name) == 1 else f"{name} ({path})"
+        while label in out:  # the same folder twice
+            label += "'"
+        out[label] = rows
+    return out
 
 
 def knob_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -82,7 +97,8 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
             ax.set_title(f"{name}: {metric} by {knob[5:] if knob else 'trial'}")
             ax.legend(fontsize=7)
             fig.tight_layout()
-            p = out / f"{name}_{(knob or 'trials').replace('.', '_')}.png"
+            stem = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")
+            p = out / f"{stem}_{(knob or 'trials').replace('.', '_')}.png"
             fig.savefig(p, dpi=110)
             plt.close(fig)
             paths.append(p)
@@ -97,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default results/compare)")
     args = ap.parse_args(argv)
     try:
-        sweeps = dict(load(p) for p in args.results)
+        sweeps = labelled((p, load(p)) for p in args.results)
     except UpcycleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

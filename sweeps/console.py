@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sweeps.plan import SweepPlan
+from sweeps.plan import SweepPlan, disk_estimate
 from sweeps.results import KNOB_PREFIX, format_knob
 from sweeps.spec import SweepSpec
 
@@ -52,6 +52,34 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
               f"{plan.tokens_saved_by_sharing:,}")
     con.print(f"WSD stable runs shared by token-budget grids: {len(plan.branch_groups)}   "
               f"stable tokens saved by branching: {plan.tokens_saved_by_branches:,}")
+    con.print(disk_line(spec, plan), highlight=False)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_line(spec: SweepSpec, plan: SweepPlan) -> str:
+    """The disk-use estimate of ``--dry-run``: checkpoints (the spec's ``checkpoint:``), the
+    parents' cache and the WSD stable runs."""
+    d = disk_estimate(spec, plan)
+    c = spec.checkpoint
+    cadence = ", ".join(x for x in (
+        f"every {c.every_evals} evals" if c.every_evals else "",
+        f"every {c.every_minutes:g} min" if c.every_minutes else "",
+        "at the end" if c.at_end else "") if x) or "never"
+    return (f"disk (estimate): checkpoint {human_bytes(d.checkpoint_bytes)} per trial "
+            f"({d.params:,} params × {d.bytes_per_param} B: weights + 2 fp32 Adam moments"
+            f"{' + fp32 master' if d.bytes_per_param == 14 else ''}; {cadence}); "
+            f"{human_bytes(d.running_bytes)} while {d.concurrent} trials run "
+            f"({d.keep} kept + 1 being saved + 1 local each); "
+            f"{human_bytes(d.kept_bytes)} kept after the sweep ({d.keep} × {d.trials} trials); "
+            f"parents' cache {human_bytes(d.parent_bytes)} ({len(plan.parents)}); "
+            f"WSD stable runs {human_bytes(d.stable_bytes)}")
 
 
 def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],

@@ -7,8 +7,10 @@ stable runs are prepared first (``sweeps.parents``), then Ray Tune runs the tria
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -16,106 +18,102 @@ from typing import Any
 import ray
 from ray import tune
 
-from moe_core.errors import SearchSpaceError
-from sweeps import console, faults
+from moe_core.errors import SearchSpaceError, UpcycleError
+from moe_core.train.config import TrainConfig
+from sweeps import console, faults, signals
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan
 from sweeps.results import (
-    CORE_COLUMNS,
     RESULTS_FILE,
     STATIC_COLUMNS,
     config_columns,
+    config_types,
     final_rows,
     knob_columns,
-    read_rows,
     summarize,
-    write_rows,
     write_summary,
 )
+from sweeps.sink import ResultsSink, error_reason, reconcile, row_from_result
 from sweeps.spec import SweepSpec
 from sweeps.trainable import run_trial
+from sweeps.trust import hide_wandb_key, verify_experiment_state
 
-PASS_ENV = ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
+# Passed to every worker through runtime_env (Ray writes these into its session logs: never a
+# secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.trust).
+PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
             "OMP_NUM_THREADS")
-_CORE = frozenset(CORE_COLUMNS)
-
-
 class ResultsCallback(tune.Callback):
-    """Collects every reported row into the sweep's Parquet file (atomic rewrites), marks trial
-    outcomes, and prints progress with the best metric so far and an ETA."""
+    """Hands every reported row to the sweep's ``ResultsSink`` (durable before Tune moves on;
+    ``results.parquet`` rewritten in the background), marks trial outcomes, and prints
+    progress with the best metric so far and an ETA."""
 
-    def __init__(self, spec: SweepSpec, plan: SweepPlan, path: Path, flush_s: float = 10.0):
-        self.spec, self.plan, self.path, self.total = spec, plan, path, plan.num_trials
-        self.rows: dict[tuple[str, int], dict[str, Any]] = {}
+    def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Path,
+                 flush_s: float = 10.0):
+        self.spec, self.plan, self.total = spec, plan, plan.num_trials
+        self.results_dir = results_dir
+        self.sink = ResultsSink(results_dir, flush_s, types=config_types(TrainConfig))
         self.done: set[str] = set()
         self._loaded = False
-        self.flush_s = flush_s
-        self.last_flush = 0.0
         self.started = time.time()
         self.best = math.inf if spec.mode == "min" else -math.inf
 
-    def _trial_id(self, trial) -> str:
-        return trial.trial_id
-
     def _ensure_loaded(self) -> None:
-        """Merge the rows already on disk (a resumed sweep). Done lazily, at first use: on
+        """Rebuild the rows already recorded (a resumed sweep). Done lazily, at first use: on
         ``--resume`` Tune restores this callback from the experiment state pickled at the
-        sweep's start, so the constructor cannot be relied on to see the file."""
+        sweep's start, so the constructor cannot be relied on to see the files."""
         if self._loaded:
             return
-        for r in read_rows(self.path):
-            self.rows.setdefault((r["trial_id"], int(r.get("step") or 0)), r)
-        self.done |= {r["trial_id"] for r in self.rows.values() if r.get("status") == "ok"}
+        rep = self.sink.load(self.results_dir / "tune")
+        for p in rep.problems:
+            console.progress(p)
+        self.done = self.sink.trial_ids("ok")
+        for r in list(self.sink.rows.values()):
+            self._track_best(r)
+        self.started = time.time()
         self._loaded = True
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._ensure_loaded()
-        row = {k: v for k, v in result.items() if k in _CORE or "." in k}
-        row["trial_id"] = self._trial_id(trial)
-        step = int(row.get("step") or 0)
-        self.rows[(row["trial_id"], step)] = row
+    def _track_best(self, row: dict[str, Any]) -> None:
         m = row.get(self.spec.metric)
         if isinstance(m, (int, float)) and m == m:
             self.best = min(self.best, m) if self.spec.mode == "min" else max(self.best, m)
-        if time.time() - self.last_flush > self.flush_s:
-            self.flush()
 
-    def _mark(self, trial, status: str, reason: str | None) -> None:
+    def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure_loaded()
-        tid = self._trial_id(trial)
-        mine = [k for k in self.rows if k[0] == tid]
-        for k in mine:
-            if self.rows[k].get("status") in (None, "running") or status == "failed":
-                if self.rows[k].get("status") != "diverged":
-                    self.rows[k]["status"] = status
-                    if reason:
-                        self.rows[k]["reason"] = reason
-        if not mine:
-            knobs = self.plan.trial(self.spec, dict(trial.config)).knobs
-            self.rows[(tid, 0)] = {"sweep": self.spec.name, "trial_id": tid, "status": status,
-                                   "reason": reason, "step": 0, **knob_columns(knobs)}
+        row = row_from_result(result, trial.trial_id)
+        self.sink.add(row)
+        self._track_best(row)
+
+    def _placeholder(self, trial) -> dict[str, Any]:
+        knobs = self.plan.trial(self.spec, dict(trial.config)).knobs
+        return {"sweep": self.spec.name, **knob_columns(knobs)}
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._mark(trial, "ok", None)
-        self.done.add(self._trial_id(trial))
-        self.flush()
-        n = len(self.done)
-        console.progress(f"{n}/{self.total} trials done   best {self.spec.metric}="
-                         f"{self.best:.4f}   ETA {console.eta(n, self.total, self.started)}")
+        self._ensure_loaded()
+        self.sink.mark(trial.trial_id, "ok", placeholder=self._placeholder(trial))
+        self.done.add(trial.trial_id)
+        self.sink.flush()
+        self._progress(trials, trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        err = getattr(trial, "error_file", None) or "trial error"
-        self._mark(trial, "failed", str(err))
-        self.flush()
+        self._ensure_loaded()
+        self.sink.mark(trial.trial_id, "failed", error_reason(trial),
+                       placeholder=self._placeholder(trial))
+        self.sink.flush()
+        self._progress(trials, trial)
+
+    def _progress(self, trials, ended) -> None:
+        n = len(self.done)
+        states = [getattr(t, "status", "") for t in trials if t is not ended]
+        console.progress(
+            f"{n}/{self.total} trials done ({states.count('RUNNING')} running, "
+            f"{len(self.sink.trial_ids('failed'))} failed)   "
+            f"best {self.spec.metric}={self.best:.4f}   "
+            f"ETA {console.eta(n, self.total, self.started)}")
 
     def on_experiment_end(self, trials, **info):
-        self.flush()
-
-    def flush(self) -> None:
         self._ensure_loaded()
-        rows = sorted(self.rows.values(), key=lambda r: (r["trial_id"], r.get("step") or 0))
-        write_rows(self.path, rows)
-        self.last_flush = time.time()
+        reconcile(self.sink, trials)
+        self.sink.close()
 
 
 def static_keys(plan: SweepPlan) -> list[str]:
@@ -183,11 +181,30 @@ def scheduler(spec: SweepSpec):
                          reduction_factor=spec.asha.reduction_factor)
 
 
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail in seconds when a cluster address (``HOST:PORT`` or ``ray://HOST:PORT``) does not
+    answer, instead of Ray's minutes of retries."""
+    if address is None or address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UpcycleError(f"--address {address!r} must be auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise UpcycleError(
+            f"--address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
+            "start the head there (ray start --head) or fix the address") from None
+
+
 def archive_previous(results_dir: Path) -> Path | None:
-    """Move an earlier run's results, summary and Tune state to ``previous/<time>/`` so that a
-    fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents stay."""
-    names = [n for n in (RESULTS_FILE, "summary.json", "tune") if (results_dir / n).exists()]
-    if RESULTS_FILE not in names:
+    """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
+    so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents
+    and WSD stable runs stay."""
+    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train")
+             if (results_dir / n).exists()]
+    if not {RESULTS_FILE, "rows", "tune"} & set(names):
         return None
     prev = results_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
     while prev.exists():
@@ -198,7 +215,17 @@ def archive_previous(results_dir: Path) -> Path | None:
     return prev
 
 
+def quiet_ray(verbose: bool) -> None:
+    """Without ``--verbose`` the console shows the sweep's own lines: Ray's Python warnings and
+    Tune's status output are silenced (they stay in Ray's session logs and Tune's folder)."""
+    if verbose:
+        return
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with Tune's verbose=0: no tables
+
+
 def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
+    quiet_ray(verbose)
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     if not ray.is_initialized():
@@ -207,18 +234,26 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
 
 
 def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> list[Any]:
-    callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir / RESULTS_FILE,
-                                            spec.storage.flush_s)]
+    callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s)]
     if spec.wandb.enabled and spec.wandb.mode != "disabled":
-        from ray.air.integrations.wandb import WandbLoggerCallback
-
-        callbacks.append(WandbLoggerCallback(
-            project=spec.wandb.project, group=spec.wandb.group or spec.name,
-            entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(results_dir),
-            log_config=False, excludes=static_keys(plan),
-            upload_timeout=15 if spec.wandb.mode == "offline" else 600,
-        ))
+        callbacks.append(wandb_callback(spec, plan, results_dir))
     return callbacks
+
+
+def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> Any:
+    """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
+    knob and static column) is the run's config, so W&B filters and groups by any key, and the
+    per-eval metrics are its history."""
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    cb = WandbLoggerCallback(
+        project=spec.wandb.project, group=spec.wandb.group or spec.name,
+        entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(results_dir),
+        log_config=False, upload_timeout=15 if spec.wandb.mode == "offline" else 600,
+    )
+    # results keys listed here go to wandb.config instead of wandb.log (Ray's own mechanism)
+    cb.AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, *static_keys(plan)]
+    return cb
 
 
 def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
@@ -240,7 +275,7 @@ def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[A
     run_config = tune.RunConfig(
         name="tune", storage_path=str(results_dir),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0,
     )
     return tune.Tuner(
@@ -254,12 +289,32 @@ def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[A
     )
 
 
+def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
+    """Every row, with each trial's outcome taken from Tune's own trial states (a resumed sweep
+    restores finished trials without calling back for them)."""
+    sink = ResultsSink(results_dir, types=config_types(TrainConfig))
+    for p in sink.load(results_dir / "tune").problems:
+        console.progress(p)
+    reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [])
+    sink.close()
+    if sink.write_errors:
+        raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
+                           f"kept in {sink.log_dir} and rerunning with --resume rebuilds it")
+    return list(sink.rows.values())
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False) -> dict[str, Any]:
     """Run the planned sweep to the end; returns the summary (also in ``summary.json``)."""
     os.environ.setdefault("WANDB_MODE", spec.wandb.mode)
     results_dir = spec.results_dir.resolve()
+    if resume and (results_dir / "tune").exists():
+        verify_experiment_state(results_dir / "tune")  # before anything unpickles it
+    check_address(address)  # an unreachable cluster fails here, before anything is moved
+    hide_wandb_key()
+    _start_ray(spec, address, verbose)
+    signals.install()  # after ray.init, which replaces the SIGTERM handler
     results_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         prev = archive_previous(results_dir)
@@ -267,7 +322,6 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
     cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
-    _start_ray(spec, address, verbose)
     t0 = time.time()
     refs = train_parents(spec, plan, cache_dir)
     stables = train_stables(spec, plan, refs, cache_dir, results_dir)
@@ -283,7 +337,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     tuner = _tuner(spec, trainable, results_dir, _callbacks(spec, plan, results_dir),
                    _concurrency(spec, max_concurrent), resume, verbose)
     grid = tuner.fit()
-    finals = final_rows(read_rows(results_dir / RESULTS_FILE))
+    finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=plan.estimates(), results=str(spec.results_dir / RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)

@@ -2,8 +2,10 @@
 
 ``UPCYCLE_SWEEPS_FAIL_ONCE_AFTER=N`` in the driver's environment makes every trial raise once,
 right after its N-th report; a marker file ``.failed-<trial>`` in the parent cache records that
-it did, so the restarted trial runs through. The driver swaps this in for ``tune.report`` only
-when the variable is set; the trainable and its reporter know nothing of it.
+it did, so the restarted trial runs through, and ``.resumed-<trial>`` holds the step of the
+restarted trial's first report (the eval after the checkpoint it resumed from; 0 if it had
+none). The driver swaps this in for ``tune.report`` only when the variable is set; the
+trainable and its reporter know nothing of it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ class FailOnceReport:
     def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
         tune.report(metrics, checkpoint=checkpoint)
         trial = tune.get_context().get_trial_id()
-        self.counts[trial] = self.counts.get(trial, 0) + 1
         marker = self.marker_dir / f".failed-{trial}"
-        if self.counts[trial] >= self.after and not marker.exists():
+        if marker.exists():  # the restarted trial
+            resumed = self.marker_dir / f".resumed-{trial}"
+            if not resumed.exists():
+                resumed.write_text(str(metrics.get("step")))
+            return
+        self.counts[trial] = self.counts.get(trial, 0) + 1
+        if self.counts[trial] >= self.after:
             marker.write_text("failed once")
             raise RuntimeError(f"injected failure after {self.counts[trial]} reports (test hook)")
 

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import fcntl
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text
-from moe_core.train.callbacks import ParentState
+from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
-from moe_core.train.runner import load_parent, train_parent
+from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
+from sweeps import console
 from sweeps.plan import BranchGroup, SweepPlan
 from sweeps.spec import SweepSpec
 
@@ -52,12 +53,14 @@ class _file_lock:
         self.f.close()
 
 
-def parent_payload(state: ParentState) -> dict[str, Any]:
-    """What goes into the object store: numpy arrays + small metadata (no torch tensors)."""
+def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:
+    """What goes into the object store: numpy arrays + small metadata, and the AdamW state
+    only when a trial replicates experts from it (003 §3)."""
     return {
         "model_state": state.model_state, "model_config": state.model_config,
         "peak_lr": state.peak_lr, "final_lr": state.final_lr, "tokens": state.tokens,
-        "optimizer_state": None, "val_loss": state.val_loss,
+        "optimizer_state": state.optimizer_state if with_optimizer else None,
+        "val_loss": state.val_loss,
     }
 
 
@@ -69,9 +72,13 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
     ref = parents.get(key)
     if ref is not None:
         try:
-            return ParentState(**ray.get(ref, timeout=600))
+            payload = ray.get(ref, timeout=600)
         except Exception:  # object lost with its node: fall back to the disk cache
-            pass
+            payload = None
+        if payload is not None and "diverged" in payload:
+            raise DivergenceError(payload["step"], f"parent {key} {payload['diverged']}")
+        if payload is not None:
+            return ParentState(**{k: v for k, v in payload.items() if not k.startswith("_")})
     if (cache_dir / key / "meta.json").exists():
         return load_parent(cache_dir / key)
     with _file_lock(cache_dir / f"{key}.lock"):
@@ -79,10 +86,61 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
     return state
 
 
-@ray.remote
-def _train_parent_task(child: TrainConfig, cache_dir: str) -> dict[str, Any]:
-    state, trained = train_parent(child, Path(cache_dir))
-    return {**parent_payload(state), "_trained_now": trained}
+def task_options(spec: SweepSpec) -> dict[str, Any]:
+    """Ray resources of a parent or stable-run task: those of one trial rank (a multi-rank
+    spec's ``resources`` are per worker, and these tasks train on one rank), GPUs included,
+    so a task never trains on a GPU that Ray has lent to a trial. The tasks are declared with
+    ``max_calls=1`` (a ``@ray.remote`` option, not an ``.options()`` one): their worker
+    process exits when the task is done, so its CUDA context and cached memory go with it."""
+    r = spec.resources
+    return {"num_cpus": r.cpus, "num_gpus": r.gpus}
+
+
+@ray.remote(max_calls=1)
+def _train_parent_task(child: TrainConfig, cache_dir: str,
+                       with_optimizer: bool = False) -> dict[str, Any]:
+    key = parent_key(child)
+    progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json",
+                            child.parent_run().steps)
+    try:
+        state, trained = train_parent(child, Path(cache_dir), callbacks=(progress,))
+    except DivergenceError as e:  # the trials of this parent each report it as diverged
+        return {"diverged": str(e), "step": e.step}
+    finally:
+        progress.path.unlink(missing_ok=True)
+    return {**parent_payload(state, with_optimizer), "_trained_now": trained}
+
+
+class ProgressFile(Callback):
+    """The run's last eval (step of steps, val loss) in a small file the driver polls."""
+
+    def __init__(self, path: Path, steps: int):
+        self.path, self.steps = path, steps
+
+    def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        atomic_write_text(self.path, json.dumps({"step": metrics["step"], "steps": self.steps,
+                                                 "val_loss": metrics.get("val_loss")}))
+
+
+def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Path],
+                        every_s: float = 10.0) -> None:
+    """Wait for Ray tasks, printing each unfinished one's step and val loss every ``every_s``
+    (a parent that trains for minutes is not a silent minute)."""
+    pending = dict(tasks)
+    while pending:
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=every_s)
+        for k in [k for k, r in pending.items() if r in ready]:
+            del pending[k]
+        parts = []
+        for k in pending:
+            try:
+                p = json.loads(progress[k].read_text())
+                parts.append(f"{k[:8]} step {p['step']}/{p['steps']} val {p['val_loss']:.4f}")
+            except (OSError, ValueError, KeyError, TypeError):
+                parts.append(f"{k[:8]} starting")
+        if pending:
+            console.progress(f"{what}: {len(tasks) - len(pending)}/{len(tasks)} done; "
+                             + "; ".join(parts))
 
 
 def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str, Any]:
@@ -90,13 +148,17 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str
     ObjectRefs keyed by parent hash. The state lives in the object store as numpy arrays."""
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
     # the disk cache by the trials instead of being retrained.
-    refs = {key: _train_parent_task.options(num_cpus=spec.resources.cpus, max_retries=0)
-            .remote(p.child, str(cache_dir)) for key, p in plan.parents.items()}
+    refs = {key: _train_parent_task.options(**task_options(spec), max_retries=0)
+            .remote(p.child, str(cache_dir), p.needs_optimizer) for key, p in plan.parents.items()}
     if refs:
-        print(f"[sweeps] preparing {len(refs)} parent(s) (cached by content hash in "
-              f"{cache_dir})", file=sys.stderr, flush=True)
-        ray.wait(list(refs.values()), num_returns=len(refs))
-        ray.get(list(refs.values()))  # surface a failed parent now, not in every trial
+        console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
+                         f"{cache_dir})")
+        _wait_with_progress("parents", refs,
+                            {k: cache_dir / f"{k}.progress.json" for k in refs})
+        for key, payload in zip(refs, ray.get(list(refs.values()))):  # a failure surfaces now
+            if "diverged" in payload:
+                console.progress(f"parent {key} {payload['diverged']}: its trials are "
+                                 "reported as diverged")
     return refs
 
 
@@ -110,7 +172,12 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
             load_checkpoint(next(iter(m["checkpoints"].values())))  # checksum check
             return StableRun({int(k): v for k, v in m["checkpoints"].items()}, m["curve"],
                              m["peak"])
-    res = train_stable(group.representative.config, out_dir, group.steps, parent=parent)
+    progress = ProgressFile(out_dir / "progress.json", group.steps[-1])
+    try:
+        res = train_stable(group.representative.config, out_dir, group.steps, parent=parent,
+                           callbacks=(progress,))
+    finally:
+        progress.path.unlink(missing_ok=True)
     ck = {t: res.checkpoints[s] for t, s in group.starts.items()}
     curve = [{k: v for k, v in m.items() if isinstance(v, (int, float, str, type(None)))}
              for m in res.curve]
@@ -119,12 +186,15 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
     return StableRun(ck, curve, res.peak_lr)
 
 
-@ray.remote
+@ray.remote(max_calls=1)
 def _train_stable_task(group: BranchGroup, parents: dict[str, Any], cache_dir: str,
-                       out_dir: str) -> StableRun:
+                       out_dir: str) -> StableRun | None:
     rep = group.representative
-    parent = get_parent(rep.config, rep.parent_key, parents, Path(cache_dir))
-    return train_stable_group(group, parent, Path(out_dir))
+    try:
+        parent = get_parent(rep.config, rep.parent_key, parents, Path(cache_dir))
+        return train_stable_group(group, parent, Path(out_dir))
+    except DivergenceError:  # no shared stable run: each trial trains (and reports) alone
+        return None
 
 
 def train_stables(spec: SweepSpec, plan: SweepPlan, refs: dict[str, Any], cache_dir: Path,
@@ -133,10 +203,12 @@ def train_stables(spec: SweepSpec, plan: SweepPlan, refs: dict[str, Any], cache_
     groups = plan.branch_groups
     if not groups:
         return {}
-    print(f"[sweeps] training {len(groups)} shared WSD stable run(s) for "
-          f"{sum(len(g.starts) for g in groups.values())} token budgets", file=sys.stderr,
-          flush=True)
-    tasks = {k: _train_stable_task.options(num_cpus=spec.resources.cpus).remote(
+    console.progress(f"training {len(groups)} shared WSD stable run(s) for "
+                     f"{sum(len(g.starts) for g in groups.values())} token budgets")
+    tasks = {k: _train_stable_task.options(**task_options(spec)).remote(
         g, dict(refs), str(cache_dir), str(results_dir / "stable" / k))
         for k, g in groups.items()}
-    return {k: ray.get(t) for k, t in tasks.items()}
+    _wait_with_progress("stable runs", tasks,
+                        {k: results_dir / "stable" / k / "progress.json" for k in tasks})
+    runs = {k: ray.get(t) for k, t in tasks.items()}
+    return {k: r for k, r in runs.items() if r is not None}

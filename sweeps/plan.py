@@ -60,6 +60,8 @@ class ParentPlan:
     flops: float
     trials: int
     """Trials (× num_samples) that start from this parent."""
+    needs_optimizer: bool = False
+    """A trial replicates its experts (003 §3): the parent's AdamW state travels with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,69 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     )
 
 
+def _bf16(cfg: TrainConfig, gpus: float) -> bool:
+    return cfg.optim.dtype == "bf16" or (cfg.optim.dtype == "auto" and gpus > 0)
+
+
+def checkpoint_bytes_per_param(cfg: TrainConfig, gpus: float) -> int:
+    """Bytes a checkpoint holds per parameter: the weights plus AdamW's two fp32 moments, and in
+    bf16 (CUDA with ``optim.dtype`` auto or bf16) DeepSpeed's fp32 master copy besides the bf16
+    weights: 4 + 8 = 12 in fp32, 2 + 4 + 8 = 14 in bf16."""
+    return 14 if _bf16(cfg, gpus) else 12
+
+
+@dataclass(frozen=True, slots=True)
+class DiskEstimate:
+    """What a sweep writes besides its results (``--dry-run`` prints it)."""
+
+    checkpoint_bytes: int
+    """The largest trial checkpoint: all parameters × ``bytes_per_param``."""
+    params: int
+    bytes_per_param: int
+    keep: int
+    trials: int
+    concurrent: int
+    """``max_concurrent``, or (unset: Ray decides from the cluster) every trial at once."""
+    kept_bytes: int
+    """Checkpoints Tune still holds after the sweep: ``keep`` per trial (at most)."""
+    parent_bytes: int
+    """The parents' disk cache: fp32 weights, AdamW moments (+ fp32 master in bf16)."""
+    stable_bytes: int
+    """WSD stable runs: one checkpoint per branch point of each group."""
+
+    @property
+    def running_bytes(self) -> int:
+        """Peak while trials run: per running trial Tune's ``keep`` copies, the new one being
+        persisted and the trial's own local copy."""
+        return self.concurrent * (self.keep + 2) * self.checkpoint_bytes
+
+
+def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
+    """Checkpoint and cache bytes of the plan, from parameter counts and dtypes."""
+    gpus = spec.resources.gpus
+
+    def size(cfg: TrainConfig) -> tuple[int, int]:
+        n = count_params(cfg.model_config()).total
+        return n, n * checkpoint_bytes_per_param(cfg, gpus)
+
+    sizes = [size(t.config) for t in plan.trials] or [(0, 0)]
+    params, biggest = max(sizes, key=lambda x: x[1])
+    keep = spec.checkpoint.keep
+    parent_bytes = 0
+    for p in plan.parents.values():  # fp32 weights (the numpy export) + the optimizer state
+        pc = p.child.parent_run()
+        parent_bytes += count_params(pc.model_config()).total * (12 + 4 * _bf16(pc, gpus))
+    stable_bytes = sum(len(g.steps) * size(g.representative.config)[1]
+                       for g in plan.branch_groups.values())
+    return DiskEstimate(
+        checkpoint_bytes=biggest, params=params,
+        bytes_per_param=biggest // params if params else 0, keep=keep,
+        trials=plan.num_trials, concurrent=min(plan.num_trials,
+                                               spec.max_concurrent or plan.num_trials),
+        kept_bytes=keep * plan.num_samples * sum(b for _, b in sizes),
+        parent_bytes=parent_bytes, stable_bytes=stable_bytes)
+
+
 def _branchable(cfg: TrainConfig) -> bool:
     return cfg.schedule.kind == "wsd" and not (
         cfg.upcycle is not None and cfg.upcycle.lr_policy.policy == "constant")
@@ -173,7 +238,9 @@ def _branchable(cfg: TrainConfig) -> bool:
 def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, BranchGroup]:
     """Groups of two or more distinct budgets with the same config otherwise (WSD, no
     constant-LR policy)."""
-    if not spec.wsd_branches:
+    if not spec.wsd_branches or spec.resources.ranks > 1:
+        # a stable run trains on one rank, and a checkpoint resumes only on as many ranks as
+        # wrote it: multi-rank trials train each budget on its own
         return {}
     members: dict[str, list[TrialPlan]] = {}
     for t in trials:
@@ -202,7 +269,9 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
             ptoks = pc.steps * pc.tokens_per_step
             p = ParentPlan(key=t.parent_key, child=t.config, tokens=ptoks,
                            flops=6 * n_p * ptoks, trials=0)
-        parents[t.parent_key] = dataclasses.replace(p, trials=p.trials + spec.num_samples)
+        expands = t.config.upcycle is not None and t.config.upcycle.method == "expand_experts"
+        parents[t.parent_key] = dataclasses.replace(
+            p, trials=p.trials + spec.num_samples, needs_optimizer=p.needs_optimizer or expands)
     index = {point_key(t.point): t for t in reversed(trials)}  # the first of equal points
     return SweepPlan(trials=tuple(trials), parents=parents,
                      branch_groups=_branch_groups(spec, trials), num_samples=spec.num_samples,

@@ -21,8 +21,11 @@ file's metadata carries ``SCHEMA_VERSION``. Files written before version 2 (rout
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +77,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("train_loss", pa.float64(), False, "mean cross-entropy of the last step"),
     Column("val_loss", pa.float64(), False, "validation cross-entropy"),
     Column("aux_loss", pa.float64(), False, "load-balancing loss of the last step"),
-    Column("wall_s", pa.float64(), False, "seconds since the run started"),
+    Column("wall_s", pa.float64(), False,
+           "seconds since the trial started; a restart or WSD branch continues the clock"),
     Column("flops", pa.float64(), False, "6·N2·tokens"),
     Column("tokens_budget", pa.int64(), True, "the trial's token budget (config `tokens`)"),
     Column("parent_val_loss", pa.float64(), True, "the parent's final validation loss"),
@@ -156,8 +160,40 @@ def knob_columns(knobs: Mapping[str, Any]) -> dict[str, Any]:
 # ---- the file ------------------------------------------------------------------------------
 
 
-def _array(name: str, vals: list[Any]) -> pa.Array:
-    typ = _TYPES.get(name)
+def config_types(config_cls: type) -> dict[str, pa.DataType]:
+    """Arrow types of the config and knob columns of a config dataclass (``TrainConfig``),
+    from its field types, so a column that is null in every row of a sweep (a knob that is
+    ``null`` throughout, a dense run's ``moe``) is still typed and sweeps read as one dataset.
+    Dicts, lists and sections are JSON text (strings)."""
+    out: dict[str, pa.DataType] = {}
+
+    def leaf(t: Any) -> pa.DataType:
+        if typing.get_origin(t) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(t) if a is not type(None)]
+            return leaf(args[0]) if len(args) == 1 else pa.string()
+        return {bool: pa.bool_(), int: pa.int64(), float: pa.float64()}.get(t, pa.string())
+
+    def section(t: Any) -> type | None:
+        args = typing.get_args(t) or (t,)
+        return next((a for a in args if dataclasses.is_dataclass(a)), None)
+
+    def walk(prefix: str, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}.{f.name}" if prefix else f.name
+            sub = section(hints[f.name])
+            out[path] = pa.string() if sub is not None else leaf(hints[f.name])
+            if sub is not None:
+                walk(path, sub)
+
+    walk("", config_cls)
+    out.update({KNOB_PREFIX + k: v for k, v in list(out.items())})
+    out[KNOB_PREFIX + "seed"] = pa.int64()
+    return {k: v for k, v in out.items() if k not in _TYPES}
+
+
+def _array(name: str, vals: list[Any], typ: pa.DataType | None = None) -> pa.Array:
+    typ = _TYPES.get(name) or typ or (pa.float64() if name.startswith(ROUTER_PREFIX) else None)
     if typ is not None:
         try:
             return pa.array(vals, typ)
@@ -169,11 +205,11 @@ def _array(name: str, vals: list[Any]) -> pa.Array:
         return pa.array([None if v is None else str(v) for v in vals], pa.string())
 
 
-def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write rows to ``path`` (a .parquet file) atomically: the declared columns first, then
-    the union of every other key in first-seen order."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def rows_table(rows: Iterable[Mapping[str, Any]],
+               types: Mapping[str, pa.DataType] | None = None) -> pa.Table:
+    """Rows as a table: the declared columns first (with their types), then the union of every
+    other key in first-seen order, typed by ``types`` (``config_types``) where given."""
+    types = types or {}
     rows = list(rows)
     cols = list(CORE_COLUMNS)
     seen = set(cols)
@@ -182,9 +218,25 @@ def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
             if k not in seen:
                 cols.append(k)
                 seen.add(k)
-    table = pa.table({c: _array(c, [encode_value(r.get(c)) for r in rows]) for c in cols})
+    return pa.table({c: _array(c, [encode_value(r.get(c)) for r in rows], types.get(c))
+                     for c in cols})
+
+
+def concat_tables(tables: Iterable[pa.Table]) -> pa.Table:
+    """Tables of some trials each into one (missing columns null; int and float widen)."""
+    return pa.concat_tables(list(tables), promote_options="permissive")
+
+
+def write_table(path: str | Path, table: pa.Table) -> Path:
+    """Write a results table to ``path`` atomically (unique temp file, fsync, rename)."""
     table = table.replace_schema_metadata({_META_KEY: str(SCHEMA_VERSION).encode()})
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]],
+               types: Mapping[str, pa.DataType] | None = None) -> Path:
+    """Write rows to ``path`` (a .parquet file) atomically."""
+    return write_table(path, rows_table(rows, types))
 
 
 def read_table(path: str | Path) -> pa.Table | None:
@@ -245,13 +297,20 @@ def knob_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, mode: str,
               planned: Mapping[str, Any], results: str, wall_s: float,
               parent_wall_s: float) -> dict[str, Any]:
-    """The sweep's outcome and compute ledger (``planned``: the plan's estimates)."""
+    """The sweep's outcome and compute ledger (``planned``: the plan's estimates).
+    ``complete`` is false while a planned trial has not ended (ok, failed or diverged):
+    ``unfinished`` lists the trials that started, ``not_started`` counts the others."""
     finals = list(finals)
     ok = [r for r in finals if r.get("status") == "ok"]
+    unfinished = sorted(str(r["trial_id"]) for r in finals
+                        if r.get("status") not in ("ok", "failed", "diverged"))
+    not_started = max(0, int(planned["trials"]) - len(finals))
     vals = [r[metric] for r in ok if isinstance(r.get(metric), (int, float))]
     best = (min if mode == "min" else max)(vals) if vals else None
     return {
-        "sweep": sweep, "trials": len(finals), "ok": len(ok),
+        "sweep": sweep, "complete": not unfinished and not not_started,
+        "unfinished": unfinished, "not_started": not_started,
+        "trials": len(finals), "ok": len(ok),
         "failed": sum(r.get("status") == "failed" for r in finals),
         "diverged": sum(r.get("status") == "diverged" for r in finals),
         "best": best, "metric": metric, "wall_s": round(wall_s, 1),

@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from moe_core.errors import UpcycleError
-from sweeps import console
+from moe_core.errors import SearchSpaceError, UpcycleError, one_line
+from sweeps import console, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -40,19 +40,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _interruptible() -> None:
-    """Ctrl+C and SIGTERM stop the sweep gracefully (Tune saves the experiment state), even
-    when the driver was started with SIGINT ignored (a background job of a shell)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    _interruptible()
+    signals.install()
     try:
+        if args.max_concurrent is not None and args.max_concurrent < 1:
+            raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
         spec = load_spec(args.spec, args.overrides, results=args.results)
         plan = build_plan(spec)
         if args.dry_run:
@@ -65,14 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: rerun with --resume to continue; finished trials are kept",
-              file=sys.stderr)
-        return 130
+        print(RESUME_HINT, file=sys.stderr)
+        return signals.exit_code()
     if args.json:
         print(json.dumps(summary, default=str))
+    if not summary.get("complete", True):
+        print(f"{RESUME_HINT} ({len(summary['unfinished'])} unfinished, "
+              f"{summary['not_started']} not started)", file=sys.stderr)
+        return signals.exit_code()
     return 0 if summary.get("failed", 0) == 0 else 1
 
 

@@ -10,18 +10,20 @@ from __future__ import annotations
 import ast
 import copy
 import itertools
+import math
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_core.config import from_mapping
-from moe_core.errors import ConfigError, SearchSpaceError
+from moe_core.config import decode_value, from_mapping, unknown_key
+from moe_core.errors import ConfigError, SearchSpaceError, shown
 from moe_core.train.config import (
     TrainConfig,
     apply_overrides,
     coerce_number,
     load_yaml,
+    parse_override_value,
     train_config_from_dict,
 )
 
@@ -31,8 +33,17 @@ SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
-    "wsd_branches", "storage",
+    "wsd_branches", "storage", "checkpoint",
 }
+
+MAX_TRIALS = 10_000
+"""Most trials a spec may define (grid points × seeds × num_samples), and most trial configs
+validation builds (grid points × every value or bound of the sampled knobs)."""
+MAX_EXPR_CHARS = 500
+EXPR_MAX_VALUE = 1e18
+"""Largest magnitude an ``expr`` operand or result may have."""
+EXPR_MAX_EXPONENT = 64
+"""Largest magnitude of an exponent in ``expr`` (``9**9**9**9`` would never finish)."""
 
 
 def _err(msg: str) -> SearchSpaceError:
@@ -65,6 +76,27 @@ class AshaConfig:
     max_t: int | None = None
     """Evaluations of the longest trial; None = derived from the base config."""
 
+    def __post_init__(self) -> None:
+        if self.grace_period < 1:
+            raise SearchSpaceError(f"scheduler.grace_period={self.grace_period} must be >= 1")
+        if not self.reduction_factor > 1:
+            raise SearchSpaceError(
+                f"scheduler.reduction_factor={self.reduction_factor} must be > 1 (ASHA keeps "
+                "1/reduction_factor of the trials at each rung)")
+        if self.max_t is not None and self.max_t < 1:
+            raise SearchSpaceError(f"scheduler.max_t={self.max_t} must be >= 1, or null")
+
+
+@dataclass(frozen=True, slots=True)
+class FailureConfig:
+    max_failures: int = 2
+    """Retries of a failed trial."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_failures, int) or self.max_failures < 0:
+            raise SearchSpaceError(
+                f"failure.max_failures={self.max_failures!r} must be an integer >= 0")
+
 
 @dataclass(frozen=True, slots=True)
 class Resources:
@@ -72,6 +104,38 @@ class Resources:
     gpus: float = 0.0
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSpec:
+    """When a trial attaches a checkpoint (model + optimizer + RNG) to an eval report. Every
+    eval is reported; a checkpoint is written only when one of these says so, and always at
+    the trial's last step. A failed trial restarts from its last checkpoint and replays the
+    evals after it (bit for bit on CPU: its rows are overwritten with equal values)."""
+
+    every_evals: int | None = None
+    """Every n-th eval of the trial (by step: at multiples of n·``eval.every_steps``)."""
+    every_minutes: float | None = 10.0
+    """At the first eval ``every_minutes`` after the trial's start or its last checkpoint: the
+    default bounds the work a failure loses to about 10 minutes per trial, whatever the eval
+    period, while a large model does not write (model + 2 Adam moments, 12-14 bytes per
+    parameter) at every eval."""
+    keep: int = 1
+    """Checkpoints Tune keeps per trial (``CheckpointConfig(num_to_keep=keep)``)."""
+    at_end: bool = True
+    """Also at the last step: the final weights of every trial are kept (one checkpoint per
+    trial stays on disk after the sweep; ``--dry-run`` prints how much)."""
+
+    def __post_init__(self) -> None:
+        if self.every_evals is not None and (not isinstance(self.every_evals, int) or
+                                             self.every_evals < 1):
+            raise SearchSpaceError(
+                f"checkpoint.every_evals={self.every_evals!r} must be an integer >= 1 or null")
+        if self.every_minutes is not None and not self.every_minutes > 0:
+            raise SearchSpaceError(
+                f"checkpoint.every_minutes={self.every_minutes!r} must be > 0 or null")
+        if not isinstance(self.keep, int) or self.keep < 1:
+            raise SearchSpaceError(f"checkpoint.keep={self.keep!r} must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +186,7 @@ class SweepSpec:
     description: str = ""
     path: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     wsd_branches: bool = True
     """Trials differing only in ``tokens`` share one WSD stable run and branch off it (000
     §3.1); results are identical to training each budget on its own."""
@@ -173,11 +238,19 @@ _OPS = {
 
 
 def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
-    """Evaluate ``expr`` (numbers, + - * / // % **, min, max, round, int and dotted config keys)."""
+    """Evaluate ``expr`` (numbers, + - * / // % **, min, max, round, int and dotted config keys).
+
+    Bounded: every operand and result is a finite number of magnitude at most
+    ``EXPR_MAX_VALUE``, exponents at most ``EXPR_MAX_EXPONENT``; any error (division by zero,
+    ``min()``, a key that holds text) is one ``SearchSpaceError`` naming ``search.<key>.expr``.
+    """
+    where = f"search.{key}.expr={shown(expr, 100)}"
+    if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS:
+        raise _err(f"{where} must be a string of at most {MAX_EXPR_CHARS} characters")
     try:
         tree = ast.parse(expr, mode="eval")
-    except SyntaxError:
-        raise _err(f"search.{key}.expr={expr!r} is not an arithmetic expression") from None
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        raise _err(f"{where} is not an arithmetic expression") from None
 
     def name_of(node: ast.AST) -> str | None:
         if isinstance(node, ast.Name):
@@ -187,34 +260,63 @@ def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
             return f"{inner}.{node.attr}" if inner else None
         return None
 
+    def number(v: Any, what: str) -> Any:
+        v = coerce_number(v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _err(f"{where}: {what}={shown(v, 60)} is not a number")
+        if not (math.isfinite(v) and abs(v) <= EXPR_MAX_VALUE):
+            raise _err(f"{where}: {what} is {shown(v, 60)}, beyond ±{EXPR_MAX_VALUE:g}")
+        return v
+
+    def power(a: Any, b: Any) -> Any:
+        if abs(b) > EXPR_MAX_EXPONENT:
+            raise _err(f"{where}: the exponent {b} is beyond ±{EXPR_MAX_EXPONENT}")
+        return a ** b
+
     def ev(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
+            return number(node.value, "a constant")
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+            op = power if isinstance(node.op, ast.Pow) else _OPS[type(node.op)]
+            return number(op(ev(node.left), ev(node.right)), "a result")
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))
+            return number(_OPS[type(node.op)](ev(node.operand)), "a result")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("min", "max", "round", "int"):
-            return {"min": min, "max": max, "round": round, "int": int}[node.func.id](
-                *[ev(a) for a in node.args])
+                node.func.id in ("min", "max", "round", "int") and not node.keywords:
+            args = [ev(a) for a in node.args]
+            if node.func.id == "round" and len(args) == 2 and abs(args[1]) > EXPR_MAX_EXPONENT:
+                raise _err(f"{where}: round to {args[1]} digits is beyond ±{EXPR_MAX_EXPONENT}")
+            fn = {"min": min, "max": max, "round": round, "int": int}[node.func.id]
+            return number(fn(*args), "a result")
         dotted = name_of(node)
         if dotted is not None:
             v = get_dotted(config, dotted)
             if v is None:
-                raise _err(f"search.{key}.expr={expr!r} refers to {dotted}, which is not set")
-            return v
-        raise _err(f"search.{key}.expr={expr!r}: only arithmetic on numbers and config keys")
+                raise _err(f"{where} refers to {dotted}, which is not set")
+            return number(v, dotted)
+        raise _err(f"{where}: only arithmetic on numbers and config keys")
 
-    return ev(tree)
+    try:
+        return ev(tree)
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as e:
+        if isinstance(e, SearchSpaceError):
+            raise
+        raise _err(f"{where} cannot be evaluated: {type(e).__name__}: {shown(str(e), 80)[1:-1]}; "
+                   "fix the expression") from None
 
 
 # ---- parsing ------------------------------------------------------------------------------------
 
 
 def _parse_param(key: str, raw: Any) -> Param:
+    if not isinstance(key, str) or not all(key.split(".")) or key != key.strip():
+        raise _err(f"search key {shown(key, 100)} must be a dotted key of the trial config, "
+                   "such as optim.lr")
+    problem = unknown_key(TrainConfig, key)
+    if problem is not None:
+        raise _err(f"search.{key}: {problem}")
     if not isinstance(raw, dict):
         # shorthand: a list is a grid
         if isinstance(raw, list):
@@ -235,6 +337,16 @@ def _parse_param(key: str, raw: Any) -> Param:
     v = raw[kind]
     if not isinstance(when_raw, dict):
         raise _err(f"search.{key}.when must map config keys to allowed values")
+    for wk, wv in when_raw.items():
+        problem = unknown_key(TrainConfig, wk) if isinstance(wk, str) and all(wk.split(".")) \
+            else f"{shown(wk, 100)} is not a dotted key"
+        if problem is not None:
+            raise _err(f"search.{key}.when: {problem}; a condition names a key of the trial "
+                       "config (or another knob)")
+        if not all(x is None or isinstance(x, (str, int, float))
+                   for x in (wv if isinstance(wv, list) else [wv])):
+            raise _err(f"search.{key}.when.{wk}={shown(wv, 100)} must be a value or a list of "
+                       "values (numbers, strings, true/false, null)")
     when = tuple(
         (wk, tuple(coerce_number(x, wk) for x in (wv if isinstance(wv, list) else [wv])))
         for wk, wv in when_raw.items()
@@ -285,15 +397,29 @@ def _sub(cls: type, raw: Any, key: str) -> Any:
         raise _err(str(e)) from None
 
 
+def _value(raw: dict, key: str, tp: Any, default: Any) -> Any:
+    """Top-level ``key`` decoded as a field of type ``tp`` (``moe_core.config.decode_value``);
+    missing or null means ``default``. Text keys keep their ``str()`` form as before."""
+    v = raw.get(key)
+    if v is None:
+        return default
+    try:
+        out = decode_value(tp, v, key)
+    except ConfigError as e:
+        raise _err(str(e)) from None
+    return str(out) if tp is str else out
+
+
 def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     """Validate a spec mapping (after overrides) into a SweepSpec; see :func:`validate`."""
-    unknown = sorted(set(raw) - TOP_KEYS)
+    unknown = sorted(set(raw) - TOP_KEYS, key=str)
     if unknown:
-        raise _err(f"unknown top-level key {unknown[0]!r}; known: {', '.join(sorted(TOP_KEYS))}")
+        raise _err(f"unknown top-level key {shown(unknown[0], 100)}; known: "
+                   f"{', '.join(sorted(TOP_KEYS))}")
     name = raw.get("sweep")
-    if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
-        raise _err(f"sweep={name!r} must be a name of letters, digits, - and _ (the results "
-                   "directory and W&B group use it)")
+    if not isinstance(name, str) or not name.replace("-", "_").isidentifier() or len(name) > 100:
+        raise _err(f"sweep={shown(name, 100)} must be a name of letters, digits, - and _, at most "
+                   "100 characters (the results directory and W&B group use it)")
     base = raw.get("base")
     if not isinstance(base, dict):
         raise _err("base must be a mapping: the trial config (see configs/train_debug.yaml)")
@@ -306,11 +432,11 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     asha = _sub(AshaConfig, raw.get("scheduler") if isinstance(raw.get("scheduler"), dict)
                 else None, "scheduler")
     num_samples = coerce_number(raw.get("num_samples", 1), "num_samples")
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise _err(f"num_samples={num_samples!r} must be an integer >= 1")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise _err(f"num_samples={shown(num_samples)} must be an integer >= 1")
     mode = raw.get("mode", "min")
     if mode not in ("min", "max"):
-        raise _err(f"mode={mode!r} must be 'min' or 'max'")
+        raise _err(f"mode={shown(mode)} must be 'min' or 'max'")
     log = raw.get("logging") or {}
     if not isinstance(log, dict):
         raise _err("logging must be a mapping")
@@ -320,22 +446,24 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     wandb = _sub(WandbConfig, log.get("wandb"), "logging.wandb")
     if wandb.mode not in ("offline", "online", "disabled"):
         raise _err(f"logging.wandb.mode={wandb.mode!r} must be offline, online or disabled")
-    failure = raw.get("failure") or {}
-    max_failures = coerce_number(failure.get("max_failures", 2), "failure.max_failures")
-    if not isinstance(max_failures, int) or max_failures < 0:
-        raise _err(f"failure.max_failures={max_failures!r} must be an integer >= 0")
-    seeds = tuple(coerce_number(s, "seeds") for s in (raw.get("seeds") or ()))
+    max_failures = _sub(FailureConfig, raw.get("failure"), "failure").max_failures
+    seeds = _value(raw, "seeds", tuple[int, ...], ())
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise _err(f"seeds={shown(list(seeds))} repeats {repeated[0]}; list each seed once")
     max_conc = raw.get("max_concurrent")
-    if max_conc is not None and (not isinstance(max_conc, int) or max_conc < 1):
-        raise _err(f"max_concurrent={max_conc!r} must be an integer >= 1 or null")
+    if max_conc is not None and (isinstance(max_conc, bool) or not isinstance(max_conc, int)
+                                 or max_conc < 1):
+        raise _err(f"max_concurrent={shown(max_conc)} must be an integer >= 1 or null")
     spec = SweepSpec(
         name=name, base=base, search=search, algorithm=algorithm, scheduler=scheduler,
-        asha=asha, num_samples=num_samples, metric=str(raw.get("metric", "val_loss")),
+        asha=asha, num_samples=num_samples, metric=_value(raw, "metric", str, "val_loss"),
         mode=mode, resources=_sub(Resources, raw.get("resources"), "resources"),
-        max_concurrent=max_conc, wandb=wandb, results=str(raw.get("results", "results")),
-        max_failures=max_failures, seeds=seeds, description=str(raw.get("description", "")),
-        path=path, wsd_branches=bool(raw.get("wsd_branches", True)),
+        max_concurrent=max_conc, wandb=wandb, results=_value(raw, "results", str, "results"),
+        max_failures=max_failures, seeds=seeds, description=_value(raw, "description", str, ""),
+        path=path, wsd_branches=_value(raw, "wsd_branches", bool, True),
         storage=_sub(StorageConfig, raw.get("storage"), "storage"),
+        checkpoint=_sub(CheckpointSpec, raw.get("checkpoint"), "checkpoint"),
     )
     validate(spec)
     return spec
@@ -350,14 +478,19 @@ def load_spec(path: str, overrides: list[str] = (), results: str | None = None) 
         key, _, value = item.partition("=")
         parts = key.split(".")
         if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
-            import yaml
-
             knob = ".".join(parts[1:-1])
-            raw.setdefault("search", {}).setdefault(knob, {})
+            if raw.get("search") is None:
+                raw["search"] = {}
+            if not isinstance(raw["search"], dict):
+                raise _err("search must map dotted config keys to distributions")
+            raw["search"].setdefault(knob, {})
             if not isinstance(raw["search"][knob], dict):
                 raw["search"][knob] = {"grid": raw["search"][knob]}
             dist = {k: v for k, v in raw["search"][knob].items() if k == "when"}
-            dist[parts[-1]] = yaml.safe_load(value)
+            try:
+                dist[parts[-1]] = parse_override_value(key, value)
+            except ConfigError as e:
+                raise _err(str(e)) from None
             raw["search"][knob] = dist
         else:
             plain.append(item)
@@ -381,6 +514,7 @@ def validate(spec: SweepSpec) -> None:
     dup = {k for k in keys if keys.count(k) > 1}
     if dup:
         raise _err(f"search.{sorted(dup)[0]} appears twice")
+    _check_counts(spec)
     if spec.algorithm == "grid" and spec.sampled_params():
         p = spec.sampled_params()[0]
         raise _err(
@@ -412,6 +546,21 @@ def validate(spec: SweepSpec) -> None:
         except ConfigError as e:
             shown = ", ".join(f"{k}={v}" for k, v in point.items())
             raise _err(f"{e} (at search point {shown})") from None
+
+
+def _check_counts(spec: SweepSpec) -> None:
+    """At most ``MAX_TRIALS`` trials, and at most as many trial configs to validate, counted
+    before anything is enumerated."""
+    grid = math.prod(len(p.values) for p in spec.grid_params()) * max(1, len(spec.seeds))
+    if grid * spec.num_samples > MAX_TRIALS:
+        raise _err(f"num_samples={spec.num_samples:,} × {grid:,} grid point(s) (search.*.grid "
+                   f"× seeds) = {grid * spec.num_samples:,} trials, more than {MAX_TRIALS:,}; "
+                   "lower num_samples or shrink the grid")
+    corners = math.prod(len(p.values) for p in spec.sampled_params())
+    if grid * corners > MAX_TRIALS:
+        raise _err(f"validating the search builds {grid:,} grid point(s) × {corners:,} "
+                   f"combinations of the sampled knobs' values and bounds, more than "
+                   f"{MAX_TRIALS:,} trial configs; list fewer choice values or shrink the grid")
 
 
 METRICS = {"val_loss", "train_loss", "aux_loss", "router.max_load", "router.entropy",

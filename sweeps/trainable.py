@@ -2,14 +2,17 @@
 engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, several.
 
 The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
-parent from the object store or the disk cache (``sweeps.parents``). Each evaluation is reported
-together with the checkpoint written at that step, so a failed trial restarts from its last eval
-and a resumed sweep reruns nothing finished. A diverged trial, single- or multi-rank, reports a
-final row with ``status="diverged"`` and ends normally.
+parent from the object store or the disk cache (``sweeps.parents``). Every evaluation is
+reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
+(``CheckpointCadence``: every n-th eval, every m minutes, the last step), so a failed trial
+restarts from its last checkpoint and replays the evals after it, and a resumed sweep reruns
+nothing finished. A diverged trial, single- or multi-rank, reports a final row with
+``status="diverged"`` and ends normally.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import tempfile
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
@@ -28,7 +32,7 @@ from moe_core.train.loop import Trainer
 from sweeps.parents import StableRun, get_parent
 from sweeps.plan import SweepPlan, TrialPlan
 from sweeps.results import config_columns, knob_columns
-from sweeps.spec import SweepSpec
+from sweeps.spec import CheckpointSpec, SweepSpec
 
 
 def _clean(row: dict[str, Any]) -> dict[str, Any]:
@@ -40,12 +44,15 @@ class TrialReporter(Callback):
 
     ``report(row, checkpoint)`` is ``tune.report`` in a single-rank trial and
     ``ray.train.report`` on every rank of a multi-rank trial (where only rank 0 attaches the
-    checkpoint: the directory holds every rank's files, on storage all ranks share)."""
+    checkpoint: the directory holds every rank's files, on storage all ranks share). Once a
+    checkpoint is reported (Ray has copied it, synchronously), the one reported before it is
+    deleted: one local checkpoint per trial, besides the ones Tune keeps."""
 
     def __init__(self, static: dict[str, Any], report: Callable[..., None],
                  checkpoint_cls: Any, attach: bool = True):
         self.static, self._report, self._ckpt_cls, self.attach = static, report, checkpoint_cls, \
             attach
+        self._latest: Path | None = None
 
     def row(self, m: dict[str, Any]) -> dict[str, Any]:
         out = dict(self.static)
@@ -63,6 +70,10 @@ class TrialReporter(Callback):
         if checkpoint is not None and self.attach:
             ckpt = self._ckpt_cls.from_directory(str(checkpoint))
         self._report(row, checkpoint=ckpt)
+        if ckpt is not None:
+            prev, self._latest = self._latest, Path(checkpoint)
+            if prev is not None and prev != self._latest:
+                shutil.rmtree(prev, ignore_errors=True)
 
     def diverged(self, e: DivergenceError, tokens_per_step: int, wall_s: float) -> None:
         """The trial's final row: diverged at ``e.step`` (the trial then ends normally)."""
@@ -94,13 +105,33 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
     return row
 
 
-def report_steps(t: TrialPlan) -> list[int]:
-    """Steps whose eval is reported with a checkpoint: every ``eval.every_steps`` and always the
-    last step (a run shorter than the eval period, or a WSD branch starting after the last
-    periodic eval, still reports its final eval)."""
-    cfg = t.config
-    every = cfg.eval.every_steps
-    return sorted(set(range(every, cfg.steps + 1, every)) | {cfg.steps})
+class CheckpointCadence:
+    """The spec's ``checkpoint:`` section as the Trainer's ``should_checkpoint(step, is_last)``,
+    asked at each eval: every ``every_evals``-th eval (by step, so a restarted trial keeps the
+    same steps), the first eval ``every_minutes`` after the trial's (re)start or its last
+    checkpoint, and the last step (``at_end``). Every eval is reported either way."""
+
+    def __init__(self, spec: CheckpointSpec, eval_every_steps: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.spec, self.eval_every, self.clock = spec, eval_every_steps, clock
+        self.since = clock()
+
+    def __call__(self, step: int, is_last: bool) -> bool:
+        s = self.spec
+        due = (is_last and s.at_end) or (
+            s.every_evals is not None and step % (s.every_evals * self.eval_every) == 0) or (
+            s.every_minutes is not None and self.clock() - self.since >= 60 * s.every_minutes)
+        if due:
+            self.since = self.clock()
+        return due
+
+
+def free_accelerator_memory() -> None:
+    """Hand the CUDA caching allocator's blocks back once a trial's objects are gone: a reused
+    Tune actor (or a trial sharing the GPU) must not find them still reserved."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _restored_checkpoint(work: Path) -> Path | None:
@@ -121,15 +152,21 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
     how rows reach Tune (``tune.report``)."""
     t = plan.trial(spec, config)
-    parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
-    static = static_columns(spec, t, parent, tune.get_context().get_trial_id())
+    trial_id = tune.get_context().get_trial_id()
+    try:
+        parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
+    except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
+        TrialReporter(static_columns(spec, t, None, trial_id), report, tune.Checkpoint
+                      ).diverged(e, t.config.tokens_per_step, 0.0)
+        return
+    static = static_columns(spec, t, parent, trial_id)
     work = Path(tempfile.mkdtemp(prefix="trial-"))
     try:
         resume_from = _restored_checkpoint(work)
         group = plan.branch_of(t) if stables else None
+        st = stables.get(group.key) if group is not None else None
         reporter = TrialReporter(static, report, tune.Checkpoint)
-        if group is not None:  # a WSD decay branch of the group's shared stable run
-            st = stables[group.key]
+        if st is not None:  # a WSD decay branch of the group's shared stable run
             static["branch_from_step"] = t.decay_start
             if resume_from is None:
                 for m in st.curve:  # the stable phase's evals are this trial's too
@@ -139,15 +176,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         if spec.resources.ranks > 1:
             run_multi_rank(spec, t, parents, cache_dir, static, resume_from)
             return
-        t0 = time.perf_counter()
+        trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
+                          out_dir=work / "ckpt", callbacks=(reporter,),
+                          should_checkpoint=CheckpointCadence(spec.checkpoint,
+                                                              t.config.eval.every_steps))
         try:
-            Trainer(t.config, parent=parent, resume_from=resume_from,
-                    out_dir=work / "ckpt", checkpoint_steps=report_steps(t),
-                    callbacks=(reporter,)).fit()
+            trainer.fit()
         except DivergenceError as e:
-            reporter.diverged(e, t.config.tokens_per_step, time.perf_counter() - t0)
+            reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
+        del trainer
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        free_accelerator_memory()
 
 
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
@@ -166,13 +206,14 @@ def _train_worker(box: dict[str, Any]) -> None:
         resume = ck.path
     reporter = TrialReporter(box["static"], ray.train.report, ray.train.Checkpoint,
                              attach=rank == 0)
-    t0 = time.perf_counter()
+    trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
+                      out_dir=Path(box["ckpt_root"]), callbacks=(reporter,),
+                      should_checkpoint=CheckpointCadence(box["checkpoint"],
+                                                          t.config.eval.every_steps))
     try:
-        Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
-                out_dir=Path(box["ckpt_root"]), checkpoint_steps=report_steps(t),
-                callbacks=(reporter,)).fit()
+        trainer.fit()
     except DivergenceError as e:  # every rank sees the same all-reduced loss
-        reporter.diverged(e, t.config.tokens_per_step, time.perf_counter() - t0)
+        reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
@@ -193,14 +234,15 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
         train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
                            "static": static,
                            "resume": str(resume_from) if resume_from else None,
-                           "ckpt_root": str(ckpt_root)},
+                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker={"CPU": r.cpus,
                                                            **({"GPU": r.gpus} if r.gpus else {})}),
         run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=spec.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             checkpoint_config=CheckpointConfig(
+                                 num_to_keep=spec.checkpoint.keep),
                              callbacks=[TuneReportCallback()]),
     )
     trainer.fit()

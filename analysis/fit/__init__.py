@@ -145,8 +145,13 @@ class FitResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        law = get_law(self.law)
         out: dict[str, Any] = {
-            "law": self.law, "n": self.n, "params": self.params, "fixed": self.fixed,
+            "law": self.law, "equation": law.equation, "source": law.source,
+            "variables": list(law.variables),
+            "convention": "as in seed 000: D in tokens, N in parameters (raw counts), natural "
+                          "logs; each exponent belongs to the variable it is written on",
+            "n": self.n, "params": self.params, "fixed": self.fixed,
             "rms": {"nats": self.rms_nats, "ln": self.rms_ln}, "objective": self.objective,
             "starts": self.starts, "converged": self.converged, "fit_s": round(self.fit_s, 4),
             "loo_rms": None, "ci": None, "at_bounds": self.at_bounds,

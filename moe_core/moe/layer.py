@@ -143,6 +143,35 @@ class MoELayer(nn.Module):
     def num_local_experts(self) -> int:
         return self.w_gate.shape[0]
 
+    def _apply(self, fn: Any, recurse: bool = True) -> MoELayer:
+        """``.to()``, ``.cuda()``, ``.bfloat16()`` … move the balancing buffers but never change
+        their dtype: ``expert_bias`` and ``aux_coef`` stay fp32 and the load / drop counters
+        fp64 whatever the model is cast to (in bf16 a loss-free step of 1e-3 is lost at
+        |b| ≥ 0.5, and counts above 256 are no longer exact)."""
+        kept = {n: self._buffers.pop(n) for n in self._FIXED_DTYPE_BUFFERS}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for n, b in kept.items():
+                moved = fn(b)
+                self._buffers[n] = moved if moved.dtype == b.dtype else b.to(moved.device)
+        return self
+
+    _FIXED_DTYPE_BUFFERS = ("expert_bias", "aux_coef", "load_accum", "drop_accum")
+
+    def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
+        """[T, E] router logits computed in fp32 from the (possibly bf16) input and weight, as
+        Megatron-Core does: bf16 logits (8 mantissa bits) tie or swap near-equal experts and
+        flip the top-K choice. On an fp32 model this is exactly ``self.router(x_TD)``."""
+        return F.linear(x_TD.float(), self.router.weight.float())
+
+    def routing(self, x_TD: torch.Tensor) -> Routing:
+        """Route [T, D] tokens: fp32 logits, softmax, selection bias and top-K (``route``)."""
+        rcfg = self.cfg.router
+        bias = self.expert_bias if rcfg.loss_free_rate > 0 or self.expert_bias.any() else None
+        return route(self.router_logits(x_TD), top_k=self.cfg.top_k, cfg=rcfg,
+                     selection_bias_E=bias)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output with the shape of ``x``, this layer's weighted router loss)."""
         shape = x.shape
@@ -150,8 +179,7 @@ class MoELayer(nn.Module):
         T = x_TD.shape[0]
         cfg, rcfg = self.cfg, self.cfg.router
         E, K = self.num_experts, cfg.top_k
-        bias = self.expert_bias if rcfg.loss_free_rate > 0 or self.expert_bias.any() else None
-        routing = route(self.router(x_TD), top_k=K, cfg=rcfg, selection_bias_E=bias)
+        routing = self.routing(x_TD)
 
         # Sort-based dispatch: a stable sort keeps token order within each expert, so with a
         # capacity the earliest tokens win (Switch Transformer's priority).

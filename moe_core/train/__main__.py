@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from moe_core.errors import UpcycleError
+from moe_core.errors import UpcycleError, one_line
 from moe_core.train.callbacks import FunctionCallback
 from moe_core.train.config import apply_overrides, load_yaml, train_config_from_dict
 from moe_core.train.runner import run
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     out = res.summary()
     out.update(ledger)

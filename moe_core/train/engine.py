@@ -94,14 +94,35 @@ def set_lr(optimizer: Any, lr: float) -> None:
 
 
 def load_optimizer(ds_opt: Any, state: dict[str, Any], rank: int, world: int) -> None:
-    """Torch optimizers take their state dict; DeepSpeed's ZeRO optimizer takes a list indexed
-    by data-parallel rank (each rank saved its own partition)."""
+    """Restore ``state`` (saved by ``ds_opt.state_dict()`` of the same class and ranks) into
+    whichever optimizer ``deepspeed.initialize`` handed back; it picks the class from the ZeRO
+    stage and the dtype, and their ``load_state_dict`` signatures differ:
+
+    - ``torch.optim.Optimizer`` (fp32, ZeRO 0): its own state dict;
+    - ``FP16_UnfusedOptimizer`` (bf16 or fp16 at ZeRO 0 around a torch optimizer) and
+      ``FP16_Optimizer`` (the same around a fused Adam): one state dict, from which they copy
+      their fp32 master weights back (they take no ``load_from_fp32_weights``);
+    - ``DeepSpeedZeroOptimizer`` (ZeRO 1/2) and ``BF16_Optimizer`` (bf16 at ZeRO 1 with fp32
+      gradient accumulation): a list indexed by data-parallel rank (each rank saved its own
+      partition), fp32 master partitions taken from the checkpoint rather than re-rounded from
+      the bf16 weights (``load_from_fp32_weights=True``), so a resume is exact.
+    """
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
     if isinstance(ds_opt, torch.optim.Optimizer):
         ds_opt.load_state_dict(state)
-    else:
+    elif isinstance(ds_opt, (FP16_UnfusedOptimizer, FP16_Optimizer)):
+        ds_opt.load_state_dict(state, load_optimizer_states=True)
+    elif isinstance(ds_opt, (DeepSpeedZeroOptimizer, BF16_Optimizer)):
         states: list[Any] = [None] * world
         states[rank] = state
-        ds_opt.load_state_dict(states, load_from_fp32_weights=True)
+        ds_opt.load_state_dict(states, load_optimizer_states=True, load_from_fp32_weights=True)
+    else:
+        raise TypeError(f"cannot restore the state of DeepSpeed's {type(ds_opt).__name__}: "
+                        "moe_core.train.engine.load_optimizer knows no such optimizer class")
 
 
 def barrier() -> None:

@@ -51,17 +51,22 @@ def evaluate(
                 ref = reference_mlp.get(i)
                 if ref is not None and ref.numel() == m.expert_vectors().shape[1]:
                     vecs = m.expert_vectors().float()
-                    cos.append(moe_stats.cosine_to_reference(vecs, ref.to(vecs.device)))
+                    cos.append(moe_stats.cosine_to_reference(vecs, ref))
             if cos:
                 metrics["router.cos_to_parent"] = float(np.mean(cos))
     return metrics
 
 
-def parent_reference_mlp(parent: ParentState | None, model: Transformer) -> dict[int, Any]:
+def parent_reference_mlp(parent: ParentState | None,
+                         model: Transformer) -> dict[int, torch.Tensor]:
     """Flattened dense-parent MLP per MoE layer, for 004 Fig. 6's cosine similarity (coarse
-    upcycling only: a granular expert is a shard and has another shape)."""
+    upcycling only: a granular expert is a shard and has another shape).
+
+    Built once, in fp32 on the device of the model's parameters (where ``evaluate`` compares
+    it with the experts' fp32 vectors): call it after the model has moved to its device."""
     if parent is None or parent.model_config.moe is not None:
         return {}
+    device = next(model.parameters()).device
     out, j = {}, 0
     for i, b in enumerate(model.blocks):
         if b.is_moe:
@@ -70,6 +75,7 @@ def parent_reference_mlp(parent: ParentState | None, model: Transformer) -> dict
                          ("w_gate", "w_up", "w_down")]
             except KeyError:
                 return {}
-            out[j] = torch.cat([torch.as_tensor(np.asarray(p)).reshape(-1) for p in parts])
+            out[j] = torch.cat([torch.as_tensor(np.asarray(p), dtype=torch.float32).reshape(-1)
+                                for p in parts]).to(device)
             j += 1
     return out

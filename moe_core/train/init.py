@@ -8,6 +8,7 @@ adds one entry rather than a branch in the loop.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -20,23 +21,29 @@ from moe_core.model import Transformer, build_model
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import state_from_numpy
 from moe_core.train.config import TrainConfig, UpcycleConfig
+from moe_core.upcycle.experts import ExpansionMap
 
-# (parent state, parent ModelConfig, run config, calibration batch) -> (state, ModelConfig)
+log = logging.getLogger("moe_core.train")
+
+# (parent state, parent ModelConfig, run config, calibration batch)
+#   -> (state, ModelConfig, ExpansionMap of expert upcycling or None)
 Upcycler = Callable[[dict[str, torch.Tensor], ModelConfig, TrainConfig, Any],
-                    tuple[dict[str, torch.Tensor], ModelConfig]]
+                    tuple[dict[str, torch.Tensor], ModelConfig, ExpansionMap | None]]
 
 
 def _continue(state, parent_cfg, cfg, calib):
     """Same architecture: continued training (the dense baseline of 004 Fig. 4a)."""
-    return state, cfg.model_config(parent_cfg.vocab_size)
+    return state, cfg.model_config(parent_cfg.vocab_size), None
 
 
 def _dense_to_moe(state, parent_cfg, cfg, calib):
     """Dense → MoE (000 §2.1; 004 §2.3: virtual groups and weight scaling)."""
     u = cfg.upcycle
-    return upcycle.dense_to_moe_state(state, parent_cfg, cfg.moe,
-                                      virtual_groups=u.virtual_groups,
-                                      weight_scaling=u.weight_scaling, seed=cfg.seed)
+    new_state, new_cfg = upcycle.dense_to_moe_state(state, parent_cfg, cfg.moe,
+                                                    virtual_groups=u.virtual_groups,
+                                                    weight_scaling=u.weight_scaling,
+                                                    seed=cfg.seed)
+    return new_state, new_cfg, None
 
 
 def _expand_experts(state, parent_cfg, cfg, calib):
@@ -44,7 +51,7 @@ def _expand_experts(state, parent_cfg, cfg, calib):
     u = cfg.upcycle
     return upcycle.expand_experts_state(state, parent_cfg, u.factor, strategy=u.strategy,
                                         batch=calib, router_noise=u.router_noise,
-                                        seed=cfg.seed)[:2]
+                                        seed=cfg.seed)
 
 
 UPCYCLERS: dict[str, Upcycler] = {
@@ -69,15 +76,36 @@ def build_initial_model(
     parent: ParentState | None,
     calib: Any = None,
     moe_layer_cls: type | None = None,
-) -> Transformer:
-    """The run's model at step 0 (all experts): fresh, or upcycled from the parent state."""
+) -> tuple[Transformer, ExpansionMap | None]:
+    """The run's model at step 0 (all experts): fresh, or upcycled from the parent state; with
+    the ExpansionMap when experts were replicated (the optimizer state follows it)."""
     torch.manual_seed(cfg.seed)
     mcfg = cfg.model_config(vocab_size)
     kw = {"moe_layer_cls": moe_layer_cls} if moe_layer_cls is not None else {}
     if parent is None:
-        return build_model(mcfg, **kw)
+        return build_model(mcfg, **kw), None
     state = state_from_numpy(parent.model_state)
-    new_state, new_cfg = UPCYCLERS[cfg.upcycle.method](state, parent.model_config, cfg, calib)
+    new_state, new_cfg, expansion = UPCYCLERS[cfg.upcycle.method](state, parent.model_config,
+                                                                  cfg, calib)
     model = build_model(dataclasses.replace(new_cfg, moe=mcfg.moe), **kw)
     model.load_state_dict(new_state)
-    return model
+    return model, expansion
+
+
+def initial_optimizer_state(parent: ParentState | None, expansion: ExpansionMap | None,
+                            model: Transformer, optimizer: Any) -> dict[str, Any] | None:
+    """The AdamW state a run starts from: the parent's, its expert moments gathered with the
+    experts, when experts were replicated at τ (003 §3: training continues through the
+    transition); None (a fresh AdamW) otherwise. Needs the parent's state in torch's format
+    (fp32, ZeRO 0); any other format starts afresh, with a warning."""
+    if parent is None or expansion is None or parent.optimizer_state is None:
+        return None
+    state = parent.optimizer_state
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not ({"state", "param_groups"} <= set(state) and
+            isinstance(inner, torch.optim.Optimizer)):
+        log.warning("the parent's optimizer state is not a torch state_dict (%s); the expanded "
+                    "run starts with a fresh AdamW", type(optimizer).__name__)
+        return None
+    return upcycle.expand_optimizer_state(
+        state, expansion, param_names=upcycle.optimizer_param_names(model, inner))

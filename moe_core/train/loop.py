@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,11 @@ from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.evaluate import evaluate, parent_reference_mlp
-from moe_core.train.init import build_initial_model, needs_calibration
+from moe_core.train.init import (
+    build_initial_model,
+    initial_optimizer_state,
+    needs_calibration,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +52,22 @@ class Trainer:
         WSD stable run, ``Phase.decay(start, n)`` for a decay branch).
     checkpoint_steps: optimizer-step counts after which to write a checkpoint into out_dir
         (and, when any are given, the last step).
+    should_checkpoint: a checkpoint policy asked at every evaluation, ``(step, is_last) ->
+        bool`` (e.g. a sweep's cadence: every n-th eval, every m minutes, the last step); True
+        writes a checkpoint into out_dir there. With several ranks rank 0's answer holds.
+
+    ``wall_s`` (in each eval row and the result) counts the seconds of the run's lineage: a
+    resumed run continues from the ``wall_s`` its checkpoint recorded (a WSD branch from its
+    stable run's), so it never goes backwards along a curve.
     """
 
     def __init__(self, cfg: TrainConfig, *, parent: ParentState | None = None,
                  resume_from: str | Path | None = None, phase: Phase = Phase(),
                  out_dir: str | Path | None = None, checkpoint_steps: Sequence[int] = (),
-                 callbacks: Sequence[Callback] = ()):
+                 callbacks: Sequence[Callback] = (),
+                 should_checkpoint: Callable[[int, bool], bool] | None = None):
         self.t0 = time.perf_counter()
+        self.should_checkpoint = should_checkpoint
         self.cfg, self.parent, self.callbacks = cfg, parent, tuple(callbacks)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.checkpoint_steps = frozenset(int(s) for s in checkpoint_steps)
@@ -64,6 +77,7 @@ class Trainer:
         self.gas = cfg.batch.accumulation_steps(self.world)
         self._setup_data()
         resume = load_checkpoint(resume_from) if resume_from is not None else None
+        self.wall0 = float(resume.meta.get("wall_s") or 0.0) if resume is not None else 0.0
         self.model = self._setup_model(resume)
         self.plan = run_schedule(cfg, parent, phase)
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
@@ -98,8 +112,8 @@ class Trainer:
         if self.parent is not None and needs_calibration(cfg):
             calib = self.batcher.batch(0, 0)  # (inputs, targets) calibration pair
         self.ep, layer_cls = eng.expert_parallel_layer(cfg, self.world)
-        model = build_initial_model(cfg, self.vocab_size, self.parent, calib, layer_cls)
-        self.reference = parent_reference_mlp(self.parent, model)
+        model, self.expansion = build_initial_model(cfg, self.vocab_size, self.parent, calib,
+                                                    layer_cls)
         if resume is not None:
             if resume.meta.get("world_size", 1) != self.world:
                 raise ConfigError(
@@ -113,11 +127,13 @@ class Trainer:
         model = model.to(self.device)
         if self.dtype != torch.float32:
             model = model.to(self.dtype)
+        self.reference = parent_reference_mlp(self.parent, model)  # on the model's device
         return model
 
     def _restore(self, resume: Checkpoint | None) -> int:
-        """Optimizer state and RNG of a resumed run (returns its step), or the parent's
-        optimizer state when training continues on the same architecture."""
+        """Optimizer state and RNG of a resumed run (returns its step); for a fresh run whose
+        experts were replicated from its parent's, the parent's AdamW state expanded with them
+        (003 §3); else a fresh AdamW."""
         if resume is not None:
             opt_state = resume.optimizer_state(self.rank)
             if opt_state is not None:
@@ -126,10 +142,12 @@ class Trainer:
             if rng is not None:
                 torch.set_rng_state(rng)
             return resume.step
-        p = self.parent
-        if p is not None and p.optimizer_state is not None and \
-                self.cfg.upcycle.method == "continue":
-            self.optimizer.load_state_dict(p.optimizer_state)
+        state = None
+        if self.ep == 1:  # an expert-parallel shard holds other experts than the full map
+            state = initial_optimizer_state(self.parent, self.expansion, self.model,
+                                            self.optimizer)
+        if state is not None:
+            eng.load_optimizer(self.optimizer, state, self.rank, self.world)
         return 0
 
     def _new_result(self) -> TrainResult:
@@ -159,7 +177,8 @@ class Trainer:
             self.engine.step()
             ce_sum += float(out.loss.detach())
             aux_sum += float(out.aux_loss.detach())
-        stats = torch.tensor([ce_sum / self.gas, aux_sum / self.gas], dtype=torch.float64)
+        stats = torch.tensor([ce_sum / self.gas, aux_sum / self.gas], dtype=torch.float64,
+                             device=self.device)  # nccl reduces CUDA tensors only
         if self.world > 1:
             torch.distributed.all_reduce(stats)
             stats /= self.world
@@ -173,13 +192,16 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------
 
+    def elapsed(self) -> float:
+        """Seconds of this run's lineage: the resumed checkpoint's ``wall_s`` plus this run's."""
+        return self.wall0 + time.perf_counter() - self.t0
+
     def evaluate(self) -> dict[str, Any]:
         """Evaluate now; the metrics row joins the curve."""
         m = evaluate(self.model, self.val, self.device, self.reference)
         step = self.step_count
         m.update(step=step, tokens=step * self.cfg.tokens_per_step, lr=self.lr,
-                 train_loss=self.train_loss, aux_loss=self.aux_loss,
-                 wall_s=time.perf_counter() - self.t0)
+                 train_loss=self.train_loss, aux_loss=self.aux_loss, wall_s=self.elapsed())
         self.result.curve.append(m)
         return m
 
@@ -190,7 +212,7 @@ class Trainer:
             path, model_state=self.model.state_dict(),
             optimizer_state=self.optimizer.state_dict(),
             meta={"step": step, "tokens": step * cfg.tokens_per_step, "lr": self.lr,
-                  "peak_lr": self.plan.peak,
+                  "peak_lr": self.plan.peak, "wall_s": self.elapsed(),
                   "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
             rank=self.rank, world_size=self.world,
             barrier=eng.barrier if self.world > 1 else None, per_rank_model=self.ep > 1,
@@ -201,7 +223,8 @@ class Trainer:
     def fit(self, until: int | None = None) -> TrainResult:
         """Train to the phase's last step (or to ``until``): an eval every
         ``eval.every_steps``, at the last step and when a callback asks to stop; checkpoints at
-        ``checkpoint_steps`` and the last step; then the callbacks."""
+        ``checkpoint_steps`` and the last step, and where ``should_checkpoint`` says so at an
+        eval; then the callbacks."""
         last = self.plan.end_step if until is None else until
         if self.fresh and self.step_count == self.start and not self.result.curve:
             m0 = self.evaluate()
@@ -219,13 +242,23 @@ class Trainer:
                 if not math.isfinite(m["val_loss"]):
                     raise DivergenceError(step, f"validation loss is {m['val_loss']}")
             path = None
-            if self.out_dir is not None and (step in self.checkpoint_steps or
-                                             (is_last and self.checkpoint_steps)):
+            if self.out_dir is not None and self._checkpoint_due(step, is_last, m is not None):
                 path = self.save(self.out_dir / f"step_{step:08d}")
             self._notify(m, path)
             if stop:
                 break
         return self._finish()
+
+    def _checkpoint_due(self, step: int, is_last: bool, evaluated: bool) -> bool:
+        due = step in self.checkpoint_steps or (is_last and bool(self.checkpoint_steps))
+        if evaluated and self.should_checkpoint is not None:
+            want = bool(self.should_checkpoint(step, is_last))
+            if self.world > 1:  # a clock-based policy may differ across ranks: rank 0 decides
+                flag = torch.tensor([float(want)], device=self.device)
+                torch.distributed.broadcast(flag, src=0)
+                want = bool(flag.item())
+            due = due or want
+        return due
 
     def _notify(self, metrics: dict[str, Any] | None, path: Path | None) -> None:
         for cb in self.callbacks:
@@ -241,7 +274,7 @@ class Trainer:
         r.train_loss = self.train_loss
         r.val_loss = r.curve[-1]["val_loss"] if r.curve else math.nan
         r.final_lr = self.lr
-        r.wall_s = time.perf_counter() - self.t0
+        r.wall_s = self.elapsed()
         return r
 
     # ---- hand-off ----------------------------------------------------------------------------

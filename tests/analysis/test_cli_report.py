@@ -93,6 +93,9 @@ def test_fit_cli_on_csv_with_column_mapping(tmp_path):
     out = json.loads(p.stdout)
     for k, v in truth.items():
         assert out["params"][k] == pytest.approx(v, rel=0.02)
+    # the form and its convention travel with the numbers (α is on D, as in seed 000)
+    assert out["equation"] == "L = A·D^−α + B·N^−β + E" and out["source"] == "000 Eq. 3"
+    assert out["variables"] == ["N", "D"] and "seed 000" in out["convention"]
     # errors name the flag and the fix, exit 2
     p = _run("-m", "analysis.fit", str(csv), "--law", "chinchilla")
     assert p.returncode == 2 and "--columns N=" in p.stderr

@@ -205,3 +205,44 @@ def test_model_config_round_trips_through_asdict():
 
 def test_optim_config_decodes_alone():
     assert from_mapping(OptimConfig, {"lr": "3e-4"}, "optim") == OptimConfig(lr=3e-4)
+
+
+def test_numbers_are_finite_int64_and_never_bools():
+    """true is not 1, NaN and inf are no numbers, integers fit int64: refused before a
+    dataclass's own rules, which would take them (``moe.num_experts: true`` made E = 1)."""
+    with pytest.raises(ConfigError, match=r"^count=True is true/false, not a number; use an "
+                                          r"integer$"):
+        from_mapping(Leaf, {"count": True})
+    with pytest.raises(ConfigError, match=r"^moe\.num_experts=True is true/false"):
+        train_config_from_dict({"moe": {"num_experts": True, "top_k": 1}})
+    with pytest.raises(ConfigError, match=r"^rate=nan is not finite; use a number$"):
+        from_mapping(Leaf, {"rate": float("nan")})
+    with pytest.raises(ConfigError, match=r"^tokens=inf is not finite; use an integer$"):
+        train_config_from_dict({"tokens": "inf"})
+    with pytest.raises(ConfigError, match=r"^tokens=1e\+30 is out of range"):
+        train_config_from_dict({"tokens": 1e30})
+    with pytest.raises(ConfigError, match=r"^limit=9223372036854775808 is out of range"):
+        from_mapping(Mid, {"limit": 2**63})
+    assert from_mapping(Mid, {"limit": 2**63 - 1}).limit == 2**63 - 1
+    assert from_mapping(Leaf, {"rate": 1e300}).rate == 1e300  # floats: finite is enough
+    with pytest.raises(ConfigError, match=r"^pair\[1\]=inf is not finite"):
+        from_mapping(Mid, {"pair": [0.5, float("inf")]})
+    with pytest.raises(ConfigError, match=r"^level=True is true/false, not a number; use one "
+                                          r"of 1, 2, 3$"):
+        from_mapping(Leaf, {"level": True})
+
+
+def test_bool_and_string_fields_are_strict():
+    with pytest.raises(ConfigError, match=r"^flag='maybe' must be true or false$"):
+        from_mapping(Leaf, {"flag": "maybe"})
+    with pytest.raises(ConfigError, match=r"^flag=1 must be true or false$"):
+        from_mapping(Leaf, {"flag": 1})
+    with pytest.raises(ConfigError, match=r"^label=None must be a string$"):
+        from_mapping(Leaf, {"label": None})
+    assert from_mapping(Leaf, {"label": 123}).label == 123  # taken as YAML typed it
+
+
+def test_messages_show_at_most_200_characters_of_a_value():
+    with pytest.raises(ConfigError) as e:
+        from_mapping(Leaf, {"count": "x" * 10**6})
+    assert len(str(e.value)) < 300 and "(1,000,002 characters)" in str(e.value)

@@ -53,3 +53,31 @@ def test_kuberay_manifest_derives_autoscaling_config():
     assert types["gpu-8xh100"]["max_workers"] == 4 and types["gpu-8xh100"]["min_workers"] == 0
     assert types["gpu-1x"]["resources"]["GPU"] == 1
     assert types["headgroup"]["resources"].get("trial_driver") == 4
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_launcher_configs_are_closed(name):
+    """Dashboards on localhost only, token authentication on every node, secrets as files."""
+    cfg = yaml.safe_load((CLUSTER / name).read_text())
+    starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
+    for c in (c for c in starts if "ray start" in c):
+        assert c.startswith("RAY_AUTH_MODE=token ray start"), c
+    head = next(c for c in cfg["head_start_ray_commands"] if "ray start" in c)
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in (CLUSTER / name).read_text()
+    assert any(k.endswith(".ray/auth_token") for k in cfg["file_mounts"])
+    assert "WANDB_API_KEY" not in (CLUSTER / name).read_text()
+
+
+def test_kuberay_pods_are_closed():
+    cr = yaml.safe_load((CLUSTER / "kuberay.yaml").read_text())
+    assert cr["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    pods = [cr["spec"]["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in cr["spec"]["workerGroupSpecs"]]
+    for pod in pods:
+        vols = {v["name"] for v in pod["volumes"]}
+        for c in pod["containers"]:
+            env = {e["name"]: e for e in c["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token"
+            assert env["RAY_AUTH_TOKEN_PATH"]["value"].startswith("/etc/ray-auth")
+            assert "WANDB_API_KEY" not in env
+            assert {m["name"] for m in c["volumeMounts"]} <= vols

@@ -27,3 +27,16 @@ def test_compare_tables_and_plots(tmp_path, capsys):
     assert "| s2 | moe.top_k | b | 1 | 1.5000 | 1.5000 |" in md
     assert len(list(out.glob("*.png"))) == 2
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_two_runs_of_one_spec_are_both_shown(tmp_path):
+    """Same sweep name in two folders (e.g. another --set): neither is dropped, no plot is
+    overwritten."""
+    for d, off in (("a", 0.0), ("b", 0.5)):
+        write_rows(tmp_path / d / "s1" / "results.parquet", _rows("s1", off))
+    out = tmp_path / "cmp"
+    assert main([str(tmp_path / "a" / "s1"), str(tmp_path / "b" / "s1"), "--out",
+                 str(out)]) == 0
+    md = (out / "compare.md").read_text()
+    assert md.count("| moe.top_k | b |") == 2 and "1.0000" in md and "1.5000" in md
+    assert len(list(out.glob("*.png"))) == 2

@@ -50,7 +50,8 @@ def test_worker_node_killed_mid_sweep(tmp_path):
                        capture_output=True, timeout=120)
         base = dict(SPEC["base"], tokens=16384, eval={"every_steps": 8, "batches": 2})
         spec = dict(SPEC, base=base, results=str(tmp_path / "results"),
-                    storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}}, failure={"max_failures": 3})
+                    storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
+                    failure={"max_failures": 3})
         f = tmp_path / "spec.yaml"
         f.write_text(yaml.safe_dump(spec))
         log = open(tmp_path / "driver.log", "w")

@@ -93,3 +93,27 @@ def test_fresh_run_archives_an_earlier_one(tmp_path):
     write_rows(tmp_path / RESULTS_FILE, [{"sweep": "s", "trial_id": "b", "step": 0}])
     prev2 = archive_previous(tmp_path)
     assert prev2 != prev and (prev / RESULTS_FILE).exists()
+
+
+def test_columns_null_in_every_row_are_still_typed(tmp_path):
+    """A knob null throughout a sweep is typed from the config, so sweeps read as one dataset
+    (duckdb/polars refuse to union a NULL-typed column with a typed one)."""
+    import pyarrow as pa
+    import pyarrow.dataset as pds
+
+    from moe_core.train.config import TrainConfig
+    from sweeps.results import config_types
+
+    types = config_types(TrainConfig)
+    assert types["moe.router.logit_norm_lambda"] == pa.float64()
+    assert types["knob.moe.router.logit_norm_lambda"] == pa.float64()
+    assert types["moe.num_experts"] == pa.int64() and types["optim.betas"] == pa.string()
+    a = [{"trial_id": "a", "step": 0, "moe.router.logit_norm_lambda": None,
+          "router.max_load": None}]
+    b = [{"trial_id": "b", "step": 0, "moe.router.logit_norm_lambda": 2.0,
+          "router.max_load": 0.5}]
+    write_rows(tmp_path / "x" / "results.parquet", a, types)
+    write_rows(tmp_path / "y" / "results.parquet", b, types)
+    t = pds.dataset([str(tmp_path / d / "results.parquet") for d in "xy"]).to_table()
+    assert t.num_rows == 2 and t.schema.field("moe.router.logit_norm_lambda").type == pa.float64()
+    assert t.schema.field("router.max_load").type == pa.float64()

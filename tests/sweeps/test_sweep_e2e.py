@@ -31,6 +31,8 @@ SPEC = {
         {"policy": "reset", "peak": 3e-3}, {"policy": "ratio", "ratio": 0.5}]}},
     "logging": {"wandb": {"mode": "offline"}},
     "failure": {"max_failures": 2},
+    # a checkpoint at every other eval (steps 4 and 8): steps 0, 2 and 6 are reported without
+    "checkpoint": {"every_evals": 2, "every_minutes": None},
 }
 
 
@@ -58,7 +60,7 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     spec = _write(tmp_path)
     out = subprocess.run(
         [sys.executable, "-m", "sweeps.run", str(spec), "--json"],
-        env=_env(tmp_path, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="2"), capture_output=True, text=True,
+        env=_env(tmp_path, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3"), capture_output=True, text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -67,9 +69,12 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     assert len(trials) == 4
     for t in trials:
         mine = sorted(r["step"] for r in rows if r["trial_id"] == t)
-        # every trial raised once after its 2nd report and was restored from its checkpoint:
-        # its curve is still complete and has no duplicated step
+        # every trial raised once after its 3rd report (step 4, the first with a checkpoint)
+        # and was restored from that checkpoint: its curve is still complete, no step twice
         assert mine == [0, 2, 4, 6, 8], (t, mine)
+        walls = [r["wall_s"] for r in sorted((r for r in rows if r["trial_id"] == t),
+                                             key=lambda r: r["step"])]
+        assert walls == sorted(walls), (t, walls)  # the resumed run continues the clock
         assert {r["status"] for r in rows if r["trial_id"] == t} == {"ok"}
     assert len({r["parent_key"] for r in rows}) == 1
     parents = [p for p in (tmp_path / "results" / "e2e" / "parents").iterdir() if p.is_dir()]
@@ -78,6 +83,13 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     assert all(r["D1"] == 2048 and r["N1"] < r["N_total"] for r in rows)
     failed_once = list((tmp_path / "results" / "e2e" / "parents").glob(".failed-*"))
     assert len(failed_once) == 4
+    # the restarted trials resumed from the step-4 checkpoint: their first report was step 6
+    # (a restart from scratch would report step 0 first)
+    resumed = (tmp_path / "results" / "e2e" / "parents").glob(".resumed-*")
+    assert sorted(p.read_text() for p in resumed) == ["6"] * 4
+    # Tune keeps one checkpoint per trial (checkpoint.keep = 1): the last step's
+    kept = sorted((tmp_path / "results" / "e2e" / "tune").glob("*/checkpoint_*"))
+    assert len(kept) == 4, kept
     # the ranked table was printed
     assert "trials ranked by val_loss" in out.stdout
     # the analysis report reads the real output: ledger from results + summary.json

@@ -93,5 +93,10 @@ def test_branches_equal_separate_runs(tmp_path):
         assert cb[budget].keys() == cs[budget].keys()
         for step in cs[budget]:
             assert cb[budget][step] == cs[budget][step], (budget, step)
+    for rows in (br, sep):  # wall_s counts from each trial's own start, branches included
+        for t in {r["trial_id"] for r in rows}:
+            walls = [r["wall_s"] for r in sorted((r for r in rows if r["trial_id"] == t),
+                                                 key=lambda r: r["step"])]
+            assert walls == sorted(walls), (t, walls)
     assert (tmp_path / "r" / "with" / "stable").is_dir()
     assert {r.get("branch_from_step") for r in br if r["tokens_budget"] == 2048} == {6}

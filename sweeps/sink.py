@@ -1,0 +1,301 @@
+"""Where the driver keeps a sweep's rows so that nothing reported is ever lost.
+
+Every row (and every status change) the driver receives is appended to a write-ahead log
+(``rows/wal-NNNNNN.jsonl``, flushed and fsynced) before the Tune callback returns: O(1) work per
+row on Tune's event loop. ``results.parquet`` is rewritten from memory by a background thread
+(at most every ``flush_s`` seconds, and at the end); after each rewrite the log segments it
+covers are deleted, so the log stays small. On ``--resume`` the rows are rebuilt from, in
+order: ``results.parquet`` (if it is readable at all), the log, and Tune's own trial records
+(``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from moe_core.fsio import fsync_dir
+from sweeps.results import (
+    CORE_COLUMNS,
+    RESULTS_FILE,
+    concat_tables,
+    read_rows,
+    rows_table,
+    write_table,
+)
+
+_CORE = frozenset(CORE_COLUMNS)
+RowKey = tuple[str, int]
+
+
+def row_from_result(result: dict[str, Any], trial_id: str) -> dict[str, Any]:
+    """Our columns of a Tune result (Tune adds its own keys: time_total_s, config, ...)."""
+    row = {k: v for k, v in result.items() if k in _CORE or "." in k}
+    row["trial_id"] = trial_id
+    return row
+
+
+def _key(row: dict[str, Any]) -> RowKey:
+    return str(row["trial_id"]), int(row.get("step") or 0)
+
+
+def _json_safe(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+@dataclass
+class LoadReport:
+    from_parquet: int = 0
+    from_log: int = 0
+    from_tune: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+class ResultsSink:
+    """In-memory rows, a durable log of every change, and a background Parquet writer."""
+
+    def __init__(self, results_dir: str | Path, flush_s: float = 10.0,
+                 types: dict[str, pa.DataType] | None = None,
+                 write: Callable[[Path, pa.Table], Any] = write_table):
+        self.dir = Path(results_dir)
+        self.types = types or {}
+        self.path = self.dir / RESULTS_FILE
+        self.log_dir = self.dir / "rows"
+        self.flush_s = flush_s
+        self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # trial → step → row
+        self._write = write
+        self._lock = threading.Lock()
+        self._writer: threading.Thread | None = None
+        self._pending = False
+        self._last_flush = time.time()  # the first rewrite comes flush_s after the start
+        self._segment = 0
+        self._log = None
+        self._tables: dict[str, pa.Table] = {}  # per trial, rebuilt only when it changed
+        self._dirty: set[str] = set()
+        self.write_errors: list[str] = []
+
+    # ---- pickling: Tune pickles its callbacks into the experiment state -----------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_lock=None, _writer=None, _log=None, trials={}, _tables={}, _dirty=set())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._last_flush = time.time()
+
+    # ---- the log ---------------------------------------------------------------------------
+
+    def _segments(self) -> list[Path]:
+        return sorted(self.log_dir.glob("wal-*.jsonl"))
+
+    def _open_segment(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        last = self._segments()
+        self._segment = max([self._segment, *(int(p.stem[4:]) for p in last)]) + 1
+        self._log = open(self.log_dir / f"wal-{self._segment:06d}.jsonl", "a")
+        fsync_dir(self.log_dir)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self._log is None:
+            self._open_segment()
+        self._log.write(json.dumps(record, default=str) + "\n")
+        self._log.flush()
+        os.fsync(self._log.fileno())
+
+    # ---- rebuilding --------------------------------------------------------------------------
+
+    def load(self, tune_dir: str | Path | None = None) -> LoadReport:
+        """Rebuild the rows from whatever is durable (see the module docstring)."""
+        rep = LoadReport()
+        with self._lock:
+            if self.path.exists():
+                try:
+                    for r in read_rows(self.path):
+                        self._put(r)
+                        rep.from_parquet += 1
+                except Exception as e:  # noqa: BLE001 - any damage: rebuild from the rest
+                    rep.problems.append(f"{self.path} is unreadable ({type(e).__name__}); "
+                                        "rebuilt from the row log and Tune's records")
+            for seg in self._segments():
+                rep.from_log += self._replay(seg, rep)
+            if tune_dir is not None:
+                rep.from_tune = self._from_tune(Path(tune_dir), rep)
+        return rep
+
+    def _replay(self, seg: Path, rep: LoadReport) -> int:
+        n = 0
+        for i, line in enumerate(seg.read_text().splitlines()):
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut by a kill: everything before it is whole
+                rep.problems.append(f"{seg.name}:{i + 1} is truncated; skipped")
+                continue
+            if "row" in rec:
+                self._put(rec["row"])
+                n += 1
+            elif "mark" in rec:
+                self._apply_mark(**rec["mark"])
+        return n
+
+    def _from_tune(self, tune_dir: Path, rep: LoadReport) -> int:
+        n = 0
+        for f in sorted(tune_dir.glob("*/result.json")):
+            for line in f.read_text().splitlines():
+                try:
+                    res = json.loads(line)
+                except ValueError:
+                    continue
+                tid = res.get("trial_id")
+                if not tid or "step" not in res:
+                    continue
+                row = row_from_result(res, tid)
+                if not self._has(row):
+                    self._put(row)
+                    n += 1
+        return n
+
+    # ---- changes ------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> dict[RowKey, dict[str, Any]]:
+        """Every row by (trial, step) (a copy of the index)."""
+        return {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
+
+    def _put(self, row: dict[str, Any]) -> None:
+        t, step = _key(row)
+        self.trials.setdefault(t, {})[step] = row
+        self._dirty.add(t)
+
+    def _has(self, row: dict[str, Any]) -> bool:
+        t, step = _key(row)
+        return step in self.trials.get(t, {})
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Record a row: durable (logged) when this returns."""
+        row = {k: _json_safe(v) for k, v in row.items()}
+        with self._lock:
+            self._put(row)
+            self._append({"row": row})
+        self.maybe_flush()
+
+    def _apply_mark(self, trial_id: str, status: str, reason: str | None) -> bool:
+        mine = self.trials.get(trial_id, {})
+        if mine:
+            self._dirty.add(trial_id)
+        for row in mine.values():
+            cur = row.get("status")
+            if cur == "diverged":
+                continue
+            if cur in (None, "running") or status == "failed":
+                row["status"] = status
+                if reason:
+                    row["reason"] = reason
+        return bool(mine)
+
+    def mark(self, trial_id: str, status: str, reason: str | None = None,
+             placeholder: dict[str, Any] | None = None) -> None:
+        """Set the outcome of a trial's rows; a trial with no row yet gets ``placeholder``."""
+        with self._lock:
+            if not self._apply_mark(trial_id, status, reason) and placeholder is not None:
+                row = dict(placeholder, trial_id=trial_id, status=status, reason=reason,
+                           step=0)
+                self._put(row)
+                self._append({"row": row})
+            self._append({"mark": {"trial_id": trial_id, "status": status, "reason": reason}})
+
+    def trial_ids(self, status: str | None = None) -> set[str]:
+        with self._lock:
+            return {t for t, steps in self.trials.items()
+                    if any(status is None or r.get("status") == status
+                           for r in steps.values())}
+
+    # ---- the Parquet file ----------------------------------------------------------------------
+
+    def maybe_flush(self) -> None:
+        if time.time() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def flush(self, wait: bool = False) -> None:
+        """Rewrite results.parquet in the background (or now, with ``wait``)."""
+        with self._lock:
+            self._last_flush = time.time()
+            if self._writer is not None and self._writer.is_alive():
+                self._pending = True  # the running write is followed by one more
+            else:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="results-writer")
+                self._writer.start()
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        w = self._writer
+        if w is not None:
+            w.join()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._pending = False
+                if self._log is not None:  # rows after this point go to a new segment
+                    self._log.close()
+                    self._log = None
+                covered = self._segments()
+                changed = {t: [dict(self.trials[t][s]) for s in sorted(self.trials[t])]
+                           for t in self._dirty}
+                self._dirty = set()
+            try:
+                for t, rows in changed.items():  # O(rows of the trials that changed)
+                    self._tables[t] = rows_table(rows, self.types)
+                try:
+                    table = concat_tables(self._tables[t] for t in sorted(self._tables))
+                except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types
+                    table = rows_table((r for t in sorted(self._tables)
+                                        for r in self._tables[t].to_pylist()), self.types)
+                self._write(self.path, table)
+                for seg in covered:  # every row they hold is in the file now
+                    seg.unlink(missing_ok=True)
+            except Exception as e:  # noqa: BLE001 - keep the log; report at the end
+                self.write_errors.append(f"{type(e).__name__}: {e}")
+            with self._lock:
+                if not self._pending:
+                    return
+
+    def close(self) -> None:
+        self.flush(wait=True)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def reconcile(sink: ResultsSink, trials: Iterable[Any]) -> None:
+    """Set each trial's outcome from Tune's own trial states (covers trials that finished in an
+    earlier run, whose statuses a lost file would otherwise leave as 'running')."""
+    for t in trials:
+        status = getattr(t, "status", None)
+        if status == "TERMINATED":
+            sink.mark(t.trial_id, "ok")
+        elif status == "ERROR":
+            sink.mark(t.trial_id, "failed", error_reason(t))
+
+
+def error_reason(trial: Any) -> str:
+    """The last line of a failed trial's error (not a path into Ray's session folder)."""
+    path = getattr(trial, "error_file", None) or getattr(trial, "pickled_error_file", None)
+    try:
+        lines = [x for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
+        return lines[-1][:500] if lines else "trial error"
+    except (OSError, TypeError):
+        return "trial error"

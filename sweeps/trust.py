@@ -1,0 +1,66 @@
+"""Secrets and trust at the sweep's edges.
+
+- The W&B API key never enters Ray: ``hide_wandb_key`` moves ``WANDB_API_KEY`` out of the
+  environment (which Ray writes into its session logs when it is passed through ``runtime_env``)
+  into a private netrc file (mode 0600 in a 0700 directory, removed at exit) that wandb reads
+  through ``NETRC``.
+- ``--resume`` unpickles Tune's experiment state (``tune/*.pkl`` and the trial records), so a
+  file another user could have written is code they could run: ``verify_experiment_state``
+  refuses to resume unless every file and directory under ``tune/`` is owned by the current
+  user and writable by nobody else.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+from moe_core.errors import UpcycleError
+
+WANDB_KEY_ENV = "WANDB_API_KEY"
+
+
+def hide_wandb_key() -> Path | None:
+    """Move the W&B key from the environment into a private netrc file; returns its path."""
+    key = os.environ.pop(WANDB_KEY_ENV, None)
+    if not key:
+        return None
+    d = Path(tempfile.mkdtemp(prefix="upcycle-wandb-"))  # 0700
+    atexit.register(shutil.rmtree, d, True)
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    path = d / "netrc"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"machine {host}\n  login user\n  password {key}\n")
+    os.environ["NETRC"] = str(path)
+    return path
+
+
+class UntrustedStateError(UpcycleError):
+    """The experiment state to resume from could have been written by someone else."""
+
+
+def verify_experiment_state(exp_dir: str | Path) -> None:
+    """Refuse (one line) unless ``exp_dir`` and everything in it is ours and not writable by
+    group or others. Symbolic links are refused too (they could point anywhere)."""
+    exp_dir = Path(exp_dir)
+    uid = os.geteuid()
+    for p in [exp_dir, *exp_dir.rglob("*")]:
+        st = p.lstat()
+        why = None
+        if stat.S_ISLNK(st.st_mode):
+            why = "is a symbolic link"
+        elif st.st_uid != uid:
+            why = f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = "is writable by group or others"
+        if why:
+            raise UntrustedStateError(
+                f"refusing to resume: {p} {why}, and --resume would unpickle it; if you trust "
+                f"it, fix it (chown/chmod go-w), else start the sweep afresh without --resume"
+            )

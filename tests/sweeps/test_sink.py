@@ -1,0 +1,111 @@
+"""The results sink: every row durable before the callback returns, results.parquet rebuilt from
+whatever survives (the row log, Tune's own records), writes off the caller's thread."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pyarrow.parquet as pq
+
+from sweeps.results import RESULTS_FILE, read_rows
+from sweeps.sink import ResultsSink, error_reason, reconcile
+
+
+def _row(t, step, **kw):
+    return {"sweep": "s", "trial_id": t, "step": step, "val_loss": 3.0 - 0.1 * step,
+            "status": "running", "knob.x": json.dumps({"a": 1}), **kw}
+
+
+def test_rows_survive_a_kill_before_any_parquet_write(tmp_path):
+    a = ResultsSink(tmp_path, flush_s=1e9)  # never flushes on its own
+    for t in "ab":
+        for s in range(3):
+            a.add(_row(t, s))
+    a.mark("a", "ok")
+    assert not (tmp_path / RESULTS_FILE).exists()
+    # the driver is killed here: a new one rebuilds from the log alone
+    b = ResultsSink(tmp_path)
+    rep = b.load()
+    assert rep.from_log == 6 and rep.from_parquet == 0
+    assert sorted(b.rows) == [(t, s) for t in "ab" for s in range(3)]
+    assert {r["status"] for (t, _), r in b.rows.items() if t == "a"} == {"ok"}
+    assert {r["status"] for (t, _), r in b.rows.items() if t == "b"} == {"running"}
+
+
+def test_flush_writes_in_the_background_and_compacts_the_log(tmp_path):
+    calls = []
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for s in range(4):
+        sink.add(_row("a", s))
+    sink.flush(wait=True)
+    assert [r["step"] for r in read_rows(tmp_path)] == [0, 1, 2, 3]
+    assert list((tmp_path / "rows").glob("wal-*.jsonl")) == []  # covered by the file
+    import sweeps.sink as sk
+
+    real = sk.rows_table
+    sk.rows_table = lambda rows, types=None: calls.append(rows[0]["trial_id"]) or real(rows, types)
+    try:
+        sink.add(_row("b", 0))
+        sink.flush(wait=True)
+    finally:
+        sk.rows_table = real
+    assert calls == ["b"]  # only the trial that changed was rebuilt
+    assert len(read_rows(tmp_path)) == 5
+    sink.add(_row("b", 1))  # logged, not yet in the file
+    assert len(read_rows(tmp_path)) == 5
+    c = ResultsSink(tmp_path)
+    c.load()
+    assert len(c.rows) == 6
+
+
+def test_garbage_or_missing_parquet_is_rebuilt_from_tune_records(tmp_path):
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for s in range(3):
+        sink.add(_row("a", s))
+    sink.close()
+    (tmp_path / RESULTS_FILE).write_bytes(b"PAR1 garbage")
+    trial = tmp_path / "tune" / "run_a_00000"
+    trial.mkdir(parents=True)
+    lines = [dict(_row("a", s), trial_id="a", time_total_s=1.0, config={"x": 1})
+             for s in range(5)]
+    (trial / "result.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n{trunc")
+    b = ResultsSink(tmp_path)
+    rep = b.load(tmp_path / "tune")
+    assert rep.problems and "unreadable" in rep.problems[0]
+    assert sorted(b.rows) == [("a", s) for s in range(5)] and rep.from_tune == 5
+    assert "time_total_s" not in b.rows[("a", 4)]  # only our columns
+    b.close()
+    assert pq.read_table(tmp_path / RESULTS_FILE).num_rows == 5
+
+
+def test_reconcile_takes_outcomes_from_tune_and_errors_as_text(tmp_path):
+    sink = ResultsSink(tmp_path)
+    sink.add(_row("a", 0))
+    sink.add(_row("b", 0))
+    sink.add(_row("c", 0, status="diverged", reason="nan"))
+    err = tmp_path / "error.txt"
+    err.write_text("Traceback ...\n  File x\nRuntimeError: CUDA out of memory\n")
+
+    class T:
+        def __init__(self, tid, status, error_file=None):
+            self.trial_id, self.status, self.error_file = tid, status, error_file
+
+    reconcile(sink, [T("a", "TERMINATED"), T("b", "ERROR", str(err)), T("c", "TERMINATED")])
+    rows = sink.rows
+    assert rows[("a", 0)]["status"] == "ok"
+    assert rows[("b", 0)]["status"] == "failed"
+    assert rows[("b", 0)]["reason"] == "RuntimeError: CUDA out of memory"
+    assert rows[("c", 0)]["status"] == "diverged"
+    assert error_reason(T("d", "ERROR", str(tmp_path / "missing"))) == "trial error"
+
+
+def test_sink_pickles_without_its_rows_or_threads(tmp_path):
+    sink = ResultsSink(tmp_path)
+    sink.add(_row("a", 0))
+    sink.flush()
+    back = pickle.loads(pickle.dumps(sink))
+    assert back.rows == {} and back.path == sink.path
+    back.load()
+    assert ("a", 0) in back.rows
+    sink.close()
