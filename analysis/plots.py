@@ -12,6 +12,7 @@ import numpy as np
 from analysis.derived import d_star, d_star_approx
 from analysis.laws import TABLE2, Points, get_law
 from analysis.sweep import Group, Sweep
+from moe_core.fsio import atomic_write
 
 
 def _plt():
@@ -26,7 +27,7 @@ def _plt():
 def _save(fig, path: Path) -> Path:
     plt = _plt()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:] or "png"))
     plt.close(fig)
     return path
 

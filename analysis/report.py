@@ -43,6 +43,7 @@ from analysis.sections import (
 )
 from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
+from moe_core.fsio import atomic_write_text
 
 D_STAR_CAPTION = ("D* (000 Eq. 13) from 000 Table 2's published parameters, numerically and by "
                   "Eq. 2; this sweep has one model size, so it cannot fit the N1 dependence.")
@@ -103,11 +104,12 @@ def report(results: str | Path, out: str | Path | None = None, *,
              *law.lines, *_law_figure_lines(law.figure, out_dir),
              *cfg.lines, *tr.lines, *eff.lines, *_claim_lines(claims)]
     md = out_dir / "report.md"
-    md.write_text("\n".join(lines) + "\n")
+    atomic_write_text(md, "\n".join(lines) + "\n")
     data = {"sweep": s.name, "ledger": led.data, "laws": law.data, "model_config": cfg.data,
             "efficiency": eff.data, "transition": tr.data,
             "claims": [c.__dict__ for c in claims], "groups": groups.data}
-    (out_dir / "report.json").write_text(json.dumps(data, indent=1, default=_json_default))
+    atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1,
+                                                          default=_json_default))
     return md
 
 
@@ -140,7 +142,7 @@ def write_index(reports: list[Path], path: Path) -> Path:
     if claims:
         lines += ["## Claims", ""]
         lines += md_table(["sweep", "claim", "source", "verdict"], claims)
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 

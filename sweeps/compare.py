@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import UpcycleError
+from moe_core.fsio import atomic_write, atomic_write_text
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
 
 
@@ -99,7 +100,7 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
             fig.tight_layout()
             stem = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")
             p = out / f"{stem}_{(knob or 'trials').replace('.', '_')}.png"
-            fig.savefig(p, dpi=110)
+            atomic_write(p, lambda tmp, fig=fig: fig.savefig(tmp, dpi=110, format="png"))
             plt.close(fig)
             paths.append(p)
     return paths
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {r['median']:.4f} |")
     Console().print(t)
     pngs = plot(sweeps, args.metric, out)
-    (out / "compare.md").write_text("\n".join(md) + "\n\n" + "\n".join(
+    atomic_write_text(out / "compare.md", "\n".join(md) + "\n\n" + "\n".join(
         f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     print(f"wrote {out / 'compare.md'} and {len(pngs)} plot(s)")
     return 0

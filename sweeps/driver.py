@@ -253,6 +253,14 @@ def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> Any:
     )
     # results keys listed here go to wandb.config instead of wandb.log (Ray's own mechanism)
     cb.AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, *static_keys(plan)]
+    # Ray builds its logging actor with max_restarts=-1 and the key in runtime_env env_vars;
+    # ours is built here, on this node, without restarts (which also spares the console Ray's
+    # warning about restarting an actor whose arguments live in the object store) and without
+    # env vars (wandb reads the key from the private netrc, see sweeps.trust).
+    from ray.air.util.node import _force_on_current_node
+
+    cb._remote_logger_class = ray.remote(num_cpus=0, max_restarts=0,
+                                         **_force_on_current_node())(cb._logger_actor_cls)
     return cb
 
 
