@@ -194,6 +194,12 @@ class ResultsSink:
         mine = self.trials.get(trial_id, {})
         if mine:
             self._dirty.add(trial_id)
+        div = max((r for r in mine.values() if r.get("status") == "diverged"),
+                  key=lambda r: r.get("step") or 0, default=None)
+        if div is not None:  # a diverged trial reads as one, like a failed one: every row
+            for row in mine.values():
+                row["status"], row["reason"] = "diverged", div.get("reason")
+            return True
         for row in mine.values():
             cur = row.get("status")
             if cur == "diverged":

@@ -97,6 +97,11 @@ def test_reconcile_takes_outcomes_from_tune_and_errors_as_text(tmp_path):
     assert rows[("b", 0)]["status"] == "failed"
     assert rows[("b", 0)]["reason"] == "RuntimeError: CUDA out of memory"
     assert rows[("c", 0)]["status"] == "diverged"
+    sink.add(_row("c", 2))  # an earlier eval of a trial that diverged later
+    sink.add(_row("c", 4, status="diverged", reason="nan at step 4"))
+    sink.mark("c", "ok")  # Tune saw the trial end normally
+    assert {(r["status"], r["reason"]) for (t, _), r in sink.rows.items() if t == "c"} == {
+        ("diverged", "nan at step 4")}
     assert error_reason(T("d", "ERROR", str(tmp_path / "missing"))) == "trial error"
 
 
