@@ -49,9 +49,7 @@ def _imports(mods: dict[str, Path]) -> tuple[dict[str, set[str]], set[tuple[str,
             else:
                 continue
             for t in {resolve(n) for n in names} - {None, m}:
-                if t.startswith(m + "."):  # a package re-exporting its own submodule
-                    continue
-                edges[m].add(t)
+                edges[m].add(t)  # a package's __init__ re-exporting a submodule counts too
                 if id(node) in in_func:
                     inner.add((m, t))
     return edges, inner

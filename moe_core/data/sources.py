@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -9,7 +10,6 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +90,8 @@ def _hash_bytes(*parts: bytes) -> str:
 # ---- corpora ------------------------------------------------------------------------------------
 
 
-def stdlib_files() -> list[Path]:
+@functools.lru_cache(maxsize=1)
+def stdlib_files() -> tuple[Path, ...]:
     """The standard library's .py files, sorted (no tests, no site-packages)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
@@ -100,7 +101,7 @@ def stdlib_files() -> list[Path]:
                or part.startswith("lib2to3") for part in rel):
             continue
         out.append(p)
-    return out
+    return tuple(out)
 
 
 def read_corpus(files: list[Path], max_bytes: int) -> bytes:
@@ -218,22 +219,10 @@ def sample_chain(P: np.ndarray, n: int, seed: int) -> np.ndarray:
 # ---- entry point ---------------------------------------------------------------------------
 
 
-def _file_print(f: Path, h: Any) -> None:
-    """Path, size, mtime and the first and last MiB of a file (cheap for GB token files)."""
-    st = f.stat()
-    h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|".encode())
-    with open(f, "rb") as fh:
-        h.update(fh.read(1 << 20))
-        if st.st_size > 2 << 20:
-            fh.seek(-(1 << 20), os.SEEK_END)
-            h.update(fh.read(1 << 20))
-
-
 def data_fingerprint(cfg: DataConfig) -> str:
     """A hash of the data ``cfg`` reads as it is on disk now: the token or text files (path,
     size, mtime, first and last MiB), the standard library's files for ``stdlib``; the config
     alone for ``synthetic``. A parent trained on other data gets another cache key."""
-    h = hashlib.sha256(cfg.source.encode())
     if cfg.source == "synthetic":
         return "synthetic"
     if cfg.source == "tokens":
@@ -241,15 +230,32 @@ def data_fingerprint(cfg: DataConfig) -> str:
         files = [p / "train.bin", p / "val.bin"] if p.is_dir() else [p]
     else:
         files = stdlib_files() if cfg.source == "stdlib" else text_files(cfg.path)
-        h.update(sys.version.encode())
-    total = 0
+    stats, total = [], 0
     for f in files:
         if not f.exists():
             raise ConfigError(f"data.path: {f} does not exist")
-        _file_print(f, h)
-        total += f.stat().st_size
+        st = f.stat()
+        stats.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+        total += st.st_size
         if cfg.source in ("stdlib", "text") and total >= cfg.max_corpus_bytes:
             break  # read_corpus stops here too
+    return _content_print(cfg.source, tuple(stats))
+
+
+@functools.lru_cache(maxsize=256)
+def _content_print(source: str, stats: tuple[tuple[str, int, int], ...]) -> str:
+    """Hash of the files' stat line and first and last MiB (cached per stat signature: a file
+    that changes size or mtime is read again)."""
+    h = hashlib.sha256(source.encode())
+    if source == "stdlib":
+        h.update(sys.version.encode())
+    for path, size, mtime in stats:
+        h.update(f"{path}|{size}|{mtime}|".encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), os.SEEK_END)
+                h.update(fh.read(1 << 20))
     return h.hexdigest()[:16]
 
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+import moe_core.train.engine as eng
 from moe_core.data import TokenBatcher, load_dataset
 from moe_core.errors import ConfigError, DivergenceError
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
-from moe_core.train import engine as eng
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from moe_core.train.config import TrainConfig
