@@ -87,13 +87,13 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
                    trial_id: str) -> dict[str, Any]:
     """The columns every row of the trial carries (see ``sweeps.results``)."""
     cfg = t.config
+    pc = count_params(cfg.model_config())
     kind = "dense" if cfg.moe is None else "moe"
-    n1, d1, lp = count_params(cfg.model_config()).non_embedding_total, 0, None
+    n1, d1, lp = pc.non_embedding_total, 0, None
     if parent is not None:
         kind = "upcycled" if cfg.upcycle.method != "continue" else kind
         n1, d1 = count_params(parent.model_config).non_embedding_total, parent.tokens
         lp = parent.val_loss
-    pc = count_params(cfg.model_config())
     row = {
         "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
