@@ -140,6 +140,25 @@ def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfi
     )
 
 
+def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
+                            max_seq_len: int) -> ModelConfig:
+    """The ModelConfig of a trial upcycled from the dense checkpoint at ``path`` (config.json
+    only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the checkpoint's)."""
+    try:
+        hf = read_config(path)
+    except ConfigError as e:
+        raise ConfigError(f"parent.from_pretrained={str(path)!r}: {e}") from None
+    arch = architecture(hf)
+    if arch not in DENSE_ARCHS:
+        raise ConfigError(f"parent.from_pretrained: {arch} is not supported; give a "
+                          f"{', '.join(DENSE_ARCHS)} folder")
+    cfg = model_config(hf)
+    if max_seq_len > cfg.max_seq_len:
+        raise ConfigError(f"data.seq_len (or model.max_seq_len)={max_seq_len} exceeds the "
+                          f"checkpoint's {cfg.max_seq_len} positions; lower it")
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len, moe=moe)
+
+
 class _Tensors(dict):
     """HF tensors; a missing key or a wrong shape is one ``ConfigError`` naming it."""
 
