@@ -165,8 +165,9 @@ class MoEConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
-    """A Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU, no biases,
-    untied embeddings."""
+    """A Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU; by default
+    multi-head attention, no biases and untied embeddings. ``n_kv_heads``, ``qkv_bias`` and
+    ``tie_embeddings`` cover Llama/Mistral/Qwen2 checkpoints (``moe_core.hf``)."""
 
     vocab_size: int
     """Tokenizer vocabulary size."""
@@ -176,6 +177,9 @@ class ModelConfig:
     """Hidden size."""
     n_head: int
     """Attention heads; d_model must be divisible by n_head."""
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention, Llama 2/3, Mistral); None = n_head (MHA).
+    Must divide n_head."""
     d_ff: int | None = None
     """Dense MLP hidden size; None = 4·d_model (000 Table 3)."""
     max_seq_len: int = 1024
@@ -186,6 +190,10 @@ class ModelConfig:
     """RoPE base."""
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share one matrix between the input embedding and the output projection (lm_head)."""
+    qkv_bias: bool = False
+    """Biases on the query/key/value projections (Qwen2); the output projection has none."""
     moe: MoEConfig | None = None
     """None = dense model."""
     name: str = "custom"
@@ -207,6 +215,15 @@ class ModelConfig:
         _check(
             self.d_ff is None or self.d_ff >= 1, f"model.d_ff={self.d_ff} must be >= 1 or null"
         )
+        _check(
+            self.n_kv_heads is None or (
+                isinstance(self.n_kv_heads, int) and self.n_kv_heads >= 1
+                and self.n_head % self.n_kv_heads == 0),
+            f"model.n_kv_heads={self.n_kv_heads!r} must be an integer >= 1 dividing "
+            f"model.n_head={self.n_head}, or null for n_head",
+        )
+        _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0")
+        _check(self.norm_eps > 0, f"model.norm_eps={self.norm_eps} must be > 0")
         _check(self.init_std > 0, f"model.init_std={self.init_std} must be > 0")
         if self.moe is not None:
             _check(isinstance(self.moe, MoEConfig), "model.moe must be a MoEConfig or null")
@@ -224,6 +241,16 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``n_kv_heads``, or ``n_head`` when null)."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_head
+
+    @property
+    def qkv_dim(self) -> int:
+        """Output width of the fused q/k/v projection: (n_head + 2·kv_heads)·head_dim."""
+        return (self.n_head + 2 * self.kv_heads) * self.head_dim
 
     @property
     def is_moe(self) -> bool:

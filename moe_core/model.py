@@ -1,7 +1,10 @@
-"""Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU, no biases, untied
-embeddings, causal SDPA attention; MLPs optionally replaced by MoE layers.
+"""Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU, causal SDPA
+attention; MLPs optionally replaced by MoE layers. By default no biases, untied embeddings and
+multi-head attention; grouped-query attention (``n_kv_heads``), q/k/v biases (``qkv_bias``) and
+tied embeddings (``tie_embeddings``) cover Llama/Mistral/Qwen2 checkpoints.
 
-Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim, V vocab.
+Shape legend: B batch, S sequence, D model dim, H heads, Hkv key/value heads, Dh head dim,
+V vocab. The fused ``wqkv`` rows are [q (H·Dh) | k (Hkv·Dh) | v (Hkv·Dh)].
 """
 
 from __future__ import annotations
@@ -21,13 +24,20 @@ from moe_core.nn import RMSNorm, SwiGLU, apply_rope, rope_cache
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.n_head, self.head_dim, self.n_kv = cfg.n_head, cfg.head_dim, cfg.kv_heads
+        self.wqkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
-        q, k, v = self.wqkv(x).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+        H, Hkv, Dh = self.n_head, self.n_kv, self.head_dim
+        if Hkv == H:
+            q, k, v = self.wqkv(x).view(B, S, 3, H, Dh).unbind(2)
+        else:  # grouped-query attention: query head h reads key/value head h // (H / Hkv)
+            q, k, v = self.wqkv(x).split((H * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
+            q = q.view(B, S, H, Dh)
+            k, v = (t.view(B, S, Hkv, 1, Dh).expand(B, S, Hkv, H // Hkv, Dh).reshape(B, S, H, Dh)
+                    for t in (k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -75,6 +85,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i, moe_layer_cls) for i in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
         cos, sin = rope_cache(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -84,9 +96,12 @@ class Transformer(nn.Module):
     def reset_parameters(self) -> None:
         std = self.config.init_std  # 000 Table 5 "init. size"
         nn.init.normal_(self.tok_emb.weight, std=std)
-        nn.init.normal_(self.lm_head.weight, std=std)
+        if not self.config.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=std)
         for b in self.blocks:
             nn.init.normal_(b.attn.wqkv.weight, std=std)
+            if b.attn.wqkv.bias is not None:
+                nn.init.zeros_(b.attn.wqkv.bias)
             nn.init.normal_(b.attn.wo.weight, std=std)
             if b.is_moe:
                 b.mlp.reset_parameters()

@@ -12,7 +12,7 @@ class ParamCount:
     embedding: int
     """Input embedding (vocab·d)."""
     lm_head: int
-    """Untied output projection (vocab·d)."""
+    """Untied output projection (vocab·d); 0 when ``tie_embeddings`` shares the embedding."""
     non_embedding_total: int
     """Every parameter except the two embedding matrices (000 Table 3's N)."""
     non_embedding_active: int
@@ -33,15 +33,18 @@ class ParamCount:
 def count_params(cfg: ModelConfig) -> ParamCount:
     """Count parameters of ``cfg`` exactly as ``build_model(cfg)`` allocates them.
 
-    Per block: attention 4·d², two RMSNorm weights 2·d, and either a SwiGLU MLP 3·d·d_ff or an
-    MoE layer (router E·d, E experts of 3·d·f, shared experts 3·d·S·f). Plus a final norm d.
+    Per block: attention d·(H + 2·Hkv)·Dh + d² (= 4·d² for multi-head attention) plus the q/k/v
+    biases (H + 2·Hkv)·Dh with ``qkv_bias``, two RMSNorm weights 2·d, and either a SwiGLU MLP
+    3·d·d_ff or an MoE layer (router E·d, E experts of 3·d·f, shared experts 3·d·S·f). Plus a
+    final norm d.
     """
     d = cfg.d_model
     dense_mlp = 3 * d * cfg.ffn_dim
     total = active = d  # final norm
     n_moe = 0
     for i in range(cfg.n_layer):
-        base = 4 * d * d + 2 * d
+        qkv = cfg.qkv_dim  # 3·d for multi-head attention
+        base = d * qkv + d * d + 2 * d + (qkv if cfg.qkv_bias else 0)
         total += base
         active += base
         if cfg.moe is not None and cfg.moe.is_moe_layer(i):
@@ -59,7 +62,7 @@ def count_params(cfg: ModelConfig) -> ParamCount:
     emb = cfg.vocab_size * d
     return ParamCount(
         embedding=emb,
-        lm_head=emb,
+        lm_head=0 if cfg.tie_embeddings else emb,
         non_embedding_total=total,
         non_embedding_active=active,
         num_moe_layers=n_moe,

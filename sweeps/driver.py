@@ -337,7 +337,8 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
                              cache_dir=str(cache_dir), stables=stables,
-                             report=faults.report_function(cache_dir)),
+                             report=faults.report_function(cache_dir),
+                             export_dir=str(results_dir / "export") if spec.export else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle

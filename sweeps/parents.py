@@ -100,8 +100,8 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
 def _train_parent_task(child: TrainConfig, cache_dir: str,
                        with_optimizer: bool = False) -> dict[str, Any]:
     key = parent_key(child)
-    progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json",
-                            child.parent_run().steps)
+    steps = 0 if child.parent.from_pretrained is not None else child.parent_run().steps
+    progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json", steps)
     try:
         state, trained = train_parent(child, Path(cache_dir), callbacks=(progress,))
     except DivergenceError as e:  # the trials of this parent each report it as diverged

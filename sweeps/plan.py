@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_core.errors import ConfigError
+from moe_core.hf import export_arch
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig, train_config_from_dict
@@ -158,6 +160,14 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     point = dict(point)
     d = trial_dict(spec, point)
     cfg = train_config_from_dict(d)
+    if spec.export == "hf":  # refuse a model with no exact HF form before any training
+        try:
+            export_arch(cfg.model_config())
+            if cfg.upcycle is not None and cfg.upcycle.router_noise > 0:
+                raise ConfigError(f"upcycle.router_noise={cfg.upcycle.router_noise} gives the "
+                                  "replicas a selection bias, which Mixtral / Qwen2-MoE lack")
+        except ConfigError as e:
+            raise ConfigError(f"export: hf cannot write this sweep's models: {e}") from None
     return TrialPlan(
         point=point, config=cfg, knobs=knob_values(spec, point),
         tokens=cfg.steps * cfg.tokens_per_step,
@@ -217,6 +227,9 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     keep = spec.checkpoint.keep
     parent_bytes = 0
     for p in plan.parents.values():  # fp32 weights (the numpy export) + the optimizer state
+        if p.child.parent.from_pretrained is not None:  # fp32 weights only
+            parent_bytes += count_params(p.child.model_config(moe=None)).total * 4
+            continue
         pc = p.child.parent_run()
         parent_bytes += count_params(pc.model_config()).total * (12 + 4 * _bf16(pc, gpus))
     stable_bytes = sum(len(g.steps) * size(g.representative.config)[1]
@@ -263,7 +276,9 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
         if t.parent_key is None:
             continue
         p = parents.get(t.parent_key)
-        if p is None:
+        if p is None and t.config.parent.from_pretrained is not None:  # loaded, not trained
+            p = ParentPlan(key=t.parent_key, child=t.config, tokens=0, flops=0.0, trials=0)
+        elif p is None:
             pc = t.config.parent_run()
             n_p = count_params(pc.model_config()).non_embedding_active
             ptoks = pc.steps * pc.tokens_per_step

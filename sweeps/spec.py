@@ -33,8 +33,11 @@ SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
-    "wsd_branches", "storage", "checkpoint",
+    "wsd_branches", "storage", "checkpoint", "export",
 }
+EXPORTS = ("hf",)
+"""``export: hf``: each trial writes its final model as a Hugging Face checkpoint
+(``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
 
 MAX_TRIALS = 10_000
 """Most trials a spec may define (grid points × seeds × num_samples), and most trial configs
@@ -190,6 +193,9 @@ class SweepSpec:
     wsd_branches: bool = True
     """Trials differing only in ``tokens`` share one WSD stable run and branch off it (000
     §3.1); results are identical to training each budget on its own."""
+    export: str | None = None
+    """``hf``: each finished trial exports its final model next to the results
+    (``export/<trial_id>/``, Mixtral / Qwen2-MoE / Llama; see ``moe_core.hf``). None = off."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -464,9 +470,20 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         path=path, wsd_branches=_value(raw, "wsd_branches", bool, True),
         storage=_sub(StorageConfig, raw.get("storage"), "storage"),
         checkpoint=_sub(CheckpointSpec, raw.get("checkpoint"), "checkpoint"),
+        export=_export(raw),
     )
     validate(spec)
     return spec
+
+
+def _export(raw: dict[str, Any]) -> str | None:
+    v = raw.get("export")
+    if v is not None and v not in EXPORTS:
+        raise _err(f"export={shown(v)} is not known; use hf, or leave it out")
+    if v is not None and isinstance(raw.get("resources"), dict) and \
+            raw["resources"].get("ranks", 1) not in (1, None):
+        raise _err("export: hf writes single-rank trials' models; set resources.ranks: 1")
+    return v
 
 
 def load_spec(path: str, overrides: list[str] = (), results: str | None = None) -> SweepSpec:

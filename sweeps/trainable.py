@@ -25,6 +25,7 @@ import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
+from moe_core.hf import save_moe
 from moe_core.params import count_params
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState
@@ -148,9 +149,11 @@ def _restored_checkpoint(work: Path) -> Path | None:
 def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
               stables: dict[str, StableRun] | None = None,
-              report: Callable[..., None] = tune.report) -> None:
+              report: Callable[..., None] = tune.report, export_dir: str | None = None
+              ) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
-    how rows reach Tune (``tune.report``)."""
+    how rows reach Tune (``tune.report``); with ``export_dir`` (spec ``export: hf``) the final
+    model is written there as a Hugging Face checkpoint, in ``<trial_id>/``."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     try:
@@ -182,6 +185,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
                                                               t.config.eval.every_steps))
         try:
             trainer.fit()
+            if export_dir is not None:
+                save_moe(trainer.model, None, Path(export_dir) / trial_id)
         except DivergenceError as e:
             reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         del trainer

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from moe_core.errors import ConfigError
+
+
+@functools.cache
+def _hf_vocab_size(path: str) -> int:
+    from tokenizers import Tokenizer  # noqa: PLC0415 (third-party, loaded on use)
+
+    return Tokenizer.from_file(path).get_vocab_size()
 
 
 def default_cache_dir() -> Path:
@@ -24,8 +32,10 @@ class DataConfig:
     """Token file dtype (nanoGPT: uint16; Megatron with large vocabularies: uint32)."""
     token_vocab_size: int | None = None
     """tokens: vocabulary size of the token files; None = max token + 1."""
-    tokenizer: Literal["bytes", "bpe"] = "bytes"
-    """text/stdlib: raw bytes (vocab 256) or a byte-level BPE trained offline."""
+    tokenizer: str = "bytes"
+    """text/stdlib: ``bytes`` (raw bytes, vocab 256), ``bpe`` (a byte-level BPE trained
+    offline), or the path of a Hugging Face folder (or its tokenizer.json) whose tokenizer is
+    loaded through ``tokenizers`` (e.g. the ``parent.from_pretrained`` checkpoint's)."""
     bpe_vocab_size: int = 4096
     """BPE target vocabulary size."""
     seq_len: int = 128
@@ -54,8 +64,10 @@ class DataConfig:
             raise ConfigError(f"data.path is required for data.source={self.source}")
         if self.dtype not in ("uint16", "uint32"):
             raise ConfigError(f"data.dtype={self.dtype!r} must be uint16 or uint32")
-        if self.tokenizer not in ("bytes", "bpe"):
-            raise ConfigError(f"data.tokenizer={self.tokenizer!r} must be 'bytes' or 'bpe'")
+        if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer_file.is_file():
+            raise ConfigError(
+                f"data.tokenizer={self.tokenizer!r} must be 'bytes', 'bpe', or a Hugging Face "
+                "folder holding tokenizer.json (or that file)")
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ConfigError(f"data.seq_len={self.seq_len!r} must be an integer >= 1")
         if not 0.0 < self.val_fraction < 1.0:
@@ -71,12 +83,20 @@ class DataConfig:
         if self.max_corpus_bytes < 10_000:
             raise ConfigError(f"data.max_corpus_bytes={self.max_corpus_bytes} must be >= 10000")
 
+    @property
+    def tokenizer_file(self) -> Path:
+        """tokenizer.json of a Hugging Face ``data.tokenizer`` (the path itself if a file)."""
+        p = Path(self.tokenizer)
+        return p / "tokenizer.json" if p.is_dir() else p
+
     def vocab_size_hint(self) -> int:
         """Vocabulary size known from the config alone (exact for bytes/BPE/synthetic)."""
         if self.source == "synthetic":
             return self.synthetic_vocab
         if self.source == "tokens":
             return self.token_vocab_size or 65536
+        if self.tokenizer not in ("bytes", "bpe"):
+            return _hf_vocab_size(str(self.tokenizer_file))
         return 256 if self.tokenizer == "bytes" else self.bpe_vocab_size
 
     @property

@@ -154,7 +154,9 @@ def train_bpe(text: bytes, vocab_size: int, out: Path):
 
 def tokenize(text: bytes, cfg: DataConfig, cache: Path) -> tuple[np.ndarray, int, str | None]:
     """Tokenize a corpus (cached as .npy keyed by corpus hash + tokenizer settings)."""
-    key = _hash_bytes(text, cfg.tokenizer.encode(), str(cfg.bpe_vocab_size).encode())
+    hf = cfg.tokenizer not in ("bytes", "bpe")
+    tok_id = (b"hf:" + cfg.tokenizer_file.read_bytes()) if hf else cfg.tokenizer.encode()
+    key = _hash_bytes(text, tok_id, str(cfg.bpe_vocab_size).encode())
     d = cache / f"corpus-{key}"
     npy, meta = d / "tokens.npy", d / "meta.json"
     if npy.exists() and meta.exists():
@@ -167,7 +169,13 @@ def tokenize(text: bytes, cfg: DataConfig, cache: Path) -> tuple[np.ndarray, int
         vocab = 256
     else:
         tok_path = d / "tokenizer.json"
-        tok = train_bpe(text, cfg.bpe_vocab_size, tok_path)
+        if hf:  # a pretrained model's own tokenizer, through ``tokenizers``
+            from tokenizers import Tokenizer
+
+            tok_path.write_bytes(cfg.tokenizer_file.read_bytes())
+            tok = Tokenizer.from_file(str(tok_path))
+        else:
+            tok = train_bpe(text, cfg.bpe_vocab_size, tok_path)
         vocab = tok.get_vocab_size()
         lines = text.decode("utf-8", errors="replace").splitlines(keepends=True)
         ids = [i for enc in tok.encode_batch(lines) for i in enc.ids]

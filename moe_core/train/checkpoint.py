@@ -77,6 +77,18 @@ class Checkpoint:
         return torch.load(self.path / name, map_location="cpu", weights_only=True)
 
 
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of each tensor whose storage an earlier key already holds (tied embeddings:
+    ``lm_head.weight`` is ``tok_emb.weight``), which safetensors refuses to write twice."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr() if v.numel() else -1
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
+
+
 def save_checkpoint(
     path: str | Path,
     *,
@@ -109,7 +121,7 @@ def save_checkpoint(
     if per_rank_model or rank == 0:
         key = f"model_rank{rank}" if per_rank_model else "model"
         files[key] = f"{key}.safetensors"
-        state = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
+        state = _unshared({k: v.detach().cpu().contiguous() for k, v in model_state.items()})
         save_file(state, str(tmp / files[key]))
     if optimizer_state is not None:
         files[f"optim_rank{rank}"] = f"optim_rank{rank}.pt"

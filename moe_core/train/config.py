@@ -21,6 +21,7 @@ from moe_core.config import ModelConfig, MoEConfig, _check, from_mapping
 from moe_core.config import coerce_number as coerce_number  # re-exported (sweeps.spec uses it)
 from moe_core.data import DataConfig
 from moe_core.errors import ConfigError, one_line, shown
+from moe_core.hf.load import pretrained_model_config
 from moe_core.presets import model_config, preset
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig
 from moe_core.upcycle.utility import STRATEGIES
@@ -154,10 +155,15 @@ class UpcycleConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParentConfig:
-    """The run a trial is upcycled from: same model preset, data, batch and seed as the child."""
+    """The run a trial is upcycled from: same model preset, data, batch and seed as the child;
+    or a pretrained Hugging Face checkpoint (``from_pretrained``), loaded rather than trained."""
 
-    tokens: int
-    """D1: tokens the parent is trained for (or, for expand_experts, the transition point τ)."""
+    tokens: int | None = None
+    """D1: tokens the parent is trained for (or, for expand_experts, the transition point τ).
+    Required unless ``from_pretrained`` is given."""
+    from_pretrained: str | None = None
+    """A local Llama / Mistral / Qwen2 ``save_pretrained`` folder (``moe_core.hf.load_dense``):
+    the parent is loaded, not trained, and the trial's model dims come from it."""
     moe: MoEConfig | None = None
     """None = dense parent; an MoEConfig = the E-expert parent of expert upcycling."""
     lr: float | None = None
@@ -173,6 +179,18 @@ class ParentConfig:
     """Parent seed; None = the child's (set it to share one parent across child seeds)."""
 
     def __post_init__(self) -> None:
+        if self.from_pretrained is not None:
+            _check(isinstance(self.from_pretrained, str) and self.from_pretrained != "",
+                   "parent.from_pretrained must be the path of a save_pretrained folder")
+            for key in ("tokens", "moe", "lr", "schedule", "batch", "seed"):
+                _check(getattr(self, key) is None,
+                       f"parent.{key} contradicts parent.from_pretrained (the parent is loaded, "
+                       f"not trained, and is dense); remove parent.{key}")
+            _check(self.decay, "parent.decay=false contradicts parent.from_pretrained (the "
+                   "parent is loaded, not trained); remove parent.decay")
+            return
+        _check(self.tokens is not None,
+               "missing required key parent.tokens (or give parent.from_pretrained)")
         _check(self.tokens >= 1, f"parent.tokens={self.tokens} must be >= 1")
         _check(self.lr is None or self.lr > 0, f"parent.lr={self.lr} must be > 0")
 
@@ -236,9 +254,24 @@ class TrainConfig:
                     self.parent.moe == self.moe,
                     "upcycle.method=continue needs the same moe config in parent and child",
                 )
+        if self.parent is not None and self.parent.from_pretrained is not None:
+            self._check_pretrained()
         # Build the model config now so impossible shapes fail before any work.
         self.model_config()
         self.batch.accumulation_steps(1)
+
+    def _check_pretrained(self) -> None:
+        """Settings a pretrained parent decides refuse a contradicting value, naming the key."""
+        assert self.upcycle is not None
+        _check(self.model.preset == "debug",
+               f"model.preset={self.model.preset!r} contradicts parent.from_pretrained: the "
+               "model's dims come from the checkpoint; remove model.preset")
+        _check(self.upcycle.method in ("dense_to_moe", "continue"),
+               f"upcycle.method={self.upcycle.method} needs an MoE parent; a pretrained parent "
+               "is dense: use dense_to_moe or continue")
+        _check(self.upcycle.lr_policy.policy == "reset",
+               f"upcycle.lr_policy.policy={self.upcycle.lr_policy.policy} needs the parent's "
+               "learning rate, which a pretrained checkpoint does not record; use reset")
 
     def _parent_is_moe(self) -> bool:
         return self.parent is not None and self.parent.moe is not None
@@ -258,6 +291,9 @@ class TrainConfig:
     def model_config(self, vocab_size: int | None = None, moe: Any = "self") -> ModelConfig:
         """ModelConfig of this run (``moe="parent"`` for the parent's architecture)."""
         m = self.moe if moe == "self" else (self.parent.moe if moe == "parent" else moe)
+        if self.parent is not None and self.parent.from_pretrained is not None:
+            return pretrained_model_config(self.parent.from_pretrained, m,
+                                           self.model.max_seq_len or self.data.seq_len)
         return model_config(
             self.model.preset,
             vocab_size=vocab_size or self.data.vocab_size_hint(),
@@ -269,6 +305,8 @@ class TrainConfig:
         """The TrainConfig that trains this run's parent."""
         if self.parent is None:
             raise ConfigError("this run has no parent")
+        if self.parent.from_pretrained is not None:
+            raise ConfigError("a parent.from_pretrained parent is loaded, not trained")
         p = self.parent
         return dataclasses.replace(
             self,

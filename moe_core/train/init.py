@@ -17,6 +17,7 @@ import torch
 
 from moe_core import upcycle
 from moe_core.config import ModelConfig
+from moe_core.errors import ConfigError
 from moe_core.model import Transformer, build_model
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import state_from_numpy
@@ -84,6 +85,10 @@ def build_initial_model(
     kw = {"moe_layer_cls": moe_layer_cls} if moe_layer_cls is not None else {}
     if parent is None:
         return build_model(mcfg, **kw), None
+    if vocab_size > parent.model_config.vocab_size:
+        raise ConfigError(f"the data's vocabulary ({vocab_size} tokens) exceeds the parent's "
+                          f"vocab_size={parent.model_config.vocab_size}; tokenize with the "
+                          "parent's tokenizer (data.tokenizer: its folder)")
     state = state_from_numpy(parent.model_state)
     new_state, new_cfg, expansion = UPCYCLERS[cfg.upcycle.method](state, parent.model_config,
                                                                   cfg, calib)

@@ -17,6 +17,7 @@ import torch
 
 from moe_core.config import model_config_from_dict
 from moe_core.data import data_fingerprint
+from moe_core.hf.load import checkpoint_hash, load_dense, weight_files
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
@@ -36,7 +37,10 @@ def _stable(obj: Any) -> Any:
 
 def parent_key(cfg: TrainConfig) -> str:
     """Content hash of what determines a trial's parent (16 hex chars): its config and a
-    fingerprint of the data on disk (a corpus changed under the same path is another parent)."""
+    fingerprint of the data on disk (a corpus changed under the same path is another parent);
+    for ``parent.from_pretrained``, a hash of the checkpoint's files."""
+    if cfg.parent is not None and cfg.parent.from_pretrained is not None:
+        return pretrained_key(cfg.parent.from_pretrained)
     p = cfg.parent_run()
     ident = {
         "model": p.model, "moe": p.moe, "data": p.data, "optim": p.optim,
@@ -45,6 +49,31 @@ def parent_key(cfg: TrainConfig) -> str:
     }
     blob = json.dumps(_stable(ident), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def pretrained_key(path: str | Path) -> str:
+    """Cache key of a pretrained parent: config.json and weight files' content (16 hex chars),
+    memoised per (path, sizes, mtimes) so a plan of many trials hashes the files once."""
+    files = [Path(path) / "config.json", *weight_files(path)]
+    stamp = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if stamp not in _PRETRAINED_KEYS:
+        _PRETRAINED_KEYS[stamp] = "hf-" + checkpoint_hash(path)[:13]
+    return _PRETRAINED_KEYS[stamp]
+
+
+_PRETRAINED_KEYS: dict[tuple, str] = {}
+
+
+def load_pretrained_parent(path: str | Path, cache: Path) -> ParentState:
+    """Load a Hugging Face dense checkpoint (``moe_core.hf.load_dense``) into the parent cache
+    at ``cache`` (same format as a trained parent: fp32 safetensors, no optimizer state; the
+    learning rates are unknown, NaN) and return it."""
+    cfg, state = load_dense(path)
+    save_checkpoint(cache, model_state=state, optimizer_state=None, meta={
+        "step": 0, "tokens": 0, "peak_lr": math.nan, "lr": math.nan, "val_loss": math.nan,
+        "parent_key": cache.name, "from_pretrained": str(Path(path).resolve()),
+        "model_config": dataclasses.asdict(cfg), "curve": [], "wall_s": 0.0})
+    return load_parent(cache)
 
 
 def parent_phase(cfg: TrainConfig) -> Phase:
@@ -64,6 +93,8 @@ def train_parent(
     path = Path(cache_dir) / key
     if (path / "meta.json").exists():
         return load_parent(path), False
+    if cfg.parent is not None and cfg.parent.from_pretrained is not None:
+        return load_pretrained_parent(cfg.parent.from_pretrained, path), True
     p = cfg.parent_run()
     trainer = Trainer(p, phase=parent_phase(cfg), callbacks=callbacks)
     res = trainer.fit()

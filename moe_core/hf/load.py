@@ -1,0 +1,310 @@
+"""Read a Hugging Face ``save_pretrained`` folder (config.json + safetensors) into this project's
+``ModelConfig`` and state dict, without transformers and without the network.
+
+Dense: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (:func:`load_dense`).
+MoE, as :func:`moe_core.hf.save_moe` writes them: ``MixtralForCausalLM`` and
+``Qwen2MoeForCausalLM`` (:func:`load_moe`). Everything else is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from moe_core.config import ModelConfig, MoEConfig, RouterConfig
+from moe_core.errors import ConfigError
+from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
+from moe_core.model import Transformer
+
+DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM")
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a ``save_pretrained`` folder (refused in one line if absent or broken)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"{p} is not a directory; give a Hugging Face save_pretrained folder")
+    f = p / "config.json"
+    if not f.is_file():
+        raise ConfigError(f"{f} is missing; give a Hugging Face save_pretrained folder")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{f} is not readable JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{f} must hold a JSON object")
+    return cfg
+
+
+def architecture(hf: dict[str, Any]) -> str:
+    archs = hf.get("architectures") or []
+    return str(archs[0]) if archs else f"model_type={hf.get('model_type')!r}"
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a folder: the shards its index names, or model.safetensors."""
+    p = Path(path)
+    if (p / INDEX).is_file():
+        try:
+            wmap = json.loads((p / INDEX).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{p / INDEX} is not a safetensors index ({e})") from None
+        files = [p / f for f in sorted(set(wmap.values()))]
+    elif (p / SINGLE).is_file():
+        files = [p / SINGLE]
+    else:
+        bins = sorted(x.name for x in p.glob("*.bin"))
+        extra = f" (found {bins[0]}: re-save it with safe_serialization)" if bins else ""
+        raise ConfigError(f"{p} has no {SINGLE} or {INDEX}{extra}; only safetensors are read")
+    for f in files:
+        if not f.is_file():
+            raise ConfigError(f"{f} is missing: the folder's {INDEX} names it")
+    return files
+
+
+def checkpoint_hash(path: str | Path) -> str:
+    """Content hash (16 hex chars) of config.json and the weight files (the parent cache key)."""
+    p = Path(path)
+    h = hashlib.sha256()
+    for f in [p / "config.json", *weight_files(p)]:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in weight_files(path):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                t = fh.get_tensor(k)
+                out[k] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    return out
+
+
+def _rope_theta(hf: dict[str, Any], arch: str) -> float:
+    rp = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    kind = rp.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ConfigError(f"{arch}: rope_type={kind!r} (RoPE scaling) has no equivalent here; "
+                          "only plain RoPE (rope_type 'default') is supported")
+    return float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _max_seq_len(hf: dict[str, Any]) -> int:
+    """max_position_embeddings, capped at a sliding window when one is on: below the window
+    sliding-window attention is full causal attention, so logits agree exactly."""
+    n = int(hf.get("max_position_embeddings", 2048))
+    window = hf.get("sliding_window")
+    if hf.get("model_type") in ("qwen2", "qwen2_moe") and not hf.get("use_sliding_window"):
+        window = None
+    return min(n, int(window)) if window else n
+
+
+def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfig:
+    """ModelConfig of an HF config.json mapping; refuses what has no exact equivalent."""
+    arch = architecture(hf)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{arch}: hidden_act={hf['hidden_act']!r} is not supported; "
+                          "the MLPs here are SwiGLU (silu)")
+    if hf.get("mlp_bias"):
+        raise ConfigError(f"{arch}: mlp_bias=true is not supported (the MLPs have no biases)")
+    D, H = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and int(head_dim) * H != D:
+        raise ConfigError(f"{arch}: head_dim={head_dim} × num_attention_heads={H} != "
+                          f"hidden_size={D}; a decoupled head_dim is not supported")
+    kv = hf.get("num_key_value_heads")
+    qkv_bias = {"qwen2": True, "qwen2_moe": True}.get(hf.get("model_type"), False)
+    qkv_bias = bool(hf.get("qkv_bias", qkv_bias)) or bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        vocab_size=int(hf["vocab_size"]), n_layer=int(hf["num_hidden_layers"]), d_model=D,
+        n_head=H, n_kv_heads=None if kv is None or int(kv) == H else int(kv),
+        d_ff=int(hf["intermediate_size"]), max_seq_len=_max_seq_len(hf),
+        init_std=float(hf.get("initializer_range", 0.02)), rope_theta=_rope_theta(hf, arch),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
+        moe=moe, name=str(hf.get("_name_or_path") or arch),
+    )
+
+
+def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
+                            max_seq_len: int) -> ModelConfig:
+    """The ModelConfig of a trial upcycled from the dense checkpoint at ``path`` (config.json
+    only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the checkpoint's)."""
+    try:
+        hf = read_config(path)
+    except ConfigError as e:
+        raise ConfigError(f"parent.from_pretrained={str(path)!r}: {e}") from None
+    arch = architecture(hf)
+    if arch not in DENSE_ARCHS:
+        raise ConfigError(f"parent.from_pretrained: {arch} is not supported; give a "
+                          f"{', '.join(DENSE_ARCHS)} folder")
+    cfg = model_config(hf)
+    if max_seq_len > cfg.max_seq_len:
+        raise ConfigError(f"data.seq_len (or model.max_seq_len)={max_seq_len} exceeds the "
+                          f"checkpoint's {cfg.max_seq_len} positions; lower it")
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len, moe=moe)
+
+
+class _Tensors(dict):
+    """HF tensors; a missing key or a wrong shape is one ``ConfigError`` naming it."""
+
+    arch = ""
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        raise ConfigError(f"{self.arch}: the checkpoint has no tensor {key!r}; "
+                          "the weight files do not match config.json")
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):  # shapes only: no memory, no RNG draws
+        model = Transformer(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _check_shapes(state: dict[str, torch.Tensor], cfg: ModelConfig, arch: str) -> None:
+    for k, shape in _expected_shapes(cfg).items():
+        if k not in state:
+            raise ConfigError(f"{arch}: no tensor for {k!r}; the weight files do not match "
+                              "config.json")
+        if tuple(state[k].shape) != shape:
+            raise ConfigError(f"{arch}: {k} has shape {tuple(state[k].shape)} but config.json "
+                              f"implies {shape}; the weight files do not match config.json")
+
+
+def _common(hf_t: _Tensors, cfg: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
+    """Embeddings, final norm, lm_head and every block's attention (bias-free o_proj only)."""
+    state = {"tok_emb.weight": hf_t["model.embed_tokens.weight"],
+             "norm.weight": hf_t["model.norm.weight"]}
+    state["lm_head.weight"] = (state["tok_emb.weight"] if cfg.tie_embeddings
+                               else hf_t["lm_head.weight"])
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        ob = hf_t.get(p + "self_attn.o_proj.bias")
+        if ob is not None and bool(ob.any()):
+            raise ConfigError(f"{arch}: {p}self_attn.o_proj.bias is not zero; an output "
+                              "projection bias is not supported (attention_bias covers q/k/v)")
+        state.update(attn_from_hf(hf_t, cfg, i, p))
+    return state
+
+
+def _zero_qkv_bias(state: dict[str, torch.Tensor], cfg: ModelConfig) -> ModelConfig:
+    """q/k/v biases that are all exactly zero are dropped (the same function, fewer params)."""
+    keys = [f"blocks.{i}.attn.wqkv.bias" for i in range(cfg.n_layer)]
+    if cfg.qkv_bias and not any(bool(state[k].any()) for k in keys):
+        for k in keys:
+            del state[k]
+        return dataclasses.replace(cfg, qkv_bias=False)
+    return cfg
+
+
+def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
+               ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(ModelConfig, state dict) of a local Llama / Mistral / Qwen2 ``save_pretrained`` folder.
+
+    Reads config.json and the safetensors (sharded or not) itself: no transformers, no network.
+    Tensors are cast to ``dtype`` (fp32 by default; None keeps the checkpoint's). q/k rows are
+    permuted to this project's RoPE pair layout (:mod:`moe_core.hf.convert`). Anything without
+    an exact equivalent (another architecture, RoPE scaling, a decoupled head_dim, an o_proj
+    bias, non-SwiGLU MLPs) is refused with one ``ConfigError`` line.
+    """
+    hf = read_config(path)
+    arch = architecture(hf)
+    if arch in MOE_ARCHS:
+        raise ConfigError(f"{arch} is a mixture of experts; load_dense reads "
+                          f"{', '.join(DENSE_ARCHS)} (use moe_core.hf.load_moe)")
+    if arch not in DENSE_ARCHS:
+        raise ConfigError(f"{arch} is not supported; load_dense reads {', '.join(DENSE_ARCHS)}")
+    cfg = model_config(hf)
+    hf_t = _Tensors(read_tensors(path, dtype))
+    hf_t.arch = arch
+    state = _common(hf_t, cfg, arch)
+    for i in range(cfg.n_layer):
+        state.update(dense_mlp_from_hf(hf_t, i, f"model.layers.{i}.mlp."))
+    _check_shapes(state, cfg, arch)
+    return cfg, state
+
+
+def _moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
+    if arch == "MixtralForCausalLM":
+        return MoEConfig(num_experts=int(hf["num_local_experts"]),
+                         top_k=int(hf["num_experts_per_tok"]),
+                         router=RouterConfig(order="topk_softmax"))
+    if hf.get("mlp_only_layers"):
+        raise ConfigError(f"{arch}: mlp_only_layers={hf['mlp_only_layers']} has no equivalent; "
+                          "dense layers here follow moe.interleave only")
+    f = int(hf["moe_intermediate_size"])
+    shared = int(hf.get("shared_expert_intermediate_size") or 0)
+    if shared % f:
+        raise ConfigError(f"{arch}: shared_expert_intermediate_size={shared} is not a multiple "
+                          f"of moe_intermediate_size={f}; shared experts here are N of width f")
+    n_shared = shared // f
+    return MoEConfig(num_experts=int(hf["num_experts"]), top_k=int(hf["num_experts_per_tok"]),
+                     expert_d_ff=f, num_shared_experts=n_shared,
+                     interleave=int(hf.get("decoder_sparse_step", 1)),
+                     router=RouterConfig(order="softmax_topk",
+                                         renormalize=bool(hf.get("norm_topk_prob", False))))
+
+
+def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str, torch.Tensor]:
+    """Block ``i``'s MoE layer from Mixtral's ``block_sparse_moe`` or Qwen2-MoE's ``mlp``."""
+    assert cfg.moe is not None
+    E = cfg.moe.num_experts
+    b = f"blocks.{i}.mlp."
+    mixtral = arch == "MixtralForCausalLM"
+    p = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = {b + "router.weight": hf_t[p + "gate.weight"],
+           b + "expert_bias": torch.zeros(E, dtype=hf_t[p + "gate.weight"].dtype),
+           b + "aux_coef": torch.tensor(cfg.moe.router.aux_coef)}
+    for n, w in zip(names, ("w_gate", "w_up", "w_down")):
+        out[b + w] = torch.stack([hf_t[p + f"experts.{e}.{n}.weight"].t() for e in range(E)])
+    if not mixtral:
+        gate = hf_t[p + "shared_expert_gate.weight"]
+        if cfg.moe.num_shared_experts > 0 and bool(gate.any()):
+            raise ConfigError(f"{arch}: layer {i} shared_expert_gate is not zero; a gated shared "
+                              "expert (sigmoid(g·x) ≠ 1/2) has no exact equivalent here")
+        if cfg.moe.num_shared_experts > 0:  # sigmoid(0) = 1/2 exactly; halving is exact
+            out.update(dense_mlp_from_hf(hf_t, i, p + "shared_expert.", dst="mlp.shared."))
+            out[b + "shared.w_down"] = out[b + "shared.w_down"] * 0.5
+    return out
+
+
+def load_moe(path: str | Path, dtype: torch.dtype | None = torch.float32
+             ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(ModelConfig, state dict) of a ``MixtralForCausalLM`` or ``Qwen2MoeForCausalLM`` folder
+    in the exact forms :func:`moe_core.hf.save_moe` writes: Qwen2-MoE's shared expert must have
+    a zero ``shared_expert_gate`` (an always-on shared expert at weight 1/2) or width 0.
+    Same rules as :func:`load_dense` otherwise."""
+    hf = read_config(path)
+    arch = architecture(hf)
+    if arch in DENSE_ARCHS:
+        raise ConfigError(f"{arch} is dense; use moe_core.hf.load_dense")
+    if arch not in MOE_ARCHS:
+        raise ConfigError(f"{arch} is not supported; load_moe reads {', '.join(MOE_ARCHS)}")
+    cfg = model_config(hf, _moe_config(hf, arch))
+    hf_t = _Tensors(read_tensors(path, dtype))
+    hf_t.arch = arch
+    state = _common(hf_t, cfg, arch)
+    assert cfg.moe is not None
+    for i in range(cfg.n_layer):
+        if cfg.moe.is_moe_layer(i):
+            state.update(_moe_block(hf_t, cfg, i, arch))
+        else:
+            state.update(dense_mlp_from_hf(hf_t, i, f"model.layers.{i}.mlp."))
+    cfg = _zero_qkv_bias(state, cfg)
+    _check_shapes(state, cfg, arch)
+    return cfg, state

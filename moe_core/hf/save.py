@@ -1,0 +1,236 @@
+"""Write this project's models as Hugging Face ``save_pretrained`` folders that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads with the same logits.
+
+Mapping (exact in floating point unless said otherwise; see the README's architecture table):
+
+* dense → ``LlamaForCausalLM`` (``attention_bias`` = ``model.qkv_bias``, with a zero o_proj bias).
+* coarse MoE (expert d_ff = d_ff), ``router.order: topk_softmax``, every layer MoE, no shared
+  experts, no q/k/v bias → ``MixtralForCausalLM``. Mixtral takes softmax over all E logits, then
+  top-K, then divides by the K weights' sum: the softmax over the K selected logits (000 Eq. 15)
+  up to rounding.
+* every other MoE → ``Qwen2MoeForCausalLM``: softmax over all experts → top-K (004 §2.1.2),
+  ``norm_topk_prob`` = ``router.renormalize`` (or true for ``topk_softmax``, the same function as
+  above), ``moe_intermediate_size`` = expert d_ff (granular, 004 §2.2), ``decoder_sparse_step`` =
+  ``moe.interleave`` (both make layer i MoE when (i + 1) % step == 0), dense layers of
+  ``intermediate_size`` = d_ff. N shared experts of width f are one shared expert of width N·f
+  (our ``shared`` SwiGLU already is); Qwen2-MoE multiplies it by sigmoid(shared_expert_gate·x),
+  so the gate weight is written as zero (sigmoid(0) = 1/2 exactly) and the shared down_proj
+  doubled (exact: a power of two). Without shared experts the shared expert has width 0.
+* refused, one line each: gating logit normalisation (``router.logit_norm_lambda``), a
+  loss-free / replica selection bias (``router.loss_free_rate`` or a nonzero ``expert_bias``),
+  capacity-factor token dropping, expert-parallel shards, and an explicit ``arch="mixtral"``
+  for what Mixtral cannot express (interleave, shared experts, granular experts, q/k/v biases,
+  softmax → top-K without renormalisation).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from moe_core.config import ModelConfig
+from moe_core.errors import ConfigError
+from moe_core.fsio import publish_dir
+from moe_core.hf.convert import attn_to_hf, dense_mlp_to_hf
+from moe_core.hf.load import INDEX, SINGLE
+from moe_core.upcycle._state import to_torch_state
+
+ARCHS = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+         "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+def _mixtral_problem(cfg: ModelConfig) -> str | None:
+    """Why Mixtral cannot hold ``cfg`` exactly, or None."""
+    m = cfg.moe
+    assert m is not None
+    if m.router.order != "topk_softmax" and not m.router.renormalize:
+        return "router.order=softmax_topk without renormalize (Mixtral renormalises the top-K)"
+    if m.interleave != 1:
+        return f"moe.interleave={m.interleave} (every Mixtral layer is MoE)"
+    if m.num_shared_experts:
+        return f"moe.num_shared_experts={m.num_shared_experts} (Mixtral has no shared expert)"
+    if m.resolved_expert_d_ff(cfg.ffn_dim) != cfg.ffn_dim:
+        return "granular experts (Mixtral experts are d_ff wide; use qwen2_moe)"
+    if cfg.qkv_bias:
+        return "model.qkv_bias=true (Mixtral attention has no biases)"
+    return None
+
+
+def export_arch(cfg: ModelConfig, state: Mapping[str, torch.Tensor] | None = None,
+                arch: str | None = None) -> str:
+    """The HF ``model_type`` ``cfg`` exports as (``llama``, ``mixtral``, ``qwen2_moe``), or a
+    one-line ``ConfigError`` saying why it has no exact Hugging Face form."""
+    if arch is not None and arch not in ARCHS:
+        raise ConfigError(f"arch={arch!r} is not known; use one of {', '.join(ARCHS)}")
+    m = cfg.moe
+    if m is None:
+        if arch not in (None, "llama"):
+            raise ConfigError(f"arch={arch!r} needs an MoE model; a dense model exports as llama")
+        return "llama"
+    if arch == "llama":
+        raise ConfigError("arch='llama' is for dense models; this model has model.moe set")
+    r = m.router
+    if r.logit_norm_lambda is not None:
+        raise ConfigError(f"router.logit_norm_lambda={r.logit_norm_lambda} (gating logit "
+                          "normalisation, 002 §4.1) has no Hugging Face form: Mixtral and "
+                          "Qwen2-MoE route on the raw logits; train with it null to export")
+    if r.loss_free_rate > 0:
+        raise ConfigError(f"router.loss_free_rate={r.loss_free_rate} (loss-free balancing bias, "
+                          "003 §2) has no Hugging Face form: Mixtral and Qwen2-MoE have no "
+                          "selection bias; train with it 0 to export")
+    for k, v in (state or {}).items():
+        if k.endswith("mlp.expert_bias") and bool(torch.as_tensor(v).any()):
+            raise ConfigError(f"{k} is nonzero (a selection bias, e.g. upcycle.router_noise) "
+                              "and has no Hugging Face form; Mixtral and Qwen2-MoE have none")
+    if m.capacity_factor is not None:
+        raise ConfigError(f"moe.capacity_factor={m.capacity_factor} drops tokens; Mixtral and "
+                          "Qwen2-MoE are dropless: set it null to export")
+    why = _mixtral_problem(cfg)
+    if arch == "mixtral" and why is not None:
+        raise ConfigError(f"arch='mixtral' cannot express {why}; use arch='qwen2_moe'")
+    if arch is not None:
+        return arch
+    return "mixtral" if why is None else "qwen2_moe"
+
+
+def hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> Any:
+    """The transformers config object of ``cfg`` exported as ``arch``."""
+    import transformers  # noqa: PLC0415 (export only; load_dense works without it)
+
+    common = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len, initializer_range=cfg.init_std,
+        rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        architectures=[ARCHS[arch]], dtype=str(dtype).removeprefix("torch."),
+    )
+    if arch == "llama":
+        return transformers.LlamaConfig(**common, attention_bias=cfg.qkv_bias)
+    m = cfg.moe
+    assert m is not None
+    if arch == "mixtral":
+        return transformers.MixtralConfig(**common, num_local_experts=m.num_experts,
+                                          num_experts_per_tok=m.top_k, sliding_window=None,
+                                          router_aux_loss_coef=m.router.aux_coef)
+    f = m.resolved_expert_d_ff(cfg.ffn_dim)
+    common.pop("head_dim")  # Qwen2-MoE derives it
+    return transformers.Qwen2MoeConfig(
+        **common, num_experts=m.num_experts, num_experts_per_tok=m.top_k,
+        moe_intermediate_size=f, shared_expert_intermediate_size=f * m.num_shared_experts,
+        norm_topk_prob=m.router.order == "topk_softmax" or m.router.renormalize,
+        decoder_sparse_step=m.interleave, mlp_only_layers=[], qkv_bias=cfg.qkv_bias,
+        use_sliding_window=False, router_aux_loss_coef=m.router.aux_coef)
+
+
+def hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, arch: str
+             ) -> dict[str, torch.Tensor]:
+    """Our state dict under the HF names of ``arch`` (per-expert keys, as the Hub's
+    Mixtral / Qwen2-MoE checkpoints are stored)."""
+    out = {"model.embed_tokens.weight": state["tok_emb.weight"],
+           "model.norm.weight": state["norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        out.update(attn_to_hf(state, cfg, i, p))
+        if arch == "llama" and cfg.qkv_bias:  # Llama's attention_bias also covers o_proj
+            out[p + "self_attn.o_proj.bias"] = torch.zeros(cfg.d_model,
+                                                           dtype=state["norm.weight"].dtype)
+        if cfg.moe is None or not cfg.moe.is_moe_layer(i):
+            out.update(dense_mlp_to_hf(state, i, p + "mlp."))
+            continue
+        b = f"blocks.{i}.mlp."
+        mixtral = arch == "mixtral"
+        mp = p + ("block_sparse_moe." if mixtral else "mlp.")
+        out[mp + "gate.weight"] = state[b + "router.weight"]
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        for n, w in zip(names, ("w_gate", "w_up", "w_down")):
+            for e, t in enumerate(state[b + w].unbind(0)):
+                out[mp + f"experts.{e}.{n}.weight"] = t.t()
+        if not mixtral:
+            sp = mp + "shared_expert."
+            if cfg.moe.num_shared_experts:
+                out.update(dense_mlp_to_hf(state, i, sp, src="mlp.shared."))
+                out[sp + "down_proj.weight"] = out[sp + "down_proj.weight"] * 2.0
+            else:
+                D, dt = cfg.d_model, state[b + "router.weight"].dtype
+                out.update({sp + "gate_proj.weight": torch.zeros(0, D, dtype=dt),
+                            sp + "up_proj.weight": torch.zeros(0, D, dtype=dt),
+                            sp + "down_proj.weight": torch.zeros(D, 0, dtype=dt)})
+            out[mp + "shared_expert_gate.weight"] = torch.zeros(
+                1, cfg.d_model, dtype=state[b + "router.weight"].dtype)
+    return out
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], d: Path, max_shard_bytes: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k in sorted(tensors):
+        t = tensors[k]
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = t
+        size += nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(d / SINGLE), metadata=meta)
+        return
+    n = len(shards)
+    wmap = {}
+    for j, sh in enumerate(shards):
+        name = f"model-{j + 1:05d}-of-{n:05d}.safetensors"
+        save_file(sh, str(d / name), metadata=meta)
+        wmap.update({k: name for k in sh})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (d / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
+                                      indent=2))
+
+
+def save_moe(model_or_state: Any, cfg: ModelConfig | None, path: str | Path, *,
+             arch: str | None = None, dtype: torch.dtype | None = None,
+             max_shard_bytes: int = 5 * 2**30, extra_files: Mapping[str, Path] | None = None
+             ) -> str:
+    """Write ``model_or_state`` (a ``Transformer`` or its state dict, torch or numpy) with
+    ModelConfig ``cfg`` (None: the model's own) as a Hugging Face folder at ``path``; returns
+    the architecture written (``LlamaForCausalLM``, ``MixtralForCausalLM``,
+    ``Qwen2MoeForCausalLM``). ``arch`` forces ``mixtral`` or ``qwen2_moe`` (default: Mixtral
+    where exact, else Qwen2-MoE; module docstring). ``dtype`` casts floating tensors (default:
+    as stored). ``extra_files`` (name → source path, e.g. the source's tokenizer.json) are copied
+    in. The folder appears atomically; configs with no exact HF form are refused in one line.
+    """
+    if isinstance(model_or_state, torch.nn.Module):
+        cfg = cfg or model_or_state.config
+        if any(getattr(m, "ep_size", 1) > 1 for m in model_or_state.modules()):
+            raise ConfigError("save_moe needs the full experts; gather the expert-parallel "
+                              "shards into one state first")
+        state_in: Mapping[str, Any] = model_or_state.state_dict()
+    else:
+        state_in = model_or_state
+    if cfg is None:
+        raise ConfigError("save_moe: give the ModelConfig of the state (cfg)")
+    state, _ = to_torch_state(state_in)
+    kind = export_arch(cfg, state, arch)
+    tensors = hf_state(state, cfg, kind)
+    dt = dtype or state["norm.weight"].dtype
+    tensors = {k: (v.to(dt) if v.is_floating_point() else v).detach().cpu().contiguous()
+               for k, v in tensors.items()}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    hf_config(cfg, kind, dt).save_pretrained(str(tmp))
+    _write_weights(tensors, tmp, max_shard_bytes)
+    for name, src in (extra_files or {}).items():
+        (tmp / name).write_bytes(Path(src).read_bytes())
+    publish_dir(tmp, out)
+    return ARCHS[kind]

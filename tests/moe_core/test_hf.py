@@ -1,0 +1,228 @@
+"""moe_core.hf against transformers' own Llama / Mistral / Qwen2 / Mixtral / Qwen2-MoE code:
+tiny random models built with transformers' config classes, saved to a temporary folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from moe_core.config import MoEConfig, RouterConfig
+from moe_core.errors import ConfigError
+from moe_core.hf import load_dense, load_moe, load_tokenizer, save_moe
+from moe_core.model import build_model
+from moe_core.params import count_params
+from moe_core.upcycle import dense_to_moe_state
+from tests.hf_util import VOCAB, hf_logits, rel_err, tiny_dense
+
+TOL = 1e-5
+TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+# (name, tie embeddings): Llama with GQA, Mistral (GQA, sliding window), Qwen2 (q/k/v biases)
+ARCHS = [("llama", False), ("mistral", False), ("qwen2", True)]
+MOES = {
+    "coarse_e8_top2": MoEConfig(num_experts=8, top_k=2, router=RouterConfig(order="topk_softmax")),
+    "granular_g2": MoEConfig(num_experts=8, top_k=4, granularity=2,
+                             router=RouterConfig(order="topk_softmax")),
+    "shared_1": MoEConfig(num_experts=8, top_k=2, num_shared_experts=1,
+                          router=RouterConfig(order="topk_softmax")),
+    "interleave_2_softmax_topk_renorm": MoEConfig(
+        num_experts=4, top_k=2, interleave=2,
+        router=RouterConfig(order="softmax_topk", renormalize=True)),
+}
+EXPECTED_ARCH = {"coarse_e8_top2": "MixtralForCausalLM", "granular_g2": "Qwen2MoeForCausalLM",
+                 "shared_1": "Qwen2MoeForCausalLM",
+                 "interleave_2_softmax_topk_renorm": "Qwen2MoeForCausalLM"}
+
+
+def ours(cfg, state, tokens=TOKENS) -> torch.Tensor:
+    m = build_model(cfg)
+    m.load_state_dict(state)
+    m.eval()
+    with torch.no_grad():
+        return m(tokens).logits
+
+
+@pytest.fixture(scope="module", params=ARCHS, ids=[a for a, _ in ARCHS])
+def dense(request, tmp_path_factory):
+    arch, tie = request.param
+    path = tiny_dense(arch, tmp_path_factory.mktemp(arch) / "src", tie=tie)
+    cfg, state = load_dense(path)
+    return arch, path, cfg, state, hf_logits(path, TOKENS)
+
+
+def test_import_matches_transformers(dense):
+    arch, _, cfg, state, ref = dense
+    assert cfg.n_kv_heads == 2 and cfg.n_head == 4  # GQA
+    assert cfg.qkv_bias == (arch == "qwen2")
+    assert cfg.rope_theta == 5000.0 and cfg.norm_eps == 1e-5
+    assert rel_err(ours(cfg, state), ref) < TOL
+    # every parameter is counted (GQA, biases, tied embeddings)
+    assert count_params(cfg).total == sum(p.numel() for p in build_model(cfg).parameters())
+
+
+@pytest.mark.parametrize("name", list(MOES))
+def test_export_matches_ours_and_the_dense_source(dense, name, tmp_path):
+    arch, _, cfg, state, ref = dense
+    moe_state, moe_cfg = dense_to_moe_state(state, cfg, MOES[name], seed=0)
+    mine = ours(moe_cfg, moe_state)
+    written = save_moe(moe_state, moe_cfg, tmp_path / "moe")
+    want = EXPECTED_ARCH[name] if arch != "qwen2" else "Qwen2MoeForCausalLM"  # q/k/v biases
+    assert written == want
+    assert json.loads((tmp_path / "moe" / "config.json").read_text())["architectures"] == [want]
+    theirs = hf_logits(tmp_path / "moe", TOKENS)
+    assert rel_err(theirs, mine) < TOL
+    assert rel_err(theirs, ref) < TOL  # function preservation, in transformers' MoE code
+
+
+def test_export_softmax_topk_is_exact_but_not_function_preserving(dense, tmp_path):
+    """softmax → top-K without renormalisation: Qwen2-MoE's norm_topk_prob=false is the same
+    function (logits match ours), while 004's weight scaling only approximates the dense model
+    (random router, not uniform probabilities), so the dense comparison must show a gap."""
+    _, _, cfg, state, ref = dense
+    moe = MoEConfig(num_experts=8, top_k=2, router=RouterConfig(order="softmax_topk"))
+    moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
+    assert save_moe(moe_state, moe_cfg, tmp_path / "m") == "Qwen2MoeForCausalLM"
+    theirs = hf_logits(tmp_path / "m", TOKENS)
+    assert rel_err(theirs, ours(moe_cfg, moe_state)) < TOL
+    assert rel_err(theirs, ref) > 1e-3
+
+
+def test_round_trip_after_training(tmp_path):
+    """An MoE trained a few steps here exports; transformers' logits match ours and a
+    re-import into our model matches too (sharded files, shared expert, tied embeddings)."""
+    path = tiny_dense("qwen2", tmp_path / "src", tie=True)
+    cfg, state = load_dense(path)
+    moe_state, moe_cfg = dense_to_moe_state(
+        state, cfg, MoEConfig(num_experts=4, top_k=2, num_shared_experts=2, granularity=2,
+                              router=RouterConfig(order="softmax_topk")), seed=0)
+    model = build_model(moe_cfg)
+    model.load_state_dict(moe_state)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randint(0, VOCAB, (4, 17), generator=g)
+        out = model(x[:, :-1], x[:, 1:])
+        (out.loss + out.aux_loss).backward()
+        opt.step()
+        opt.zero_grad()
+    trained = ours(moe_cfg, model.state_dict())
+    assert rel_err(trained, ours(moe_cfg, moe_state)) > 1e-3  # it did train
+    save_moe(model, None, tmp_path / "out", max_shard_bytes=20_000)
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+    assert rel_err(hf_logits(tmp_path / "out", TOKENS), trained) < TOL
+    cfg2, state2 = load_moe(tmp_path / "out")
+    assert cfg2.moe.num_shared_experts == 2 and cfg2.tie_embeddings
+    assert rel_err(ours(cfg2, state2), trained) < TOL
+
+
+def test_dense_export_round_trip(tmp_path):
+    path = tiny_dense("qwen2", tmp_path / "src")
+    cfg, state = load_dense(path)
+    assert save_moe(state, cfg, tmp_path / "out") == "LlamaForCausalLM"
+    ref = ours(cfg, state)
+    assert rel_err(hf_logits(tmp_path / "out", TOKENS), ref) < TOL
+    cfg2, state2 = load_dense(tmp_path / "out")
+    assert cfg2.qkv_bias
+    assert rel_err(ours(cfg2, state2), ref) < TOL
+
+
+# ---- refusals: one line each ---------------------------------------------------------------
+
+
+def _refused(match: str, fn, *args, **kw) -> str:
+    with pytest.raises(ConfigError, match=match) as e:
+        fn(*args, **kw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_refuses_an_unsupported_architecture(tmp_path):
+    path = tiny_dense("llama", tmp_path / "m")
+    hf = json.loads((path / "config.json").read_text())
+    hf["architectures"] = ["GPT2LMHeadModel"]
+    (path / "config.json").write_text(json.dumps(hf))
+    _refused("GPT2LMHeadModel is not supported", load_dense, path)
+    hf["architectures"] = ["MixtralForCausalLM"]
+    (path / "config.json").write_text(json.dumps(hf))
+    _refused("MixtralForCausalLM is a mixture of experts", load_dense, path)
+
+
+def test_refuses_missing_files(tmp_path):
+    _refused("is not a directory", load_dense, tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    _refused("config.json is missing", load_dense, tmp_path / "empty")
+    path = tiny_dense("llama", tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    _refused("has no model.safetensors", load_dense, path)
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}))
+    _refused("model-00001-of-00002.safetensors is missing", load_dense, path)
+
+
+def test_refuses_a_shape_mismatch_and_a_missing_tensor(tmp_path):
+    path = tiny_dense("llama", tmp_path / "m")
+    hf = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**hf, "intermediate_size": 48}))
+    _refused(r"blocks\.0\.mlp\.w_gate has shape \(32, 64\) but config.json implies \(32, 48\)",
+             load_dense, path)
+    (path / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": 3}))
+    _refused("no tensor 'model.layers.2", load_dense, path)
+    (path / "config.json").write_text(json.dumps({**hf, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 5e5}}))
+    _refused("rope_type='llama3'", load_dense, path)
+
+
+@pytest.mark.parametrize("moe, match", [
+    (MoEConfig(num_experts=4, top_k=2, router=RouterConfig(logit_norm_lambda=1.0)),
+     "logit_norm_lambda=1.0 .* has no Hugging Face form"),
+    (MoEConfig(num_experts=4, top_k=2, router=RouterConfig(loss_free_rate=1e-3)),
+     "loss_free_rate=0.001 .* has no Hugging Face form"),
+    (MoEConfig(num_experts=4, top_k=2, capacity_factor=1.25),
+     "capacity_factor=1.25 drops tokens"),
+])
+def test_refuses_configs_with_no_exact_hf_form(tmp_path, moe, match):
+    path = tiny_dense("llama", tmp_path / "m")
+    cfg, state = load_dense(path)
+    moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
+    _refused(match, save_moe, moe_state, moe_cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_a_selection_bias_and_what_mixtral_cannot_express(tmp_path):
+    path = tiny_dense("llama", tmp_path / "m")
+    cfg, state = load_dense(path)
+    moe = MoEConfig(num_experts=4, top_k=2, interleave=2,
+                    router=RouterConfig(order="topk_softmax"))
+    moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
+    _refused("arch='mixtral' cannot express moe.interleave=2", save_moe, moe_state, moe_cfg,
+             tmp_path / "out", arch="mixtral")
+    moe_state["blocks.1.mlp.expert_bias"][0] = 0.25
+    _refused("blocks.1.mlp.expert_bias is nonzero", save_moe, moe_state, moe_cfg,
+             tmp_path / "out")
+
+
+def test_cli_upcycle_prints_the_measured_error(tmp_path, capsys):
+    from moe_core.hf.__main__ import main
+
+    path = tiny_dense("mistral", tmp_path / "src")
+    assert main(["upcycle", str(path), str(tmp_path / "out"), "--experts", "8", "--top-k", "2",
+                 "--batches", "2", "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["architecture"] == "MixtralForCausalLM" and "our MoE vs our dense" in out
+    assert res["moe_vs_dense"] < TOL and res["transformers_vs_dense"] < TOL
+    assert main(["upcycle", str(path), str(tmp_path / "o2"), "--experts", "8", "--top-k", "2",
+                 "--shared", "1", "--arch", "mixtral", "--no-verify"]) == 2
+    assert "Mixtral has no shared expert" in capsys.readouterr().err
+
+
+def test_tokenizer_loads_through_tokenizers(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tiny_dense("llama", tmp_path / "m")
+    _refused("tokenizer.json is missing", load_tokenizer, path)
+    tok.save(str(path / "tokenizer.json"))
+    assert load_tokenizer(path).encode("hello world again").ids == [1, 2, 0]

@@ -1,0 +1,110 @@
+"""parent.from_pretrained: a tiny random Llama (transformers' config classes, save_pretrained
+to a temporary folder) is the parent of a sweep; trials export Hugging Face checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from moe_core.errors import ConfigError
+from moe_core.hf import load_dense, load_moe
+from moe_core.model import build_model
+from moe_core.train.config import train_config_from_dict
+from moe_core.train.runner import parent_key, train_parent
+from tests.hf_util import hf_logits, rel_err, tiny_dense
+
+BASE = {
+    "moe": {"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
+    "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 20000,
+             "seq_len": 16},
+    "batch": {"global_batch": 4, "micro_batch": 4},
+    "tokens": 256,
+    "upcycle": {"method": "dense_to_moe", "lr_policy": {"policy": "reset", "peak": 1e-3}},
+}
+
+
+def cfg_with(path, **over):
+    d = json.loads(json.dumps(BASE))
+    d["parent"] = {"from_pretrained": str(path)}
+    for k, v in over.items():
+        node = d
+        *head, last = k.split(".")
+        for h in head:
+            node = node.setdefault(h, {})
+        node[last] = v
+    return train_config_from_dict(d)
+
+
+def test_pretrained_parent_config_key_and_cache(tmp_path):
+    path = tiny_dense("llama", tmp_path / "llama")
+    cfg = cfg_with(path)
+    mc = cfg.model_config()
+    assert (mc.d_model, mc.n_layer, mc.n_kv_heads, mc.vocab_size) == (32, 2, 2, 97)
+    assert mc.max_seq_len == 16 and mc.moe.num_experts == 4
+    key = parent_key(cfg)
+    assert key.startswith("hf-") and parent_key(cfg) == key
+    state, loaded = train_parent(cfg, tmp_path / "cache")
+    assert loaded and state.tokens == 0
+    state2, loaded2 = train_parent(cfg, tmp_path / "cache")
+    assert not loaded2  # cached
+    _, dense = load_dense(path)
+    assert all(torch.equal(torch.as_tensor(state2.model_state[k]), v) for k, v in dense.items())
+    # another checkpoint (other weights) is another parent
+    other = tiny_dense("llama", tmp_path / "llama2", seed=1)
+    assert parent_key(cfg_with(other)) != key
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("model.preset", "tiny", "model.preset='tiny' contradicts parent.from_pretrained"),
+    ("parent.tokens", 1000, "parent.tokens contradicts parent.from_pretrained"),
+    ("parent.lr", 1e-3, "parent.lr contradicts parent.from_pretrained"),
+    ("upcycle.lr_policy", {"policy": "constant"}, "upcycle.lr_policy.policy=constant needs"),
+    ("data.seq_len", 128, "data.seq_len .*=128 exceeds the checkpoint's 64 positions"),
+    ("moe.granularity", 3, "moe.granularity=3 does not divide model.d_ff=64"),
+])
+def test_contradictory_settings_are_refused(tmp_path, key, value, match):
+    path = tiny_dense("llama", tmp_path / "llama")
+    with pytest.raises(ConfigError, match=match) as e:
+        cfg_with(path, **{key: value})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
+    path = tiny_dense("llama", tmp_path / "llama")
+    sets = [f"base.parent.from_pretrained={path}", "base.data.source=synthetic",
+            "base.data.tokenizer=bytes", "base.data.synthetic_vocab=32",
+            "base.data.synthetic_tokens=20000", "base.data.seq_len=16",
+            "base.batch.global_batch=4", "base.batch.micro_batch=4", "base.tokens=128",
+            "base.optim.dtype=fp32", "base.eval.every_steps=4", "base.eval.batches=1",
+            "base.moe.num_experts=4", f"results={tmp_path / 'results'}"]
+    env = dict(os.environ, WANDB_MODE="offline", UPCYCLE_CACHE=str(tmp_path / "cache"))
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "sweeps.run",
+                          "search_spaces/upcycle_pretrained.yaml", "--json",
+                          *[a for s in sets for a in ("--set", s)]],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = tmp_path / "results" / "upcycle_pretrained"
+    rows = pq.read_table(res / "results.parquet").to_pylist()
+    trials = sorted({r["trial_id"] for r in rows})
+    assert len(trials) == 3 and {r["status"] for r in rows} == {"ok"}
+    assert len({r["parent_key"] for r in rows}) == 1 and rows[0]["parent_key"].startswith("hf-")
+    tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
+    for t in trials:
+        folder = res / "export" / t
+        assert json.loads((folder / "config.json").read_text())["architectures"] == [
+            "MixtralForCausalLM"]
+        cfg, state = load_moe(folder)
+        m = build_model(cfg)
+        m.load_state_dict(state)
+        m.eval()
+        with torch.no_grad():
+            assert rel_err(hf_logits(folder, tokens), m(tokens).logits) < 1e-5
