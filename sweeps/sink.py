@@ -26,6 +26,7 @@ import pyarrow as pa
 from moe_core.fsio import fsync_dir
 from sweeps.results import (
     CORE_COLUMNS,
+    PRUNE_COLUMNS,
     RESULTS_FILE,
     concat_tables,
     read_rows,
@@ -199,6 +200,12 @@ class ResultsSink:
         if div is not None:  # a diverged trial reads as one, like a failed one: every row
             for row in mine.values():
                 row["status"], row["reason"] = "diverged", div.get("reason")
+            return True
+        pruned = next((r for r in mine.values() if r.get("prune_rule")), None)
+        if pruned is not None:  # so does a pruned one, with the rule and values that fired
+            cols = {k: pruned.get(k) for k in PRUNE_COLUMNS}
+            for row in mine.values():
+                row.update(cols, status="pruned", reason=pruned.get("reason"))
             return True
         for row in mine.values():
             cur = row.get("status")
