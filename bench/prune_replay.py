@@ -59,6 +59,8 @@ HEALTH = {
     "drop_rate": {"above": 0.1},
 }
 GRACE, RF, CONCURRENCY = 2, 3.0, 2
+"""ASHA's grace period and reduction factor (``scheduler: asha`` defaults; ``--grace``,
+``--rf``) and the trials running at once."""
 
 
 class Sweep:
@@ -82,9 +84,11 @@ class Sweep:
             sets.setdefault(int(self.by_trial[t][0]["tokens_budget"]), []).append(t)
         self.sets = {b: sorted(ts) for b, ts in sorted(sets.items()) if len(ts) >= 3}
         """Comparable sets (budget → trials) of at least 3 trials: Spearman's sets."""
-        self.replay_sets = {b: ts for b, ts in self.sets.items()
-                            if min(len(self.curves[t].steps) for t in ts) > GRACE}
+
+    def replay_sets(self, grace: int) -> dict[int, list[str]]:
         """The sets whose trials report more evals than ASHA's grace period: replayed."""
+        return {b: ts for b, ts in self.sets.items()
+                if min(len(self.curves[t].steps) for t in ts) > grace}
 
 
 def calibrations(sweeps: Sequence[Sweep]) -> dict[str, dict[str, Calibration]]:
@@ -149,11 +153,12 @@ class _T:
 
 
 def replay_once(s: Sweep, trials: Sequence[str], metric: str, cal: Calibration | None,
-                method: str, health: bool) -> tuple[set[str], int, int]:
+                method: str, health: bool, grace: int = GRACE, rf: float = RF
+                ) -> tuple[set[str], int, int]:
     """One asynchronous ASHA replay of ``trials`` (in this start order): (trials that ran to
     their end, tokens trained, tokens of every trial run to its end)."""
     max_t = max(len(s.curves[t].steps) for t in trials)
-    bracket = _Bracket(min_t=GRACE, max_t=max_t, reduction_factor=RF, s=0)
+    bracket = _Bracket(min_t=grace, max_t=max_t, reduction_factor=rf, s=0)
     stopper = HealthStopper(parse_prune(HEALTH)) if health else None
     queue, running, clock, finished, spent = list(trials), {}, 0.0, set(), 0
     full = sum(s.curves[t].steps[-1] * s.curves[t].tokens_per_step for t in trials)
@@ -189,8 +194,8 @@ def replay_once(s: Sweep, trials: Sequence[str], metric: str, cal: Calibration |
     return finished, spent, full
 
 
-def replays(sweeps: Sequence[Sweep], cals, n: int, seed: int, method: str
-            ) -> dict[str, dict[str, dict[str, float]]]:
+def replays(sweeps: Sequence[Sweep], cals, n: int, seed: int, method: str,
+            grace: int = GRACE, rf: float = RF) -> dict[str, dict[str, dict[str, float]]]:
     """Every arm over the same resampled (subset, order) draws of every comparable set:
     {scope ("all" or a sweep): {arm: {survive, saved, regret, replays}}}. Arms: raw, the
     predicted arm of every method (``predicted:<method>``), ``predicted`` (= ``method``) with
@@ -202,13 +207,13 @@ def replays(sweeps: Sequence[Sweep], cals, n: int, seed: int, method: str
     acc: dict[str, dict[str, dict[str, list]]] = {}
     for s in sweeps:
         cal = cals[s.name]["cross"]
-        for ts in s.replay_sets.values():
+        for ts in s.replay_sets(grace).values():
             for _ in range(n):
                 k = rng.randint(3, len(ts))
                 draw = rng.sample(ts, k)
                 best = min(draw, key=lambda t: s.curves[t].final_loss)
                 for a, (metric, m, health) in arms.items():
-                    done, spent, full = replay_once(s, draw, metric, cal, m, health)
+                    done, spent, full = replay_once(s, draw, metric, cal, m, health, grace, rf)
                     got = min((s.curves[t].final_loss for t in done), default=math.nan)
                     for scope in ("all", s.name):
                         d = acc.setdefault(scope, {}).setdefault(
@@ -230,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("results", nargs="*", default=DEFAULT)
     ap.add_argument("--replays", type=int, default=400, help="replays per comparable set")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grace", type=int, default=GRACE, help="ASHA grace period (evals)")
+    ap.add_argument("--rf", type=float, default=RF, help="ASHA reduction factor")
     ap.add_argument("--method", default="branch_gain", choices=METHODS,
                     help="predictor of the replay's predicted arms")
     args = ap.parse_args(argv)
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         c = cals[s.name]["cross"]
         print(f"# {s.name}: {len(s.curves)} trials, sets (budget: trials) "
               f"{ {b: len(t) for b, t in s.sets.items()} }, replayed "
-              f"{sorted(s.replay_sets)}; cross calibration on "
+              f"{sorted(s.replay_sets(args.grace))}; cross calibration on "
               f"{c.curves} curves: alpha={c.alpha:.3f} gain(logk,p,q)="
               f"{tuple(round(x, 3) for x in c.gain)} mpl(B,C,beta,gamma)="
               f"{tuple(float(f'{x:.3g}') for x in c.mpl)} ratio(a,b,fmin)="
@@ -251,8 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in table:
         print(f"{r['sweep']:14s} {r['rung']:4d} {r['n']:2d}  " + " ".join(
             f"{_fmt(r['mae:' + k])} rho {_fmt(r['rho:' + k])}".rjust(22) for k in keys))
-    res = replays(sweeps, cals, args.replays, args.seed, args.method)
-    print(f"\n## ASHA replay (grace {GRACE}, rf {RF:g}, {CONCURRENCY} concurrent, cross "
+    res = replays(sweeps, cals, args.replays, args.seed, args.method, args.grace, args.rf)
+    print(f"\n## ASHA replay (grace {args.grace}, rf {args.rf:g}, {CONCURRENCY} concurrent, cross "
           f"calibration; health = predicted:{args.method} + rules {json.dumps(HEALTH)})")
     print(f"{'scope':14s} {'arm':24s} {'best survives':>14s} {'tokens saved':>13s} "
           f"{'regret':>8s} replays")
@@ -275,7 +282,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "regret_raw": round(res["raw"]["regret"], 5),
         "regret_predicted": round(res["predicted"]["regret"], 5),
         "regret_health": round(res["health"]["regret"], 5),
-        "method": args.method, "replays": res["raw"]["replays"],
+        "method": args.method, "replays": res["raw"]["replays"], "grace": args.grace,
+        "rf": args.rf,
         "best_survival_by_method": {m: round(res[f"predicted:{m}"]["survive"], 4)
                                     for m in METHODS},
         "tokens_saved_by_method": {m: round(res[f"predicted:{m}"]["saved"], 4)

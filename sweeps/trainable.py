@@ -211,7 +211,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
                         reporter.report(reporter.row(m))
                 resume_from = Path(st.checkpoints[t.config.tokens])
         if spec.resources.ranks > 1:
-            run_multi_rank(spec, t, parents, cache_dir, static, resume_from)
+            run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor)
             return
         trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
                           out_dir=work / "ckpt", callbacks=(reporter,),
@@ -241,8 +241,10 @@ def _train_worker(box: dict[str, Any]) -> None:
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
     if ck is not None:
         resume = ck.path
+    pred = box.get("predictor")
     reporter = TrialReporter(box["static"], ray.train.report, ray.train.Checkpoint,
-                             attach=rank == 0)
+                             attach=rank == 0, predictor=None if pred is None else
+                             PostDecayPredictor.for_trial(*pred, t, parent))
     trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
                       out_dir=Path(box["ckpt_root"]), callbacks=(reporter,),
                       should_checkpoint=CheckpointCadence(box["checkpoint"],
@@ -254,7 +256,8 @@ def _train_worker(box: dict[str, Any]) -> None:
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
-                   static: dict[str, Any], resume_from: Path | None) -> None:
+                   static: dict[str, Any], resume_from: Path | None,
+                   predictor: tuple[str, Calibration] | None = None) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
     across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
     the trial's resources (the Tune trial itself reserves none)."""
@@ -271,7 +274,8 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
         train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
                            "static": static,
                            "resume": str(resume_from) if resume_from else None,
-                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint},
+                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint,
+                           "predictor": predictor},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker={"CPU": r.cpus,

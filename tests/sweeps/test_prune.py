@@ -10,10 +10,12 @@ import pytest
 
 from analysis.data import load_points, ok_trials
 from moe_core.errors import SearchSpaceError
+from sweeps.driver import scheduler
 from sweeps.health import HealthStopper, RungMetricASHA
 from sweeps.prune import PruneConfig, check, parse_prune
 from sweeps.results import PRUNE_COLUMNS, SCHEMA_VERSION, read_rows, read_table, summarize
 from sweeps.sink import ResultsSink
+from sweeps.spec import parse_spec
 
 
 def _row(step, tokens=None, **stats):
@@ -145,9 +147,6 @@ def test_analysis_leaves_pruned_trials_out_of_fits_unless_asked():
 
 
 def test_asha_rung_metric_is_its_own():
-    from sweeps.driver import scheduler
-    from sweeps.spec import parse_spec
-
     base = {"model": {"preset": "debug"}, "moe": {"num_experts": 4, "top_k": 1},
             "data": {"source": "synthetic"}, "eval": {"every_steps": 2}, "tokens": 4096,
             "batch": {"global_batch": 8, "micro_batch": 8}}
