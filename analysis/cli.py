@@ -90,6 +90,8 @@ def _fit_parser() -> argparse.ArgumentParser:
                     help="keep only rows with this value, e.g. --where kind=upcycled")
     ap.add_argument("--curves", action="store_true",
                     help="fit every eval of every trial instead of each trial's final eval")
+    ap.add_argument("--include-pruned", action="store_true",
+                    help="fit pruned trials too (a health rule stopped them; left out by default)")
     ap.add_argument("--loo", action="store_true", help="leave-one-out RMS (000 Table 1)")
     ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
                     help="bootstrap N resamples for confidence intervals")
@@ -110,7 +112,8 @@ def _fit_all(args: argparse.Namespace) -> list[FitResult]:
     results = []
     for name in [n.strip() for n in args.law.split(",") if n.strip()]:
         law = get_law(name)
-        pts = load_points(args.data, law, columns=columns, curves=args.curves, where=where)
+        pts = load_points(args.data, law, columns=columns, curves=args.curves, where=where,
+                          include_pruned=args.include_pruned)
         fx = {k: v for k, v in fixed.items() if k in law.param_names}
         results.append(fit(law, pts, fixed=fx, delta=args.delta, loo=args.loo,
                            bootstrap=args.bootstrap, ci_level=args.ci,

@@ -70,18 +70,23 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
     return json.loads(sp.read_text()) if sp.exists() else None
 
 
-def ok_trials(df):
-    """Rows of trials that finished ("ok"); of running ones only if none has finished yet."""
+def ok_trials(df, include_pruned: bool = False):
+    """Rows of trials that finished ("ok"); of running ones only if none has finished yet. A
+    trial a health rule pruned (status "pruned") stopped early for a reason: it is left out
+    unless ``include_pruned``."""
     if "trial_id" not in df.columns or "status" not in df.columns:
         return df
     status = df["status"].astype(str)
-    good = "ok" if (status == "ok").any() else "running"
-    return df[df["trial_id"].isin(set(df.loc[status == good, "trial_id"]))]
+    good = {"ok" if (status == "ok").any() else "running"}
+    if include_pruned:
+        good.add("pruned")
+    return df[df["trial_id"].isin(set(df.loc[status.isin(good), "trial_id"]))]
 
 
-def final_evals(df):
-    """The final evaluation (max step) of each successful trial."""
-    df = ok_trials(df)
+def final_evals(df, include_pruned: bool = False):
+    """The final evaluation (max step) of each successful trial (and of each pruned one with
+    ``include_pruned``)."""
+    df = ok_trials(df, include_pruned)
     if "trial_id" in df.columns and "step" in df.columns:
         df = df.sort_values("step", kind="stable").groupby("trial_id", as_index=False).tail(1)
     return df
@@ -117,21 +122,23 @@ def _variable(df, law: Law, var: str, col: str | None) -> np.ndarray:
 
 
 def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = None,
-                curves: bool = False, where: Mapping[str, Any] | None = None) -> Points:
+                curves: bool = False, where: Mapping[str, Any] | None = None,
+                include_pruned: bool = False) -> Points:
     """Points for ``law`` from a path or a DataFrame.
 
     ``columns`` maps a law variable (or ``L``) to a column name; by default a variable uses the
     column of the same name, D → ``tokens``, N → ``N1``, L → ``val_loss`` (or ``loss``), and
     sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
     trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
-    Rows with a missing, non-positive or non-finite value are dropped.
+    Rows with a missing, non-positive or non-finite value are dropped. Pruned trials (a health
+    rule stopped them, ``sweeps.prune``) are left out unless ``include_pruned``.
     """
     import pandas as pd
 
     law = get_law(law) if isinstance(law, str) else law
     df = data if isinstance(data, pd.DataFrame) else read_table(data)
     df = _filter(df, where)
-    df = ok_trials(df) if curves else final_evals(df)
+    df = ok_trials(df, include_pruned) if curves else final_evals(df, include_pruned)
     cmap = dict(columns or {})
     x = {var: _variable(df, law, var, cmap.get(var)) for var in law.variables}
     lcol = cmap.get("L") or ("val_loss" if "val_loss" in df.columns else "loss")

@@ -34,6 +34,14 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
     con = Console()
     con.print(f"[bold]sweep[/] {spec.name}  ({spec.path})  algorithm={spec.algorithm} "
               f"scheduler={spec.scheduler} num_samples={spec.num_samples}")
+    if spec.scheduler == "asha" and spec.asha.rung_metric:
+        con.print(f"ASHA rungs compare {spec.asha.rung_metric} ({spec.asha.predictor}, "
+                  f"calibrated on {spec.asha.calibration})", markup=False)
+    if spec.prune:
+        con.print("prune: " + "; ".join(
+            f"{name} above {r.above:g}" + (f" for {r.for_evals} evals" if r.for_evals > 1 else "")
+            + (f" after {r.after_tokens:,.0f} tokens" if r.after_tokens else "")
+            for name, r in spec.prune.rules), markup=False)
     t = Table(title="trials (grid points × num_samples)")
     keys = sorted({k for tr in plan.trials for k in tr.point})
     for k in keys + ["tokens", "N_active", "parent"]:

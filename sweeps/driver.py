@@ -21,6 +21,8 @@ from ray import tune
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
+from sweeps.curves import load_calibration
+from sweeps.health import HealthStopper, RungMetricASHA
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan
 from sweeps.results import (
@@ -48,8 +50,9 @@ class ResultsCallback(tune.Callback):
     progress with the best metric so far and an ETA."""
 
     def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Path,
-                 flush_s: float = 10.0):
+                 flush_s: float = 10.0, health: HealthStopper | None = None):
         self.spec, self.plan, self.total = spec, plan, plan.num_trials
+        self.health = health
         self.results_dir = results_dir
         self.sink = ResultsSink(results_dir, flush_s, types=config_types(TrainConfig))
         self.done: set[str] = set()
@@ -66,7 +69,7 @@ class ResultsCallback(tune.Callback):
         rep = self.sink.load(self.results_dir / "tune")
         for p in rep.problems:
             console.progress(p)
-        self.done = self.sink.trial_ids("ok")
+        self.done = self.sink.trial_ids("ok") | self.sink.trial_ids("pruned")
         for r in list(self.sink.rows.values()):
             self._track_best(r)
         self.started = time.time()
@@ -80,6 +83,9 @@ class ResultsCallback(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure_loaded()
         row = row_from_result(result, trial.trial_id)
+        verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
+        if verdict is not None:  # Tune asked the stopper first: this row is where it fired
+            row.update(verdict.columns())
         self.sink.add(row)
         self._track_best(row)
 
@@ -89,10 +95,39 @@ class ResultsCallback(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ensure_loaded()
-        self.sink.mark(trial.trial_id, "ok", placeholder=self._placeholder(trial))
+        verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
+        pruned = verdict.columns() if verdict is not None else self._scheduler_stop(trial)
+        if pruned is not None:
+            self.sink.mark(trial.trial_id, "pruned", pruned["reason"],
+                           placeholder=self._placeholder(trial))
+        else:
+            self.sink.mark(trial.trial_id, "ok", placeholder=self._placeholder(trial))
         self.done.add(trial.trial_id)
         self.sink.flush()
         self._progress(trials, trial)
+
+    def _scheduler_stop(self, trial) -> dict[str, Any] | None:
+        """ASHA stopped ``trial`` before its last step (Tune reports that as a completion): its
+        last row gets the columns of a pruned trial (rule ``asha``, the rung metric and its
+        value there), so its pre-decay curve is not taken for a finished run's. None if the
+        trial ran to its last step, or diverged."""
+        if self.spec.scheduler != "asha":
+            return None
+        mine = self.sink.rows_of(trial.trial_id)
+        if not mine or any(r.get("status") == "diverged" for r in mine.values()):
+            return None
+        step = max(mine)
+        end = self.plan.trial(self.spec, dict(trial.config)).config.steps
+        if step >= end:
+            return None
+        metric = self.spec.asha.rung_metric or self.spec.metric
+        value = mine[step].get(metric)
+        cols = {"prune_rule": "asha", "prune_metric": metric, "prune_value": value,
+                "prune_threshold": None, "prune_step": step,
+                "reason": f"stopped by ASHA at step {step} of {end} ({metric}="
+                          f"{value if value is None else format(value, '.4g')} at its rung)"}
+        self.sink.add({**mine[step], **cols})
+        return cols
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._ensure_loaded()
@@ -106,7 +141,8 @@ class ResultsCallback(tune.Callback):
         states = [getattr(t, "status", "") for t in trials if t is not ended]
         console.progress(
             f"{n}/{self.total} trials done ({states.count('RUNNING')} running, "
-            f"{len(self.sink.trial_ids('failed'))} failed)   "
+            f"{len(self.sink.trial_ids('failed'))} failed, "
+            f"{len(self.sink.trial_ids('pruned'))} pruned)   "
             f"best {self.spec.metric}={self.best:.4f}   "
             f"ETA {console.eta(n, self.total, self.started)}")
 
@@ -176,9 +212,11 @@ def scheduler(spec: SweepSpec):
 
     base = spec.base_config
     max_t = spec.asha.max_t or (base.steps // base.eval.every_steps + 2)
-    return ASHAScheduler(time_attr="training_iteration", max_t=max_t,
-                         grace_period=spec.asha.grace_period,
-                         reduction_factor=spec.asha.reduction_factor)
+    kw = dict(time_attr="training_iteration", max_t=max_t, grace_period=spec.asha.grace_period,
+              reduction_factor=spec.asha.reduction_factor)
+    if spec.asha.rung_metric is not None:  # rungs compare the prediction, not the metric
+        return RungMetricASHA(metric=spec.asha.rung_metric, mode=spec.mode, **kw)
+    return ASHAScheduler(**kw)
 
 
 def check_address(address: str | None, timeout_s: float = 5.0) -> None:
@@ -233,8 +271,10 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
                  log_to_driver=verbose, configure_logging=False)
 
 
-def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> list[Any]:
-    callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s)]
+def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Path,
+               health: HealthStopper | None = None) -> list[Any]:
+    callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s,
+                                            health)]
     if spec.wandb.enabled and spec.wandb.mode != "disabled":
         callbacks.append(wandb_callback(spec, plan, results_dir))
     return callbacks
@@ -275,7 +315,8 @@ def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
 
 
 def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[Any],
-           conc: int, resume: bool, verbose: bool) -> tune.Tuner:
+           conc: int, resume: bool, verbose: bool,
+           health: HealthStopper | None = None) -> tune.Tuner:
     exp_dir = results_dir / "tune"
     if resume and tune.Tuner.can_restore(str(exp_dir)):
         return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
@@ -284,7 +325,7 @@ def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[A
         name="tune", storage_path=str(results_dir),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
-        callbacks=callbacks, verbose=1 if verbose else 0,
+        callbacks=callbacks, verbose=1 if verbose else 0, stop=health,
     )
     return tune.Tuner(
         trainable, param_space=param_space(spec),
@@ -330,21 +371,25 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
     cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
+    predictor = None  # fitted before any training: a bad calibration fails in seconds
+    if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":
+        predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
     t0 = time.time()
     refs = train_parents(spec, plan, cache_dir)
     stables = train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
+    health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
                              cache_dir=str(cache_dir), stables=stables,
-                             report=faults.report_function(cache_dir),
+                             report=faults.report_function(cache_dir), predictor=predictor,
                              export_dir=str(results_dir / "export") if spec.export else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
     )
-    tuner = _tuner(spec, trainable, results_dir, _callbacks(spec, plan, results_dir),
-                   _concurrency(spec, max_concurrent), resume, verbose)
+    tuner = _tuner(spec, trainable, results_dir, _callbacks(spec, plan, results_dir, health),
+                   _concurrency(spec, max_concurrent), resume, verbose, health)
     grid = tuner.fit()
     finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,

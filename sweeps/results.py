@@ -15,7 +15,8 @@ Columns, in this order:
 Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
 read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
 file's metadata carries ``SCHEMA_VERSION``. Files written before version 2 (router config under
-``router.*``, ``parent.num_experts``, Python ``str()`` of dicts) are upgraded on read.
+``router.*``, ``parent.num_experts``, Python ``str()`` of dicts) are upgraded on read; files
+before version 3 (no ``pruned`` status) get the version-3 columns as nulls.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 from moe_core.fsio import atomic_write, atomic_write_text
 
 RESULTS_FILE = "results.parquet"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _META_KEY = b"upcycle_sweeps.schema"
 
 KNOB_PREFIX = "knob."
@@ -61,7 +62,7 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("sweep", pa.string(), True, "sweep name (the spec's `sweep:`)"),
     Column("trial_id", pa.string(), True, "Ray Tune trial id"),
-    Column("status", pa.string(), False, "running | ok | failed | diverged"),
+    Column("status", pa.string(), False, "running | ok | failed | diverged | pruned"),
     Column("reason", pa.string(), False, "why a trial failed or diverged"),
     Column("parent_key", pa.string(), True, "content hash of the trial's parent ('' = none)"),
     Column("kind", pa.string(), True, "dense | moe | upcycled"),
@@ -85,7 +86,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("branch_from_step", pa.int64(), True,
            "WSD branch: the shared stable run's step it decays from"),
     Column("ranks", pa.int64(), True, "DeepSpeed ranks of the trial"),
+    Column("transition_jump", pa.float64(), False,
+           "upcycled trial: its first eval's loss minus the parent's final loss (the jump at τ)"),
+    Column("predicted_final", pa.float64(), False,
+           "the loss predicted after the trial's WSD decay (scheduler.rung_metric)"),
+    Column("prune_rule", pa.string(), False, "pruned trial: the prune: rule that fired"),
+    Column("prune_metric", pa.string(), False, "pruned trial: the column the rule read"),
+    Column("prune_value", pa.float64(), False, "pruned trial: its value when the rule fired"),
+    Column("prune_threshold", pa.float64(), False, "pruned trial: the rule's `above`"),
+    Column("prune_step", pa.int64(), False, "pruned trial: the step at which the rule fired"),
 )
+PRUNE_COLUMNS = ("prune_rule", "prune_metric", "prune_value", "prune_threshold", "prune_step")
+"""Columns of a pruned trial (``sweeps.prune.Verdict.columns``); null in every other row."""
 CORE_COLUMNS = [c.name for c in COLUMNS]
 _TYPES = {c.name: c.type for c in COLUMNS}
 STATIC_COLUMNS = frozenset(c.name for c in COLUMNS if c.static)
@@ -248,8 +260,11 @@ def read_table(path: str | Path) -> pa.Table | None:
         return None
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
-    if int(meta.get(_META_KEY, b"1")) < 2:
+    version = int(meta.get(_META_KEY, b"1"))
+    if version < 2:
         table = _upgrade_v1(table)
+    if version < 3:
+        table = _upgrade_v2(table)
     return table
 
 
@@ -276,6 +291,18 @@ def _upgrade_v1(table: pa.Table) -> pa.Table:
     return table.rename_columns(names)
 
 
+_V3_COLUMNS = ("transition_jump", "predicted_final", *PRUNE_COLUMNS)
+
+
+def _upgrade_v2(table: pa.Table) -> pa.Table:
+    """Schema 3 added the pruned status and its columns: null in an older file."""
+    for name in _V3_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(pa.field(name, _TYPES[name]),
+                                        pa.nulls(table.num_rows, _TYPES[name]))
+    return table
+
+
 def final_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The last row (max step) of each trial."""
     best: dict[str, Mapping[str, Any]] = {}
@@ -298,12 +325,13 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
               planned: Mapping[str, Any], results: str, wall_s: float,
               parent_wall_s: float) -> dict[str, Any]:
     """The sweep's outcome and compute ledger (``planned``: the plan's estimates).
-    ``complete`` is false while a planned trial has not ended (ok, failed or diverged):
-    ``unfinished`` lists the trials that started, ``not_started`` counts the others."""
+    ``complete`` is false while a planned trial has not ended (ok, failed, diverged or pruned):
+    ``unfinished`` lists the trials that started, ``not_started`` counts the others. A pruned
+    trial counts neither as ok nor as failed."""
     finals = list(finals)
     ok = [r for r in finals if r.get("status") == "ok"]
     unfinished = sorted(str(r["trial_id"]) for r in finals
-                        if r.get("status") not in ("ok", "failed", "diverged"))
+                        if r.get("status") not in ("ok", "failed", "diverged", "pruned"))
     not_started = max(0, int(planned["trials"]) - len(finals))
     vals = [r[metric] for r in ok if isinstance(r.get(metric), (int, float))]
     best = (min if mode == "min" else max)(vals) if vals else None
@@ -313,6 +341,7 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
         "trials": len(finals), "ok": len(ok),
         "failed": sum(r.get("status") == "failed" for r in finals),
         "diverged": sum(r.get("status") == "diverged" for r in finals),
+        "pruned": sum(r.get("status") == "pruned" for r in finals),
         "best": best, "metric": metric, "wall_s": round(wall_s, 1),
         "parent_wall_s": round(parent_wall_s, 1), "parents": planned["parents"],
         "tokens_saved_by_sharing": planned["tokens_saved_by_sharing"],

@@ -26,6 +26,7 @@ import pyarrow as pa
 from moe_core.fsio import fsync_dir
 from sweeps.results import (
     CORE_COLUMNS,
+    PRUNE_COLUMNS,
     RESULTS_FILE,
     concat_tables,
     read_rows,
@@ -200,6 +201,12 @@ class ResultsSink:
             for row in mine.values():
                 row["status"], row["reason"] = "diverged", div.get("reason")
             return True
+        pruned = next((r for r in mine.values() if r.get("prune_rule")), None)
+        if pruned is not None:  # so does a pruned one, with the rule and values that fired
+            cols = {k: pruned.get(k) for k in PRUNE_COLUMNS}
+            for row in mine.values():
+                row.update(cols, status="pruned", reason=pruned.get("reason"))
+            return True
         for row in mine.values():
             cur = row.get("status")
             if cur == "diverged":
@@ -220,6 +227,11 @@ class ResultsSink:
                 self._put(row)
                 self._append({"row": row})
             self._append({"mark": {"trial_id": trial_id, "status": status, "reason": reason}})
+
+    def rows_of(self, trial_id: str) -> dict[int, dict[str, Any]]:
+        """A copy of one trial's rows, by step."""
+        with self._lock:
+            return dict(self.trials.get(trial_id, {}))
 
     def trial_ids(self, status: str | None = None) -> set[str]:
         with self._lock:

@@ -18,6 +18,7 @@ from typing import Any
 
 from moe_core.config import decode_value, from_mapping, unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError, shown
+from moe_core.predict import METHODS as PREDICTORS
 from moe_core.train.config import (
     TrainConfig,
     apply_overrides,
@@ -26,6 +27,7 @@ from moe_core.train.config import (
     parse_override_value,
     train_config_from_dict,
 )
+from sweeps.prune import PruneConfig, parse_prune
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
 ALGORITHMS = ("grid", "random", "optuna")
@@ -33,7 +35,7 @@ SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
-    "wsd_branches", "storage", "checkpoint", "export",
+    "wsd_branches", "storage", "checkpoint", "export", "prune",
 }
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
@@ -78,8 +80,27 @@ class AshaConfig:
     reduction_factor: float = 3.0
     max_t: int | None = None
     """Evaluations of the longest trial; None = derived from the base config."""
+    rung_metric: str | None = None
+    """What ASHA compares at its rungs: None = the spec's ``metric``; ``predicted_final`` = the
+    loss each trial is predicted to reach after its WSD decay (``moe_core.predict``)."""
+    predictor: str = "multi_power"
+    """rung_metric predicted_final: ``multi_power`` | ``branch_gain`` | ``ratio``."""
+    calibration: str | None = None
+    """rung_metric predicted_final: results (a ``results.parquet`` or a sweep directory) of
+    finished WSD runs the predictor's shared parameters are fitted on before the sweep."""
 
     def __post_init__(self) -> None:
+        if self.rung_metric not in (None, "predicted_final"):
+            raise SearchSpaceError(
+                f"scheduler.rung_metric={self.rung_metric!r} is not known; use predicted_final "
+                "(or leave it out to compare trials on the spec's metric)")
+        if self.predictor not in PREDICTORS:
+            raise SearchSpaceError(f"scheduler.predictor={self.predictor!r} is not known; use "
+                                   f"one of {', '.join(PREDICTORS)}")
+        if self.rung_metric == "predicted_final" and not self.calibration:
+            raise SearchSpaceError(
+                "scheduler.rung_metric=predicted_final needs scheduler.calibration: the results "
+                "of finished WSD runs (e.g. results/upcycle_lr) to fit the predictor on")
         if self.grace_period < 1:
             raise SearchSpaceError(f"scheduler.grace_period={self.grace_period} must be >= 1")
         if not self.reduction_factor > 1:
@@ -196,6 +217,9 @@ class SweepSpec:
     export: str | None = None
     """``hf``: each finished trial exports its final model next to the results
     (``export/<trial_id>/``, Mixtral / Qwen2-MoE / Llama; see ``moe_core.hf``). None = off."""
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    """Health rules (``sweeps.prune``): a trial is stopped and recorded as pruned when one
+    fires."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -471,6 +495,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         storage=_sub(StorageConfig, raw.get("storage"), "storage"),
         checkpoint=_sub(CheckpointSpec, raw.get("checkpoint"), "checkpoint"),
         export=_export(raw),
+        prune=parse_prune(raw.get("prune")),
     )
     validate(spec)
     return spec
@@ -581,7 +606,7 @@ def _check_counts(spec: SweepSpec) -> None:
 
 
 METRICS = {"val_loss", "train_loss", "aux_loss", "router.max_load", "router.entropy",
-           "router.max1_max2", "router.expert_similarity"}
+           "router.max1_max2", "router.expert_similarity", "router.dead_experts"}
 
 
 def iter_grid(spec: SweepSpec) -> itertools.product:

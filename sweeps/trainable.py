@@ -27,7 +27,8 @@ from ray import tune
 from moe_core.errors import DivergenceError
 from moe_core.hf import save_moe
 from moe_core.params import count_params
-from moe_core.schedules import Phase
+from moe_core.predict import Calibration, Curve, predict_final
+from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from sweeps.parents import StableRun, get_parent
@@ -50,9 +51,11 @@ class TrialReporter(Callback):
     deleted: one local checkpoint per trial, besides the ones Tune keeps."""
 
     def __init__(self, static: dict[str, Any], report: Callable[..., None],
-                 checkpoint_cls: Any, attach: bool = True):
+                 checkpoint_cls: Any, attach: bool = True,
+                 predictor: PostDecayPredictor | None = None):
         self.static, self._report, self._ckpt_cls, self.attach = static, report, checkpoint_cls, \
             attach
+        self.predictor = predictor
         self._latest: Path | None = None
 
     def row(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +64,8 @@ class TrialReporter(Callback):
         out["D2"] = m["tokens"]
         out["flops"] = 6 * self.static["N2"] * m["tokens"]
         out["status"] = "running"
+        if self.predictor is not None:
+            out["predicted_final"] = self.predictor.observe(m["step"], m["val_loss"])
         return _clean(out)
 
     def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
@@ -82,6 +87,35 @@ class TrialReporter(Callback):
         row.update(status="diverged", reason=str(e), step=e.step, tokens=e.step *
                    tokens_per_step, wall_s=wall_s, val_loss=None, train_loss=None)
         self._report(_clean(row), checkpoint=None)
+
+
+class PostDecayPredictor:
+    """``predicted_final`` of each eval row: the loss the trial is predicted to reach after its
+    WSD decay (``moe_core.predict``), from its evals so far and its own LR schedule."""
+
+    def __init__(self, method: str, cal: Calibration, lrs: tuple[float, ...], decay_start: int,
+                 tokens_per_step: int):
+        self.method, self.cal = method, cal
+        self.curve = Curve((), (), lrs, decay_start, tokens_per_step)
+
+    @classmethod
+    def for_trial(cls, method: str, cal: Calibration, t: TrialPlan,
+                  parent: ParentState | None) -> PostDecayPredictor:
+        plan = run_schedule(t.config, parent, Phase.full())
+        lrs = tuple(plan.lr(i) for i in range(plan.end_step))
+        s = plan.schedule
+        start = s.decay_start if s.kind == "wsd" and s.decay_steps > 0 else plan.end_step
+        return cls(method, cal, lrs, start, t.config.tokens_per_step)
+
+    def observe(self, step: int, loss: float) -> float:
+        c = self.curve
+        keep = [i for i, s in enumerate(c.steps) if s < step]  # a replayed eval replaces
+        self.curve = Curve(tuple(c.steps[i] for i in keep) + (int(step),),
+                           tuple(c.losses[i] for i in keep) + (float(loss),),
+                           c.lrs, c.decay_start, c.tokens_per_step)
+        if not math.isfinite(loss):
+            return math.nan
+        return predict_final(self.curve, self.cal, self.method)
 
 
 def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
@@ -149,11 +183,13 @@ def _restored_checkpoint(work: Path) -> Path | None:
 def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
               stables: dict[str, StableRun] | None = None,
-              report: Callable[..., None] = tune.report, export_dir: str | None = None
-              ) -> None:
+              report: Callable[..., None] = tune.report, export_dir: str | None = None,
+              predictor: tuple[str, Calibration] | None = None) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
     how rows reach Tune (``tune.report``); with ``export_dir`` (spec ``export: hf``) the final
-    model is written there as a Hugging Face checkpoint, in ``<trial_id>/``."""
+    model is written there as a Hugging Face checkpoint, in ``<trial_id>/``; ``predictor``
+    (method, calibration) adds ``predicted_final`` to every row
+    (``scheduler.rung_metric: predicted_final``)."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     try:
@@ -168,7 +204,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         resume_from = _restored_checkpoint(work)
         group = plan.branch_of(t) if stables else None
         st = stables.get(group.key) if group is not None else None
-        reporter = TrialReporter(static, report, tune.Checkpoint)
+        pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
+        reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred)
         if st is not None:  # a WSD decay branch of the group's shared stable run
             static["branch_from_step"] = t.decay_start
             if resume_from is None:
@@ -177,7 +214,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
                         reporter.report(reporter.row(m))
                 resume_from = Path(st.checkpoints[t.config.tokens])
         if spec.resources.ranks > 1:
-            run_multi_rank(spec, t, parents, cache_dir, static, resume_from)
+            run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor)
             return
         trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
                           out_dir=work / "ckpt", callbacks=(reporter,),
@@ -209,8 +246,10 @@ def _train_worker(box: dict[str, Any]) -> None:
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
     if ck is not None:
         resume = ck.path
+    pred = box.get("predictor")
     reporter = TrialReporter(box["static"], ray.train.report, ray.train.Checkpoint,
-                             attach=rank == 0)
+                             attach=rank == 0, predictor=None if pred is None else
+                             PostDecayPredictor.for_trial(*pred, t, parent))
     trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
                       out_dir=Path(box["ckpt_root"]), callbacks=(reporter,),
                       should_checkpoint=CheckpointCadence(box["checkpoint"],
@@ -222,7 +261,8 @@ def _train_worker(box: dict[str, Any]) -> None:
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
-                   static: dict[str, Any], resume_from: Path | None) -> None:
+                   static: dict[str, Any], resume_from: Path | None,
+                   predictor: tuple[str, Calibration] | None = None) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
     across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
     the trial's resources (the Tune trial itself reserves none)."""
@@ -239,7 +279,8 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
         train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
                            "static": static,
                            "resume": str(resume_from) if resume_from else None,
-                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint},
+                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint,
+                           "predictor": predictor},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker={"CPU": r.cpus,

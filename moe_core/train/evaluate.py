@@ -43,6 +43,8 @@ def evaluate(
         loads = np.array([[s["load"] for s in batch] for batch in per_layer]).mean(0)  # [L, E]
         metrics["router.max_load"] = float(loads.max(-1).mean())
         metrics["router.min_load"] = float(loads.min(-1).mean())
+        # experts no validation token reached, summed over MoE layers (002 §4: dead experts)
+        metrics["router.dead_experts"] = float((loads <= 0).sum())
         sims = [moe_stats.mean_pairwise_cosine(m.expert_vectors().float()) for m in moe_layers]
         metrics["router.expert_similarity"] = float(np.nanmean(sims))
         if reference_mlp:

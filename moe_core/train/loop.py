@@ -78,6 +78,9 @@ class Trainer:
         self._setup_data()
         resume = load_checkpoint(resume_from) if resume_from is not None else None
         self.wall0 = float(resume.meta.get("wall_s") or 0.0) if resume is not None else 0.0
+        # the loss jump at the transition tau (first eval minus the parent's final loss) is
+        # carried by every later eval, across resumes, through the checkpoint's meta
+        self.transition_jump = resume.meta.get("transition_jump") if resume is not None else None
         self.model = self._setup_model(resume)
         self.plan = run_schedule(cfg, parent, phase)
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
@@ -202,6 +205,11 @@ class Trainer:
         step = self.step_count
         m.update(step=step, tokens=step * self.cfg.tokens_per_step, lr=self.lr,
                  train_loss=self.train_loss, aux_loss=self.aux_loss, wall_s=self.elapsed())
+        if self.transition_jump is None and step == 0 and self.parent is not None and \
+                math.isfinite(self.parent.val_loss):
+            self.transition_jump = m["val_loss"] - self.parent.val_loss
+        if self.transition_jump is not None:
+            m["transition_jump"] = self.transition_jump
         self.result.curve.append(m)
         return m
 
@@ -213,6 +221,7 @@ class Trainer:
             optimizer_state=self.optimizer.state_dict(),
             meta={"step": step, "tokens": step * cfg.tokens_per_step, "lr": self.lr,
                   "peak_lr": self.plan.peak, "wall_s": self.elapsed(),
+                  "transition_jump": self.transition_jump,
                   "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
             rank=self.rank, world_size=self.world,
             barrier=eng.barrier if self.world > 1 else None, per_rank_model=self.ep > 1,

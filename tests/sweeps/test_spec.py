@@ -248,8 +248,8 @@ def test_spec_sections_decode_through_from_mapping():
     assert parse_spec(spec(resources=None, logging={"wandb": None})).resources.ranks == 1
     for raw, match in [
         (spec(scheduler={"kind": "asha", "grace": 1}, algorithm="random", num_samples=2),
-         r"^unknown key scheduler\.grace; known keys under scheduler: grace_period, max_t, "
-         r"reduction_factor$"),
+         r"^unknown key scheduler\.grace; known keys under scheduler: calibration, "
+         r"grace_period, max_t, predictor, reduction_factor, rung_metric$"),
         (spec(resources=[1]), r"^resources must be a mapping, got list$"),
         (spec(resources={"ranks": "two"}), r"^resources\.ranks='two' must be an integer$"),
         (spec(logging={"wandb": {"enabled": True, "entity": None, "group": [1]}}),
