@@ -149,7 +149,8 @@ def test_unknown_key_is_named_by_its_full_dotted_path():
 def test_missing_required_field():
     with pytest.raises(ConfigError, match=r"^missing required key required$"):
         from_mapping(Top, {"mid": {}})
-    with pytest.raises(ConfigError, match=r"^missing required key parent\.tokens \(or give parent\.from_pretrained\)$"):
+    with pytest.raises(ConfigError, match=r"^missing required key parent\.tokens "
+                                          r"\(or give parent\.from_pretrained\)$"):
         train_config_from_dict({"parent": {"lr": 1e-3}})
     with pytest.raises(ConfigError, match=r"^missing required key model\.n_head$"):
         model_config_from_dict({"vocab_size": 5, "n_layer": 1, "d_model": 8})
