@@ -22,8 +22,8 @@ from typing import Any
 from analysis.data import load_points
 from analysis.derived import (
     compute_optimal,
-    d_star,
     d_star_approx,
+    d_star_solve,
     expert_upcycling_cost,
     skywork_advice,
 )
@@ -232,7 +232,8 @@ def derived_main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "dstar":
         upc = _params(args.upcycled, TABLE2["upcycled"])
         moe = _params(args.moe, TABLE2["moe"])
-        out = {"N1": args.n1, "d_star": d_star(moe, upc, args.n1),
+        # every crossing, or which path wins on the whole range: never Infinity (not JSON)
+        out = {"N1": args.n1, **d_star_solve(moe, upc, args.n1).to_dict(),
                "d_star_eq2": d_star_approx(args.n1)}
     elif args.cmd == "optimal":
         c = compute_optimal(_params(args.upcycled, TABLE2["upcycled"]), args.d1, args.c2)
@@ -242,5 +243,5 @@ def derived_main(argv: Sequence[str] | None = None) -> int:
     else:
         c = expert_upcycling_cost(args.T, args.tau, args.s_E, args.s_mE, args.gpus)
         out = {**c.__dict__, "saving_frac": c.saving_frac}
-    print(json.dumps(out, default=float))
+    print(json.dumps(out, default=float, allow_nan=False))
     return 0

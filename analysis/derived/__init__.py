@@ -36,26 +36,75 @@ def loss_upcycled(upc: Mapping[str, float], D1, D2, N1) -> np.ndarray:
         upc, {"D1": D1.ravel(), "D2": D2.ravel(), "N1": N1.ravel()}).reshape(D1.shape)
 
 
-def d_star(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
-           lo: float = 1e3, hi: float = 1e17) -> float:
-    """D*: tokens at which from-scratch MoE training matches upcycling with the same sunk cost,
-    L_MoE(D*) = L_Upc(D1 = D*, D2 = D*) (000 Eq. 13), solved numerically on ln D.
+@dataclass(frozen=True)
+class Crossing:
+    D: float
+    """Tokens where the loss gap L_scratch − L_upcycled changes sign."""
+    to: str
+    """Which path leads after the crossing: "scratch" (the gap goes + → −, 000's D*) or
+    "upcycled" (− → +)."""
 
-    Returns ``inf`` when upcycling stays ahead on [lo, hi] and ``0.0`` when it is never ahead.
-    """
+
+@dataclass(frozen=True)
+class DStar:
+    """Every solution of 000 Eq. 13 in [lo, hi], or, without one, the path that wins everywhere
+    there. ``value`` is D*: the first crossing after which from-scratch training leads (None
+    when there is none: never +∞, which is not JSON)."""
+
+    crossings: tuple[Crossing, ...]
+    lo: float
+    hi: float
+    winner_everywhere: str | None
+    """"upcycled" or "scratch" when the gap keeps one sign on [lo, hi]; None otherwise."""
+
+    @property
+    def value(self) -> float | None:
+        return next((c.D for c in self.crossings if c.to == "scratch"), None)
+
+    def to_dict(self) -> dict:
+        return {"d_star": self.value, "crossings": [c.__dict__ for c in self.crossings],
+                "range": [self.lo, self.hi], "winner_everywhere": self.winner_everywhere}
+
+
+def sign_changes(gap, lo: float, hi: float, n: int = 400) -> DStar:
+    """All sign changes of ``gap(ln D)`` = L_scratch − L_upcycled on a log grid over [lo, hi],
+    each refined by Brent's method; with none, which path wins on the whole range (a gap of
+    exactly 0 everywhere counts as "scratch": upcycling is then no better)."""
+    grid = np.linspace(math.log(lo), math.log(hi), n)
+    vals = np.array([gap(g) for g in grid])
+    pos = vals > 0
+    out = []
+    for i in np.flatnonzero(pos[:-1] != pos[1:]):
+        root = brentq(gap, grid[i], grid[i + 1], xtol=1e-12)
+        out.append(Crossing(math.exp(root), "scratch" if pos[i] else "upcycled"))
+    winner = None if out else ("upcycled" if pos[0] else "scratch")
+    return DStar(tuple(out), lo, hi, winner)
+
+
+def d_star_solve(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
+                 lo: float = 1e3, hi: float = 1e17) -> DStar:
+    """000 Eq. 13, L_MoE(D*) = L_Upc(D1 = D*, D2 = D*), for 000 Table 2-style parameters
+    (Eq. 3 against N1 and Eq. 12), with every crossing in [lo, hi]."""
     def gap(lnd: float) -> float:
         d = math.exp(lnd)
         return float(loss_moe_scratch(moe, np.array([d]), N1)[0]
                      - loss_upcycled(upc, d, d, N1))
 
-    grid = np.linspace(math.log(lo), math.log(hi), 400)
-    vals = np.array([gap(g) for g in grid])
-    if np.all(vals > 0):
-        return math.inf
-    if np.all(vals <= 0):
-        return 0.0
-    i = int(np.flatnonzero((vals[:-1] > 0) & (vals[1:] <= 0))[0])
-    return math.exp(brentq(gap, grid[i], grid[i + 1], xtol=1e-12))
+    return sign_changes(gap, lo, hi)
+
+
+def d_star(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
+           lo: float = 1e3, hi: float = 1e17) -> float:
+    """D*: tokens at which from-scratch MoE training catches up with upcycling with the same sunk
+    cost (000 Eq. 13), solved numerically on ln D: the first + → − crossing of the gap.
+
+    Returns ``inf`` when upcycling stays ahead on [lo, hi] and ``0.0`` when from-scratch leads
+    from ``lo`` on and never falls behind (see :func:`d_star_solve` for every crossing).
+    """
+    r = d_star_solve(moe, upc, N1, lo, hi)
+    if r.value is not None:
+        return r.value
+    return math.inf if r.winner_everywhere == "upcycled" or r.crossings else 0.0
 
 
 def d_star_approx(N1: float) -> float:
