@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-from moe_core.scaling.laws import Law, Points, get_law
 from moe_core.errors import FitError
+from moe_core.scaling.laws import Law, Points, get_law
 
 DEFAULT_DELTA = 1e-3
 

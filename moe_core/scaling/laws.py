@@ -114,7 +114,8 @@ def log_predict_fit(law: Law, theta: Mapping[str, float], x: Mapping[str, Array]
 class Points:
     """The points one law is fitted to: variables (raw counts) and the loss L (nats).
 
-    Read from results by :func:`analysis.data.load_points`, fitted by :func:`moe_core.scaling.fit.fit`.
+    Read from results by :func:`analysis.data.load_points`, fitted by
+    :func:`moe_core.scaling.fit.fit`.
     """
 
     x: dict[str, np.ndarray]
