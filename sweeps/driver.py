@@ -21,8 +21,9 @@ from ray import tune
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
+from sweeps.law_search import LawSearcher, candidates_from_plan
 from sweeps.parents import train_parents, train_stables
-from sweeps.plan import SweepPlan
+from sweeps.plan import SweepPlan, build_plan
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -128,6 +129,8 @@ def static_keys(plan: SweepPlan) -> list[str]:
 
 def param_space(spec: SweepSpec) -> dict[str, Any]:
     space: dict[str, Any] = {}
+    if spec.algorithm == "law":
+        return space  # the law searcher suggests whole search points
     for p in spec.search:
         if p.kind == "grid":
             space[p.key] = tune.grid_search(list(p.values))
@@ -144,8 +147,14 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
-def searcher(spec: SweepSpec):
-    """None (Tune's variant generator: grid and random) or Optuna TPE / GridSampler."""
+def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path | None = None):
+    """None (Tune's variant generator: grid and random), Optuna TPE / GridSampler, or the
+    law-driven :class:`sweeps.law_search.LawSearcher` (``algorithm: law``; it keeps its state
+    in ``results_dir``)."""
+    if spec.algorithm == "law":
+        plan = plan if plan is not None else build_plan(spec)
+        return LawSearcher(spec.law, candidates_from_plan(spec, plan), metric=spec.metric,
+                           mode=spec.mode, state_dir=results_dir)
     if spec.algorithm != "optuna":
         return None
     import optuna
@@ -274,10 +283,12 @@ def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
     return conc
 
 
-def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[Any],
-           conc: int, resume: bool, verbose: bool) -> tune.Tuner:
+def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
+           callbacks: list[Any], conc: int, resume: bool, verbose: bool) -> tune.Tuner:
     exp_dir = results_dir / "tune"
     if resume and tune.Tuner.can_restore(str(exp_dir)):
+        # algorithm=law: the searcher restored with the experiment reads its own state file
+        # (law_search.json) too, so a resume never starts the design over (ray#30861)
         return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=True)
     run_config = tune.RunConfig(
@@ -286,11 +297,14 @@ def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[A
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0,
     )
+    search = searcher(spec, plan, results_dir)
     return tune.Tuner(
         trainable, param_space=param_space(spec),
         tune_config=tune.TuneConfig(
-            metric=spec.metric, mode=spec.mode, search_alg=searcher(spec),
-            scheduler=scheduler(spec), num_samples=spec.num_samples,
+            metric=spec.metric, mode=spec.mode, search_alg=search,
+            scheduler=scheduler(spec),
+            num_samples=search.design.max_trials if spec.algorithm == "law" else
+            spec.num_samples,
             max_concurrent_trials=conc, reuse_actors=True,
         ),
         run_config=run_config,
@@ -331,8 +345,11 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                              "(pass --resume to continue a sweep instead)")
     cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
     t0 = time.time()
-    refs = train_parents(spec, plan, cache_dir)
-    stables = train_stables(spec, plan, refs, cache_dir, results_dir)
+    # algorithm=law runs only the trials it picks: each trains (or loads) its own parent when
+    # it starts, and its own budget (no stable run of a grid it will not run)
+    lazy = spec.algorithm == "law"
+    refs = {} if lazy else train_parents(spec, plan, cache_dir)
+    stables = {} if lazy else train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
@@ -342,7 +359,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
     )
-    tuner = _tuner(spec, trainable, results_dir, _callbacks(spec, plan, results_dir),
+    tuner = _tuner(spec, plan, trainable, results_dir, _callbacks(spec, plan, results_dir),
                    _concurrency(spec, max_concurrent), resume, verbose)
     grid = tuner.fit()
     finals = final_rows(_final_results(results_dir, grid))

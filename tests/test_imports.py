@@ -56,6 +56,7 @@ ANALYSIS_GRAPH = {
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
 OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "moe_core.scaling.laws",
+           "moe_core.scaling.crossing",
            "moe_core.scaling.fit"}
 
 

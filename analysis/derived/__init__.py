@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
 
 from analysis.laws import get_law
 from moe_core.errors import FitError
+from moe_core.scaling.crossing import Crossing, DStar, sign_changes  # noqa: F401
 
 # 000 §5.2 / App. F.3: Mixtral-like 8×top-2 MoE has N2 ≈ 1.75·N1 active parameters.
 ACTIVE_RATIO_8X2 = 1.75
@@ -34,51 +34,6 @@ def loss_upcycled(upc: Mapping[str, float], D1, D2, N1) -> np.ndarray:
     D1, D2, N1 = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (D1, D2, N1)))
     return get_law("joint_upcycled").predict(
         upc, {"D1": D1.ravel(), "D2": D2.ravel(), "N1": N1.ravel()}).reshape(D1.shape)
-
-
-@dataclass(frozen=True)
-class Crossing:
-    D: float
-    """Tokens where the loss gap L_scratch − L_upcycled changes sign."""
-    to: str
-    """Which path leads after the crossing: "scratch" (the gap goes + → −, 000's D*) or
-    "upcycled" (− → +)."""
-
-
-@dataclass(frozen=True)
-class DStar:
-    """Every solution of 000 Eq. 13 in [lo, hi], or, without one, the path that wins everywhere
-    there. ``value`` is D*: the first crossing after which from-scratch training leads (None
-    when there is none: never +∞, which is not JSON)."""
-
-    crossings: tuple[Crossing, ...]
-    lo: float
-    hi: float
-    winner_everywhere: str | None
-    """"upcycled" or "scratch" when the gap keeps one sign on [lo, hi]; None otherwise."""
-
-    @property
-    def value(self) -> float | None:
-        return next((c.D for c in self.crossings if c.to == "scratch"), None)
-
-    def to_dict(self) -> dict:
-        return {"d_star": self.value, "crossings": [c.__dict__ for c in self.crossings],
-                "range": [self.lo, self.hi], "winner_everywhere": self.winner_everywhere}
-
-
-def sign_changes(gap, lo: float, hi: float, n: int = 400) -> DStar:
-    """All sign changes of ``gap(ln D)`` = L_scratch − L_upcycled on a log grid over [lo, hi],
-    each refined by Brent's method; with none, which path wins on the whole range (a gap of
-    exactly 0 everywhere counts as "scratch": upcycling is then no better)."""
-    grid = np.linspace(math.log(lo), math.log(hi), n)
-    vals = np.array([gap(g) for g in grid])
-    pos = vals > 0
-    out = []
-    for i in np.flatnonzero(pos[:-1] != pos[1:]):
-        root = brentq(gap, grid[i], grid[i + 1], xtol=1e-12)
-        out.append(Crossing(math.exp(root), "scratch" if pos[i] else "upcycled"))
-    winner = None if out else ("upcycled" if pos[0] else "scratch")
-    return DStar(tuple(out), lo, hi, winner)
 
 
 def d_star_solve(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
+from threadpoolctl import threadpool_limits
 
 from moe_core.errors import FitError
 from moe_core.scaling.laws import Law, Points, get_law
@@ -216,6 +217,12 @@ def _run(blocks: list[_Block], bounds: list, starts: np.ndarray, delta: float,
             f0 = np.array([_objective(s, blocks, ylog, delta)[0] for s in starts])
         f0 = np.where(np.isfinite(f0), f0, np.inf)
         starts = starts[np.argsort(f0, kind="stable")[:refine]]
+    with threadpool_limits(limits=1):  # tiny problems: BLAS threads only contend (40× slower
+        return _best_start(blocks, bounds, starts, delta, ylog)  # on a busy machine)
+
+
+def _best_start(blocks: list[_Block], bounds: list, starts: np.ndarray, delta: float,
+                ylog: list[np.ndarray]) -> tuple[np.ndarray, float, bool]:
     best_v, best_f, ok = None, math.inf, False
     for s in starts:
         try:
