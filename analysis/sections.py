@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points
+from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import upcycling_efficiency
 from analysis.fit import FitResult, fit
 from analysis.laws import Points, get_law
@@ -353,3 +354,24 @@ def efficiency_section(s: Sweep, baseline: Sweep | None) -> Section:
                         d["cpt"] / d["tau"] if d["tau"] else math.nan, d["L_up"],
                         d["L_fixed_E"], d["L_fixed_mE"], d["eta"]] for d in rows])
     return Section(lines, rows)
+
+
+# ---- should I upcycle? (000 §5) -------------------------------------------------------------
+
+
+def decision_section(s: Sweep, baseline: Sweep | None, bootstrap: int) -> Section:
+    """The decision of ``python -m analysis.decide`` for a D1 × D2 sweep of dense → MoE trials
+    with from-scratch MoE runs (the baseline, or rows of kind moe in the sweep); empty
+    otherwise."""
+    try:
+        data = load_decision_data(s.rows, baseline.rows if baseline is not None else None)
+        r = decide(data, bootstrap=max(bootstrap, 20))
+    except FitError:
+        return Section([], None)
+    lines = ["## Should I upcycle? (000 §5)", "",
+             "Upcycled law (Eq. 8) from this sweep, from-scratch law (Eq. 3 at this size) from "
+             f"{'`' + str(baseline.path) + '`' if baseline is not None else 'its moe rows'}, "
+             "E shared; at the data's largest D1 and D2 (`python -m analysis.decide` for other "
+             "inputs); intervals resample trials.", "", "```",
+             *format_decision(r), "```", ""]
+    return Section(lines, r)

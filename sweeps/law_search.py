@@ -118,6 +118,23 @@ class Estimate:
                 "params": self.params}
 
 
+def _gap_fn(cfg, law, params: Mapping[str, float]) -> Callable[[np.ndarray], np.ndarray]:
+    """ln D ↦ L_MoE(D) − L_Upc(D1 = D, D2 = D) (000 Eq. 13), vectorised; the from-scratch law
+    is ``law.scratch`` (with ``N1`` when the law is Eq. 12)."""
+    scratch = dict(cfg.scratch)
+    n1 = {"N1": scratch.get("N1", 1.0)} if "N1" in law.variables else {}
+    sc_law = get_law("chinchilla" if "B" in scratch else "chinchilla_d")
+    sc_params = {k: v for k, v in scratch.items() if k in sc_law.param_names}
+
+    def gaps(lnd: np.ndarray) -> np.ndarray:
+        d = np.exp(np.atleast_1d(lnd))
+        xs = {"D": d, **({"N": np.full_like(d, n1["N1"])} if "N" in sc_law.variables else {})}
+        xu = {"D1": d, "D2": d, **{k: np.full_like(d, v) for k, v in n1.items()}}
+        return sc_law.predict(sc_params, xs) - law.predict(params, xu)
+
+    return gaps
+
+
 def _ln_target(cfg, law, params: Mapping[str, float]) -> float:
     """The target of one parameter set, on the scale the interval is formed on: ln D* (±inf
     when one path wins on the whole range), α3, or ln L at ``loss_at``."""
@@ -126,18 +143,8 @@ def _ln_target(cfg, law, params: Mapping[str, float]) -> float:
     if cfg.target == "loss_at":
         x = {k: np.array([v]) for k, v in cfg.loss_at}
         return float(law.log_predict(params, x)[0])
-    scratch = dict(cfg.scratch)
+    gaps = _gap_fn(cfg, law, params)
     lo, hi = cfg.dstar_range
-    n1 = {"N1": scratch.get("N1", 1.0)} if "N1" in law.variables else {}
-    sc_law = get_law("chinchilla" if "B" in scratch else "chinchilla_d")
-    sc_params = {k: v for k, v in scratch.items() if k in sc_law.param_names}
-
-    def gaps(lnd: np.ndarray) -> np.ndarray:  # 000 Eq. 13: L_MoE(D) − L_Upc(D1 = D, D2 = D)
-        d = np.exp(np.atleast_1d(lnd))
-        xs = {"D": d, **({"N": np.full_like(d, n1["N1"])} if "N" in sc_law.variables else {})}
-        xu = {"D1": d, "D2": d, **{k: np.full_like(d, v) for k, v in n1.items()}}
-        return sc_law.predict(sc_params, xs) - law.predict(params, xu)
-
     r = sign_changes(lambda g: float(gaps(np.array([g]))[0]), lo, hi, n=200, vectorized=gaps)
     if r.value is not None:
         return math.log(r.value)
@@ -187,6 +194,7 @@ class LawDesign:
         self.estimate: Estimate | None = None
         self._ensemble: np.ndarray | None = None
         self._sigma2 = 1e-4
+        self._fit_on: list[int] = []
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -291,9 +299,28 @@ class LawDesign:
         self.estimate = est
         dof = max(1, len(pts) - len(free))
         self._sigma2 = max(float(np.sum(r.residuals ** 2)) / dof, 1e-6)
-        self._ensemble = self._predictions(samples, T)
+        self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict()})
+        self._fit_on = sorted(self.observed)
         return est
+
+    def _proposal_targets(self, samples: list[dict[str, float]], T: np.ndarray,
+                          est: Estimate) -> np.ndarray:
+        """What the proposals shrink. For D*, the upcycled ln L on the diagonal at the current
+        D* estimate: with the from-scratch law given, Var(D*) ≈ Var(gap(D̂*)) / slope² (delta
+        method), and unlike ln D* it is finite in every resample (a resample where one path
+        wins on the whole range has no D*, which no covariance can use)."""
+        if self.cfg.target != "dstar":
+            return T
+        d0 = est.value
+        if not (math.isfinite(d0) and d0 > 0):  # no crossing: where the laws come closest
+            diag = np.array(sorted({c.x["D1"] for c in self.candidates}))
+            gap = _gap_fn(self.cfg, self.law, est.params)(np.log(diag))
+            d0 = float(diag[int(np.argmin(np.abs(gap)))])
+        x = {v: np.array([d0]) for v in ("D1", "D2")}
+        x.update({v: np.array([dict(self.cfg.scratch).get("N1", 1.0)])
+                  for v in self.law.variables if v not in x})
+        return np.array([float(self.law.log_predict(s, x)[0]) for s in samples])
 
     def _predictions(self, samples: list[dict[str, float]], T: np.ndarray) -> np.ndarray:
         """[B, 1 + n]: each resample's target and ln L̂ at every candidate (finite targets)."""
@@ -349,7 +376,8 @@ class LawDesign:
                 "queue": list(self.queue), "seeded": self.seeded, "spent": self.spent,
                 "rounds": self.rounds, "history": self.history,
                 "parents": sorted(self.ledger.parents), "stable": self.ledger.stable,
-                "estimate": None if self.estimate is None else self.estimate.to_dict()}
+                "estimate": None if self.estimate is None else self.estimate.to_dict(),
+                "fit_on": list(self._fit_on)}
 
     def load_state(self, st: Mapping[str, Any]) -> None:
         self.observed = {int(k): float(v) for k, v in st["observed"].items()}
@@ -358,8 +386,13 @@ class LawDesign:
         self.spent, self.rounds = float(st["spent"]), int(st["rounds"])
         self.history = list(st["history"])
         self.ledger = Ledger(set(st["parents"]), dict(st["stable"]))
-        if len(self.observed) > 0 and st.get("estimate") is not None:
-            self.refit()  # rebuild the interval and the ensemble from the observations
+        if st.get("estimate") is not None and st.get("fit_on"):
+            # rebuild the last refit exactly: its trials, its round (the bootstrap's seed)
+            full, history = self.observed, self.history
+            self.observed = {i: full[i] for i in st["fit_on"]}
+            self.rounds -= 1
+            self.refit()
+            self.observed, self.history = full, history
 
 
 def candidates_from_plan(spec, plan) -> list[Candidate]:

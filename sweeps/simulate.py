@@ -62,6 +62,10 @@ class SimulatedStudy:
         eps = np.random.default_rng(s).standard_normal()
         return self.true_loss(x) * math.exp(self.sigma * eps)
 
+    def loss_of(self, candidate) -> float:
+        """:meth:`loss` of a :class:`sweeps.law_search.Candidate` (``run_design``'s evaluate)."""
+        return self.loss(candidate.x)
+
     def true_d_star(self, lo: float = 1e3, hi: float = 1e17) -> float | None:
         """000 Eq. 13 under the true laws."""
         sc, up = get_law("chinchilla_d"), get_law("upcycled_mul")

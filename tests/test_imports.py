@@ -22,8 +22,8 @@ def test_moe_core_errors_is_cheap():
     assert out.stdout.strip() == "False"
 
 
-ANALYSIS = ("laws", "fit", "derived", "data", "sweep", "sections", "plots", "claims", "cli",
-            "report")
+ANALYSIS = ("laws", "fit", "derived", "data", "decide", "sweep", "sections", "plots", "claims",
+            "cli", "report")
 
 
 def test_analysis_imports_neither_torch_nor_ray():
@@ -48,11 +48,13 @@ ANALYSIS_GRAPH = {
     "derived": {"laws"},
     "derived.__main__": {"cli"},
     "data": {"laws"},
+    "decide": {"data", "derived", "fit", "laws"},
+    "decide.__main__": {"cli"},
     "sweep": {"data"},
-    "sections": {"data", "derived", "fit", "laws", "sweep"},
+    "sections": {"data", "decide", "derived", "fit", "laws", "sweep"},
     "plots": {"derived", "laws", "sweep"},
     "claims": {"sweep"},
-    "cli": {"data", "derived", "fit", "laws"},
+    "cli": {"data", "decide", "derived", "fit", "laws"},
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
 OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "moe_core.scaling.laws",
