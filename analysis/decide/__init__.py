@@ -189,6 +189,14 @@ def _extrapolated(data: DecisionData, N1: float, D1: float, D2: float) -> list[s
     return out
 
 
+def _dstar_note(data: DecisionData, value: float | None) -> list[str]:
+    lo, hi = data.ranges["D1"][0], min(data.ranges["D2"][1], data.ranges["D1"][1])
+    if value is None or lo <= value <= hi:
+        return []
+    return [f"D* = {value:.4g} lies outside the D1 = D2 diagonal the data cover ({lo:.4g} … "
+            f"{hi:.4g}): the laws extrapolate it"]
+
+
 def _cost(tokens: float, N: float, tflops: float, price: float | None) -> dict[str, Any]:
     fl = flops_6nd(N, tokens)
     gh = gpu_hours(fl, tflops)
@@ -270,7 +278,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
         "laws": {"upcycled": {"law": data.laws[0], "params": upc, "n": data.upcycled.L.size},
                  "scratch": {"law": data.laws[1], "params": scr, "n": data.scratch.L.size},
                  "shared": ["E"]},
-        "extrapolated": _extrapolated(data, N1, D1, D2),
+        "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
     })
 
 
@@ -315,7 +323,7 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         k = c[name]
         lines.append(f"cost, {name.replace('_', ' ')}: {_g(k['tokens'], '.3g')} tokens, "
                      f"{_g(k['flops'], '.3g')} FLOPs, {_g(k['gpu_hours'], '.3g')} GPU-h at "
-                     f"{i['gpu_tflops']:g} TFLOP/s" + (f", ${k['cost']:,.2f}" if k["cost"]
+                     f"{i['gpu_tflops']:g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
                                                         is not None else ""))
     lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
                                      "within the data)"))

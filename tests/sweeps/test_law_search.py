@@ -59,7 +59,7 @@ def test_spec_with_algorithm_law(tmp_path):
     from sweeps.spec import load_spec
 
     spec = load_spec("search_spaces/scaling_d1_d2_law.yaml")
-    assert spec.algorithm == "law" and spec.law.target == "alpha3"
+    assert spec.algorithm == "law" and spec.law.target == "dstar"
     with pytest.raises(SearchSpaceError, match="algorithm=law needs a law: block"):
         load_spec("search_spaces/scaling_d1_d2.yaml", ["algorithm=law"])
 
