@@ -79,3 +79,34 @@ def test_decision_needs_baselines_and_one_size(tmp_path):
         load_decision_data(df[df["kind"] == "upcycled"])
     with pytest.raises(FitError, match="one dense size"):
         decide(load_decision_data(df), n1=7e9, bootstrap=5)
+
+
+def test_decision_on_sweep_parquet_and_in_the_report(tmp_path):
+    import subprocess
+    import sys
+
+    from sweeps.results import RESULTS_FILE, write_rows
+
+    df = _frame(SimulatedStudy(N1=1e9, sigma=0.003, seed=6))
+    df["status"], df["step"], df["sweep"] = "ok", 10, "grid"
+    up, sc = df[df["kind"] == "upcycled"], df[df["kind"] == "moe"]
+    write_rows(tmp_path / "grid" / RESULTS_FILE, up.to_dict("records"))
+    write_rows(tmp_path / "base" / RESULTS_FILE, sc.assign(sweep="base").to_dict("records"))
+    p = subprocess.run([sys.executable, "-m", "analysis.decide", str(tmp_path / "grid"),
+                        "--baseline", str(tmp_path / "base"), "--json", "--bootstrap", "20"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["laws"]["upcycled"]["n"] == 25 and r["laws"]["scratch"]["n"] == 6
+    assert r["d_star"]["value"] is not None
+    # without baseline runs: one line on stderr, exit status 2
+    p = subprocess.run([sys.executable, "-m", "analysis.decide", str(tmp_path / "grid")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "--baseline" in p.stderr
+    from analysis.report import report
+
+    md = report(tmp_path / "grid", tmp_path / "out", baseline=tmp_path / "base", bootstrap=20)
+    text = md.read_text()
+    assert "## Should I upcycle? (000 §5)" in text and "P(upcycling wins)" in text
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["decision"]["verdict"] in ("upcycle", "from_scratch", "uncertain")
