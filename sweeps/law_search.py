@@ -17,8 +17,9 @@ The loop (:class:`LawDesign`, pure; :class:`LawSearcher`, its Tune face):
    Each candidate's gain is divided by its marginal cost in FLOPs (6·N·D): the parent's 6·N1·D1
    unless a chosen trial already trains that parent, and the trial's 6·N2·D2 less the WSD stable
    phase its branch group already trains (sweeps.plan);
-4. stop when the interval's width relative to the estimate is at most ``law.ci_width``, or after
-   ``law.max_trials`` trials, or when no candidate is left.
+4. stop when the interval's width relative to the estimate is at most ``law.ci_width`` on two
+   refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
+   left.
 
 Ray Tune does not carry a searcher's state through ``Tuner.restore`` reliably
 (ray-project/ray#30861): :meth:`LawSearcher.save` / :meth:`restore` write and read the whole
@@ -49,6 +50,10 @@ from moe_core.scaling.laws import Points, get_law
 from sweeps.spec import get_dotted, iter_grid
 
 STATE_FILE = "law_search.json"
+CONFIRM = 2
+"""Refits in a row (a batch apart) whose interval must be narrow enough before the search stops:
+stopping at the first narrow interval selects resamples that happen to agree, and such intervals
+held the truth too rarely on simulated studies (bench/law_search.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,8 @@ class LawDesign:
         self._ensemble: np.ndarray | None = None
         self._sigma2 = 1e-4
         self._fit_on: list[int] = []
+        self.narrow = 0
+        """Consecutive refits whose interval was narrow enough."""
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -235,9 +242,7 @@ class LawDesign:
         """The interval is narrow enough, the trial budget is spent, or nothing is left."""
         if self.issued >= self.max_trials and not self.queue:
             return True
-        if self.estimate is not None and self.cfg.ci_width is not None and \
-                self.estimate.n_trials >= self.min_trials and \
-                self.estimate.rel_width <= self.cfg.ci_width:
+        if self.narrow >= CONFIRM:
             return True
         return self.seeded and not self.queue and not self._available() and not self.pending
 
@@ -301,6 +306,9 @@ class LawDesign:
         self._sigma2 = max(float(np.sum(r.residuals ** 2)) / dof, 1e-6)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict()})
+        ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
+            est.rel_width <= self.cfg.ci_width
+        self.narrow = self.narrow + 1 if ok else 0
         self._fit_on = sorted(self.observed)
         return est
 
@@ -377,7 +385,7 @@ class LawDesign:
                 "rounds": self.rounds, "history": self.history,
                 "parents": sorted(self.ledger.parents), "stable": self.ledger.stable,
                 "estimate": None if self.estimate is None else self.estimate.to_dict(),
-                "fit_on": list(self._fit_on)}
+                "fit_on": list(self._fit_on), "narrow": self.narrow}
 
     def load_state(self, st: Mapping[str, Any]) -> None:
         self.observed = {int(k): float(v) for k, v in st["observed"].items()}
@@ -393,6 +401,7 @@ class LawDesign:
             self.rounds -= 1
             self.refit()
             self.observed, self.history = full, history
+        self.narrow = int(st.get("narrow", 0))
 
 
 def candidates_from_plan(spec, plan) -> list[Candidate]:
