@@ -21,7 +21,7 @@ from ray import tune
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
-from sweeps.law_search import LawSearcher, candidates_from_plan
+from sweeps.law_search import LawSearcher, candidates_from_plan, read_law_state
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan
 from sweeps.results import (
@@ -325,6 +325,34 @@ def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
     return list(sink.rows.values())
 
 
+def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, Any]:
+    """The plan's compute estimates; for ``algorithm: law``, those of the trials the searcher
+    chose (from its state file, whichever searcher instance Tune ran): a finished search
+    leaves no trial "not started", and its trials train without WSD branches."""
+    est = plan.estimates()
+    state = read_law_state(results_dir) if spec.algorithm == "law" else None
+    if state is None:
+        return est
+    cands = candidates_from_plan(spec, plan)
+    d = state["design"]
+    chosen = [int(i) for i in d["observed"]] + list(d["failed"]) + list(d["pending"])
+    trials = [plan.trial(spec, cands[i].point) for i in chosen]
+    parents: dict[str, int] = {}
+    for t in trials:
+        if t.parent_key is not None:
+            parents[t.parent_key] = t.config.parent_run().steps * \
+                t.config.parent_run().tokens_per_step
+    per_trial = sum(parents.get(t.parent_key, 0) for t in trials if t.parent_key is not None)
+    finished = not d["queue"] and not d["pending"]
+    return {**est, "trials": len(trials) if finished else est["trials"],
+            "grid_points": len(cands), "parents": len(parents),
+            "trial_tokens": sum(t.tokens for t in trials),
+            "trial_flops": sum(6 * t.N_active * t.tokens for t in trials),
+            "parent_tokens": sum(parents.values()),
+            "tokens_saved_by_sharing": per_trial - sum(parents.values()),
+            "branch_groups": 0, "tokens_saved_by_branches": 0}
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False) -> dict[str, Any]:
@@ -364,7 +392,8 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     grid = tuner.fit()
     finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
-                        planned=plan.estimates(), results=str(spec.results_dir / RESULTS_FILE),
+                        planned=_planned(spec, plan, results_dir),
+                        results=str(spec.results_dir / RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
     write_summary(results_dir, summary)

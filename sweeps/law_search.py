@@ -535,3 +535,9 @@ class LawSearcher(Searcher):
 
     def _load_json(self, path: Path) -> None:
         self.set_state(json.loads(path.read_text()))
+
+
+def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
+    """The searcher's state file in a results directory (None when absent)."""
+    path = Path(results_dir) / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
