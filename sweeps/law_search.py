@@ -174,6 +174,9 @@ class LawDesign:
     """The searcher's state and decisions, free of Ray: candidates, observations, refits,
     proposals and the stopping rule (``cfg`` is a :class:`sweeps.spec.LawSearchConfig`)."""
 
+    narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
+    _fit_on: tuple[int, ...] = ()
+
     def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
         if not candidates:
             raise FitError("law search: no candidates")
