@@ -159,3 +159,40 @@ def test_searcher_finishes_and_reports_failures():
         s.on_trial_complete(f"t{k}", None if k == 0 else {"val_loss": study.loss(
             {"D1": r["parent.tokens"], "D2": r["tokens"]})}, error=k == 0)
     assert len(got) == 7 and s.design.failed and math.isfinite(s.design.spent)
+
+
+@pytest.mark.distributed
+def test_tuner_restore_gives_the_searcher_its_state(tmp_path):
+    """A tiny local Ray Tune run with the simulated trainable: the searcher Tune unpickles on
+    ``Tuner.restore`` is the one from the experiment's start (no observations: ray#30861's loss);
+    Tune then hands it the saved state (``restore_from_dir`` → our ``restore``), and it continues
+    with every observation of the first run."""
+    ray = pytest.importorskip("ray")
+    from ray import tune
+
+    from sweeps.simulate import simulated_trainable
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    try:
+        study = SimulatedStudy(sigma=0.005, seed=7)
+        cfg = _block(study, target="alpha3", ci_width=None, max_trials=10, bootstrap=10)
+        train = simulated_trainable(study, {"D1": "parent.tokens", "D2": "tokens"})
+        first = LawSearcher(cfg, _candidates())
+        tuner = tune.Tuner(train, param_space={}, tune_config=tune.TuneConfig(
+            search_alg=first, num_samples=6, metric="val_loss", mode="min",
+            max_concurrent_trials=2), run_config=tune.RunConfig(
+            name="exp", storage_path=str(tmp_path), verbose=0))
+        assert len(tuner.fit()) == 6
+        restored = tune.Tuner.restore(str(tmp_path / "exp"), trainable=train,
+                                      resume_unfinished=True)
+        searcher = restored._local_tuner._tune_config.search_alg
+        assert isinstance(searcher, LawSearcher) and searcher.design.observed == {}
+        assert len(restored.fit()) == 6
+        assert len(searcher.design.observed) == 6 and searcher.design.seeded
+        assert sorted(searcher.trials) == sorted(first.trials)
+    finally:
+        if started_here:
+            ray.shutdown()
