@@ -115,6 +115,25 @@ def upcycling_efficiency(L_fixed_E: float, L_upcycled: float, L_fixed_mE: float)
     return (L_fixed_E - L_upcycled) / gap
 
 
+def eta_interval(L_fixed_E, L_upcycled, L_fixed_mE, *, n_boot: int = 2000, ci: float = 0.9,
+                 seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of η (003 Eq. 4) over trials: each group's runs (seeds)
+    resampled on their own, η of the three means per resample (resamples where the Fixed-E and
+    Fixed-mE means tie are left out)."""
+    groups = [np.asarray(g, dtype=float) for g in (L_fixed_E, L_upcycled, L_fixed_mE)]
+    if any(len(g) == 0 for g in groups):
+        raise FitError("η needs at least one run in each of Fixed-E, upcycled and Fixed-mE")
+    rng = np.random.default_rng(seed)
+    means = [g[rng.integers(0, len(g), (n_boot, len(g)))].mean(axis=1) for g in groups]
+    gap = means[0] - means[2]
+    ok = gap != 0
+    eta = (means[0][ok] - means[1][ok]) / gap[ok]  # 003 Eq. 4 per resample
+    if len(eta) == 0:
+        raise FitError("L(Fixed-E) equals L(Fixed-mE) in every resample: η is undefined")
+    lo, hi = np.percentile(eta, [50 * (1 - ci), 50 * (1 + ci)])
+    return float(lo), float(hi)
+
+
 @dataclass(frozen=True)
 class ExpertUpcyclingCost:
     from_scratch: float

@@ -117,6 +117,24 @@ def test_efficiency_eq4_by_hand():
         upcycling_efficiency(1.0, 1.0, 1.0)
 
 
+def test_eta_interval_by_resampling_runs():
+    from analysis.derived import eta_interval
+
+    # one run per group: no spread, the interval is η itself (0.5 by hand)
+    lo, hi = eta_interval([2.0], [1.9], [1.8])
+    assert lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    # noisy seeds: the interval holds the point estimate and widens with the spread
+    rng = np.random.default_rng(0)
+    e, m = 2.0 + rng.normal(0, 0.01, 4), 1.8 + rng.normal(0, 0.01, 4)
+    lo, hi = eta_interval(e, [1.9], m)
+    point = upcycling_efficiency(e.mean(), 1.9, m.mean())
+    assert lo < point < hi and hi - lo > 0.01
+    lo2, hi2 = eta_interval(2.0 + (e - 2.0) * 4, [1.9], 1.8 + (m - 1.8) * 4)
+    assert hi2 - lo2 > 2 * (hi - lo)
+    with pytest.raises(FitError):
+        eta_interval([], [1.9], [1.8])
+
+
 def test_gpu_hour_cost_model_eq1_eq2():
     # 003 Fig. 1: 2.2 s vs 4.2 s per step; τ = 2/3·T saves τ·(s_mE − s_E)
     c = expert_upcycling_cost(T=30_000, tau=20_000, s_E=2.2, s_mE=4.2, gpus=8)
