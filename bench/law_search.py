@@ -37,19 +37,20 @@ N2 = 1.75 * N1
 DECAY = 0.1
 
 
-def candidates(values, branches: bool) -> list[Candidate]:
+def candidates(values, branches: bool, repeats: int = 1) -> list[Candidate]:
     out = []
     for d1 in values:
         for d2 in values:
-            out.append(Candidate({"D1": float(d1), "D2": float(d2)},
-                                 {"parent.tokens": float(d1), "tokens": float(d2)},
+            for rep in range(repeats):  # replicates: the same point with fresh noise
+                out.append(Candidate({"D1": float(d1), "D2": float(d2)},
+                                 {"parent.tokens": float(d1), "tokens": float(d2), "rep": rep},
                                  6 * N2 * d2, f"p{d1:.4g}", 6 * N1 * d1,
                                  f"b{d1:.4g}" if branches else None,
                                  (1 - DECAY) * 6 * N2 * d2 if branches else 0.0))
     return out
 
 
-def study(s: int, sigma: float, boot: int) -> dict:
+def study(s: int, sigma: float, boot: int, repeats: int = 1) -> dict:
     st = SimulatedStudy(N1=N1, sigma=sigma, seed=s)
     true = st.true_d_star()
 
@@ -63,8 +64,9 @@ def study(s: int, sigma: float, boot: int) -> dict:
     g = grid.estimate
     law = LawDesign(block(ci_width=g.rel_width if math.isfinite(g.rel_width) else None,
                           max_trials=25),
-                    candidates(np.geomspace(0.5e9, 8e9, 9), branches=False), seed=s)
-    run_design(law, lambda c: st.loss(c.x))
+                    candidates(np.geomspace(0.5e9, 8e9, 9), branches=False, repeats=repeats),
+                    seed=s)
+    run_design(law, lambda c: st.loss(c.x, c.point["rep"]))
     e = law.estimate
     return {"study": s, "true": true, "grid": [g.lo, g.hi], "grid_width": g.rel_width,
             "grid_cost": grid.spent, "law": [e.lo, e.hi], "law_width": e.rel_width,
@@ -79,13 +81,16 @@ def main() -> None:
     ap.add_argument("--studies", type=int, default=20)
     ap.add_argument("--sigma", type=float, default=0.005, help="noise sd in ln L")
     ap.add_argument("--bootstrap", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="times the searcher may run one point (fresh noise each; a what-if: "
+                         "the driver runs each candidate once)")
     args = ap.parse_args()
     rows = []
     t0 = time.time()
     print(f"{'study':>5} {'true D*':>9} {'grid 90% interval':>24} {'width':>6} "
           f"{'law 90% interval':>24} {'width':>6} {'trials':>6} {'cost ratio':>10}")
     for s in range(args.studies):
-        r = study(s, args.sigma, args.bootstrap)
+        r = study(s, args.sigma, args.bootstrap, args.repeats)
         rows.append(r)
         print(f"{s:>5} {r['true']:>9.3g} [{r['grid'][0]:>9.3g}, {r['grid'][1]:>9.3g}] "
               f"{r['grid_width']:>6.2f} [{r['law'][0]:>9.3g}, {r['law'][1]:>9.3g}] "
@@ -94,6 +99,7 @@ def main() -> None:
     ratio = float(np.mean([r["ratio"] for r in bounded])) if bounded else math.nan
     out = {
         "studies": len(rows), "sigma_ln_loss": args.sigma, "bootstrap": args.bootstrap,
+        "repeats": args.repeats,
         "ci_level": 0.9, "token_cost_ratio": ratio,
         "token_cost_ratio_reached": float(np.mean([r["ratio"] for r in bounded if r["reached"]]))
         if any(r["reached"] for r in bounded) else None,
