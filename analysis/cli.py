@@ -2,6 +2,7 @@
 
 - ``python -m analysis.fit DATA --law NAME ...``: :func:`fit_main`;
 - ``python -m analysis.derived {dstar,optimal,advice,cost} ...``: :func:`derived_main`;
+- ``python -m analysis.decide RESULTS ...``: :func:`decide_main`;
 - ``python -m analysis.report`` (:func:`analysis.report.main`) uses the same contract.
 
 Every one of them turns a :class:`~moe_core.errors.FitError` (bad data, a bad flag, a fit that
@@ -20,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis.data import load_points
+from analysis.decide import DEFAULT_TFLOPS, decide, format_decision, load_decision_data
 from analysis.derived import (
     compute_optimal,
-    d_star,
     d_star_approx,
+    d_star_solve,
     expert_upcycling_cost,
     skywork_advice,
 )
@@ -235,7 +237,8 @@ def derived_main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "dstar":
         upc = _params(args.upcycled, TABLE2["upcycled"])
         moe = _params(args.moe, TABLE2["moe"])
-        out = {"N1": args.n1, "d_star": d_star(moe, upc, args.n1),
+        # every crossing, or which path wins on the whole range: never Infinity (not JSON)
+        out = {"N1": args.n1, **d_star_solve(moe, upc, args.n1).to_dict(),
                "d_star_eq2": d_star_approx(args.n1)}
     elif args.cmd == "optimal":
         c = compute_optimal(_params(args.upcycled, TABLE2["upcycled"]), args.d1, args.c2)
@@ -245,5 +248,51 @@ def derived_main(argv: Sequence[str] | None = None) -> int:
     else:
         c = expert_upcycling_cost(args.T, args.tau, args.s_E, args.s_mE, args.gpus)
         out = {**c.__dict__, "saving_frac": c.saving_frac}
-    print(json.dumps(out, default=float))
+    print(json.dumps(out, default=float, allow_nan=False))
+    return 0
+
+
+# ---- python -m analysis.decide --------------------------------------------------------------
+
+
+def _decide_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.decide",
+        description="Should I upcycle? Upcycling vs training the MoE from scratch, with "
+                    "bootstrap intervals, from a D1 × D2 sweep and from-scratch runs (000 §5).")
+    ap.add_argument("results", help="the D1 × D2 sweep's results (directory, Parquet or CSV)")
+    ap.add_argument("--baseline", default=None,
+                    help="from-scratch MoE runs (default: rows of kind moe in RESULTS)")
+    ap.add_argument("--n1", type=float, default=None, help="dense parameters (default: data's)")
+    ap.add_argument("--d1", type=float, default=None,
+                    help="dense tokens already spent (default: the data's largest D1)")
+    b = ap.add_mutually_exclusive_group()
+    b.add_argument("--budget-tokens", type=float, default=None, metavar="D2",
+                   help="tokens to spend on the MoE (default: the data's largest D2)")
+    b.add_argument("--budget-flops", type=float, default=None, metavar="C",
+                   help="FLOPs to spend on the MoE (D2 = C / (6·N2))")
+    ap.add_argument("--gpu-tflops", type=float, default=DEFAULT_TFLOPS,
+                    help="sustained TFLOP/s per GPU (default 400, 000 App. A)")
+    ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
+                    help="price of a GPU-hour, for the cost of each path")
+    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap fits (by trial)")
+    ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return ap
+
+
+@one_line_errors
+def decide_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis.decide``."""
+    args = _decide_parser().parse_args(argv)
+    if not 0 < args.ci < 1:
+        raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
+    data = load_decision_data(args.results, args.baseline)
+    r = decide(data, n1=args.n1, d1=args.d1, budget_tokens=args.budget_tokens,
+               budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,
+               bootstrap=args.bootstrap, ci=args.ci)
+    if args.json:
+        print(json.dumps(r, allow_nan=False))
+    else:
+        print("\n".join(format_decision(r)))
     return 0

@@ -121,6 +121,27 @@ def _variable(df, law: Law, var: str, col: str | None) -> np.ndarray:
     return pd.to_numeric(df[col], errors="coerce").to_numpy(float)
 
 
+MIN_PARENT_CLUSTERS = 10
+"""Fewest distinct parents for resampling by parent: fewer clusters than this give a cluster
+bootstrap that mostly resamples the design (a D1 × D2 grid has one parent per D1)."""
+
+
+def bootstrap_units(df) -> tuple[str, ...]:
+    """Each row's bootstrap unit: its trial (a ``--curves`` trial's evals are resampled
+    together), or its parent (``parent_key``) where trials share parents and there are at least
+    ``MIN_PARENT_CLUSTERS`` of them; () when the data has no ``trial_id`` (each row a unit)."""
+    if "trial_id" not in df.columns:
+        return ()
+    trials = df["trial_id"].astype(str)
+    if "parent_key" in df.columns:
+        keys = df["parent_key"].fillna("").astype(str)
+        per = df.assign(_k=keys, _t=trials).groupby("_k")["_t"].nunique()
+        per = per[per.index != ""]
+        if len(per) >= MIN_PARENT_CLUSTERS and (per > 1).any():
+            return tuple(np.where(keys != "", "parent:" + keys, "trial:" + trials))
+    return tuple("trial:" + trials)
+
+
 def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = None,
                 curves: bool = False, where: Mapping[str, Any] | None = None,
                 include_pruned: bool = False) -> Points:
@@ -131,7 +152,9 @@ def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = Non
     sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
     trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
     Rows with a missing, non-positive or non-finite value are dropped. Pruned trials (a health
-    rule stopped them, ``sweeps.prune``) are left out unless ``include_pruned``.
+    rule stopped them, ``sweeps.prune``) are left out unless ``include_pruned``. Each point
+    carries its bootstrap unit (:func:`bootstrap_units`): intervals resample trials, never
+    single evals.
     """
     import pandas as pd
 
@@ -149,8 +172,9 @@ def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = Non
     for v in x.values():
         good &= np.isfinite(v) & (v > 0)
     labels = tuple(df["trial_id"].astype(str)) if "trial_id" in df.columns else ()
+    groups = bootstrap_units(df)
     idx = np.flatnonzero(good)
     if len(idx) == 0:
         raise FitError(f"no usable points for law {law.name!r} (need positive "
                        f"{', '.join(law.variables)} and L)")
-    return Points(x, L, labels).take(idx)
+    return Points(x, L, labels, groups).take(idx)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points
-from analysis.derived import upcycling_efficiency
+from analysis.decide import decide, format_decision, load_decision_data
+from analysis.derived import eta_interval, upcycling_efficiency
 from analysis.fit import FitResult, fit
 from analysis.laws import Points, get_law
 from analysis.sweep import Sweep
@@ -270,16 +271,27 @@ def _baseline_loss(base, experts: Any, T: float) -> tuple[float, int]:
     return (float(b["val_loss"].mean()), len(b)) if len(b) else (math.nan, 0)
 
 
+def _baseline_runs(base, experts: Any, T: float) -> np.ndarray:
+    b = base[(base["moe.num_experts"] == experts) & (np.isclose(base["tokens"], T, rtol=1e-3))]
+    return b["val_loss"].to_numpy(float)
+
+
 def _efficiency_row(r: Mapping[str, Any], base) -> dict[str, Any]:
     E, mE = r.get("parent.moe.num_experts"), r.get("moe.num_experts")
     T = float(r.get("D1") or 0) + float(r.get("tokens") or 0)
     (lE, nE), (lmE, nmE) = _baseline_loss(base, E, T), _baseline_loss(base, mE, T)
     eta = upcycling_efficiency(lE, float(r["val_loss"]), lmE) \
         if nE and nmE and lE != lmE else math.nan
+    try:  # over the baselines' seeds (the upcycled trial is one run)
+        eta_ci = list(eta_interval(_baseline_runs(base, E, T), [float(r["val_loss"])],
+                                   _baseline_runs(base, mE, T)))
+    except FitError:
+        eta_ci = [math.nan, math.nan]
     return {"trial_id": r["trial_id"], "tau": float(r.get("D1") or 0), "T": T,
             "cpt": float(r.get("tokens") or 0),
             "strategy": r.get("upcycle.strategy"), "L_up": float(r["val_loss"]),
             "L_fixed_E": lE, "L_fixed_mE": lmE, "n_baseline": min(nE, nmE), "eta": eta,
+            "eta_ci90": eta_ci,
             "E": E, "mE": mE}
 
 
@@ -353,3 +365,24 @@ def efficiency_section(s: Sweep, baseline: Sweep | None) -> Section:
                         d["cpt"] / d["tau"] if d["tau"] else math.nan, d["L_up"],
                         d["L_fixed_E"], d["L_fixed_mE"], d["eta"]] for d in rows])
     return Section(lines, rows)
+
+
+# ---- should I upcycle? (000 §5) -------------------------------------------------------------
+
+
+def decision_section(s: Sweep, baseline: Sweep | None, bootstrap: int) -> Section:
+    """The decision of ``python -m analysis.decide`` for a D1 × D2 sweep of dense → MoE trials
+    with from-scratch MoE runs (the baseline, or rows of kind moe in the sweep); empty
+    otherwise."""
+    try:
+        data = load_decision_data(s.rows, baseline.rows if baseline is not None else None)
+        r = decide(data, bootstrap=max(bootstrap, 20))
+    except FitError:
+        return Section([], None)
+    lines = ["## Should I upcycle? (000 §5)", "",
+             "Upcycled law (Eq. 8) from this sweep, from-scratch law (Eq. 3 at this size) from "
+             f"{'`' + str(baseline.path) + '`' if baseline is not None else 'its moe rows'}, "
+             "E shared; at the data's largest D1 and D2 (`python -m analysis.decide` for other "
+             "inputs); intervals resample trials.", "", "```",
+             *format_decision(r), "```", ""]
+    return Section(lines, r)

@@ -23,8 +23,9 @@ from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, RungMetricASHA
+from sweeps.law_search import LawSearcher, candidates_from_plan, read_law_state
 from sweeps.parents import train_parents, train_stables
-from sweeps.plan import SweepPlan
+from sweeps.plan import SweepPlan, build_plan
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -164,6 +165,8 @@ def static_keys(plan: SweepPlan) -> list[str]:
 
 def param_space(spec: SweepSpec) -> dict[str, Any]:
     space: dict[str, Any] = {}
+    if spec.algorithm == "law":
+        return space  # the law searcher suggests whole search points
     for p in spec.search:
         if p.kind == "grid":
             space[p.key] = tune.grid_search(list(p.values))
@@ -180,8 +183,14 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
-def searcher(spec: SweepSpec):
-    """None (Tune's variant generator: grid and random) or Optuna TPE / GridSampler."""
+def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path | None = None):
+    """None (Tune's variant generator: grid and random), Optuna TPE / GridSampler, or the
+    law-driven :class:`sweeps.law_search.LawSearcher` (``algorithm: law``; it keeps its state
+    in ``results_dir``)."""
+    if spec.algorithm == "law":
+        plan = plan if plan is not None else build_plan(spec)
+        return LawSearcher(spec.law, candidates_from_plan(spec, plan), metric=spec.metric,
+                           mode=spec.mode, state_dir=results_dir)
     if spec.algorithm != "optuna":
         return None
     import optuna
@@ -314,11 +323,13 @@ def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
     return conc
 
 
-def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[Any],
-           conc: int, resume: bool, verbose: bool,
+def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
+           callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
     exp_dir = results_dir / "tune"
     if resume and tune.Tuner.can_restore(str(exp_dir)):
+        # algorithm=law: the searcher restored with the experiment reads its own state file
+        # (law_search.json) too, so a resume never starts the design over (ray#30861)
         return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=True)
     run_config = tune.RunConfig(
@@ -327,11 +338,14 @@ def _tuner(spec: SweepSpec, trainable: Any, results_dir: Path, callbacks: list[A
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0, stop=health,
     )
+    search = searcher(spec, plan, results_dir)
     return tune.Tuner(
         trainable, param_space=param_space(spec),
         tune_config=tune.TuneConfig(
-            metric=spec.metric, mode=spec.mode, search_alg=searcher(spec),
-            scheduler=scheduler(spec), num_samples=spec.num_samples,
+            metric=spec.metric, mode=spec.mode, search_alg=search,
+            scheduler=scheduler(spec),
+            num_samples=search.design.max_trials if spec.algorithm == "law" else
+            spec.num_samples,
             max_concurrent_trials=conc, reuse_actors=True,
         ),
         run_config=run_config,
@@ -350,6 +364,34 @@ def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
                            f"kept in {sink.log_dir} and rerunning with --resume rebuilds it")
     return list(sink.rows.values())
+
+
+def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, Any]:
+    """The plan's compute estimates; for ``algorithm: law``, those of the trials the searcher
+    chose (from its state file, whichever searcher instance Tune ran): a finished search
+    leaves no trial "not started", and its trials train without WSD branches."""
+    est = plan.estimates()
+    state = read_law_state(results_dir) if spec.algorithm == "law" else None
+    if state is None:
+        return est
+    cands = candidates_from_plan(spec, plan)
+    d = state["design"]
+    chosen = [int(i) for i in d["observed"]] + list(d["failed"]) + list(d["pending"])
+    trials = [plan.trial(spec, cands[i].point) for i in chosen]
+    parents: dict[str, int] = {}
+    for t in trials:
+        if t.parent_key is not None:
+            parents[t.parent_key] = t.config.parent_run().steps * \
+                t.config.parent_run().tokens_per_step
+    per_trial = sum(parents.get(t.parent_key, 0) for t in trials if t.parent_key is not None)
+    finished = not d["queue"] and not d["pending"]
+    return {**est, "trials": len(trials) if finished else est["trials"],
+            "grid_points": len(cands), "parents": len(parents),
+            "trial_tokens": sum(t.tokens for t in trials),
+            "trial_flops": sum(6 * t.N_active * t.tokens for t in trials),
+            "parent_tokens": sum(parents.values()),
+            "tokens_saved_by_sharing": per_trial - sum(parents.values()),
+            "branch_groups": 0, "tokens_saved_by_branches": 0}
 
 
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
@@ -375,8 +417,11 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":
         predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
     t0 = time.time()
-    refs = train_parents(spec, plan, cache_dir)
-    stables = train_stables(spec, plan, refs, cache_dir, results_dir)
+    # algorithm=law runs only the trials it picks: each trains (or loads) its own parent when
+    # it starts, and its own budget (no stable run of a grid it will not run)
+    lazy = spec.algorithm == "law"
+    refs = {} if lazy else train_parents(spec, plan, cache_dir)
+    stables = {} if lazy else train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
@@ -388,12 +433,14 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
     )
-    tuner = _tuner(spec, trainable, results_dir, _callbacks(spec, plan, results_dir, health),
+    tuner = _tuner(spec, plan, trainable, results_dir,
+                   _callbacks(spec, plan, results_dir, health),
                    _concurrency(spec, max_concurrent), resume, verbose, health)
     grid = tuner.fit()
     finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
-                        planned=plan.estimates(), results=str(spec.results_dir / RESULTS_FILE),
+                        planned=_planned(spec, plan, results_dir),
+                        results=str(spec.results_dir / RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
     write_summary(results_dir, summary)

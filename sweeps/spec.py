@@ -30,12 +30,12 @@ from moe_core.train.config import (
 from sweeps.prune import PruneConfig, parse_prune
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
-ALGORITHMS = ("grid", "random", "optuna")
+ALGORITHMS = ("grid", "random", "optuna", "law")
 SCHEDULERS = ("fifo", "asha")
 TOP_KEYS = {
     "sweep", "description", "base", "search", "algorithm", "scheduler", "num_samples",
     "metric", "mode", "resources", "max_concurrent", "logging", "results", "failure", "seeds",
-    "wsd_branches", "storage", "checkpoint", "export", "prune",
+    "wsd_branches", "storage", "checkpoint", "export", "prune", "law",
 }
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
@@ -189,6 +189,171 @@ class WandbConfig:
     entity: str | None = None
 
 
+LAW_NAMES = ("eq8", "eq9", "eq12", "chinchilla")
+LAW_TARGETS = ("dstar", "alpha3", "loss_at")
+LAW_VARIABLES = {"eq8": ("D1", "D2"), "eq9": ("D1", "D2"), "eq12": ("D1", "D2", "N1"),
+                 "chinchilla": ("N", "D")}
+"""The law's variables; D1 and D2 read the parent's and the trial's tokens by default."""
+DEFAULT_VARIABLE_KEYS = {"D1": "parent.tokens", "D2": "tokens", "D": "tokens"}
+
+
+@dataclass(frozen=True, slots=True)
+class LawSearchConfig:
+    """``algorithm: law``'s ``law:`` block (:mod:`sweeps.law_search`): which law to fit after
+    every batch, the quantity whose bootstrap interval to shrink, the candidates and when to
+    stop."""
+
+    law: str = "eq8"
+    """eq8 | eq9 | eq12 | chinchilla (000 Eq. 8, 9, 12, 3)."""
+    target: str = "dstar"
+    """dstar (000 Eq. 13) | alpha3 | loss_at (the predicted loss at ``loss_at``)."""
+    loss_at: tuple[tuple[str, float], ...] = ()
+    variables: tuple[tuple[str, str], ...] = ()
+    """Law variable → the config key that sets it (D1: parent.tokens, D2: tokens, D: tokens by
+    default; N, N1 must be given)."""
+    candidates: str = "grid"
+    """grid (the spec's grid points) | box (a log-spaced grid over ``box``)."""
+    box: tuple[tuple[str, float, float], ...] = ()
+    points: int = 7
+    """Candidates per axis of a box."""
+    ci_width: float | None = 0.1
+    """Stop when the target's interval is at most this wide, relative to its estimate."""
+    max_trials: int | None = None
+    """Stop after this many trials (default: as many as there are candidates)."""
+    ci: float = 0.9
+    bootstrap: int = 100
+    """Bootstrap fits (by trial) per refit."""
+    seed_trials: int | None = None
+    """Size of the space-filling start (default: the law's free parameters + 2)."""
+    batch: int = 2
+    """Trials proposed per refit."""
+    fix: tuple[tuple[str, float], ...] = ()
+    """Parameters held fixed, e.g. E from the from-scratch/dense joint fit (000 §5)."""
+    scratch: tuple[tuple[str, float], ...] = ()
+    """From-scratch MoE law for ``dstar``: chinchilla_d's A, alpha, E at the sweep's N1
+    (000 Eq. 3 at one size), or chinchilla's A, alpha, B, beta, E with eq12."""
+    dstar_range: tuple[float, float] = (1e3, 1e17)
+
+    def __post_init__(self) -> None:
+        if self.law not in LAW_NAMES:
+            raise _err(f"law.law={self.law!r} is not known; use one of {', '.join(LAW_NAMES)}")
+        if self.target not in LAW_TARGETS:
+            raise _err(f"law.target={self.target!r} is not known; use dstar, alpha3 or "
+                       "{loss_at: {D1: ..., D2: ...}}")
+        if self.target in ("dstar", "alpha3") and self.law == "chinchilla":
+            raise _err(f"law.target={self.target} needs an upcycled law (eq8, eq9, eq12); "
+                       "chinchilla has no D1 × D2 interaction")
+        need = LAW_VARIABLES[self.law]
+        if self.target == "loss_at" and sorted(k for k, _ in self.loss_at) != sorted(need):
+            raise _err(f"law.target.loss_at must give {', '.join(need)} (the law's variables),"
+                       f" got {', '.join(k for k, _ in self.loss_at) or 'nothing'}")
+        if self.target == "dstar" and not self.scratch:
+            raise _err("law.target=dstar needs law.scratch: the from-scratch MoE law's "
+                       "parameters (A, alpha, E at this N1; fit them on baseline runs with "
+                       "python -m analysis.fit BASELINE --law chinchilla_d)")
+        keys = dict(self.variables)
+        missing = [v for v in need if v not in keys and v not in DEFAULT_VARIABLE_KEYS]
+        if missing:
+            raise _err(f"law.variables must say which config key sets {missing[0]}, e.g. "
+                       f"law.variables: {{{missing[0]}: model.d_model}}")
+        if self.candidates not in ("grid", "box"):
+            raise _err(f"law.candidates={self.candidates!r}: use grid, or "
+                       "{box: {KEY: [low, high], ...}, points: 7}")
+        if self.candidates == "box":
+            for k, lo, hi in self.box:
+                if not 0 < lo < hi:
+                    raise _err(f"law.candidates.box.{k}=[{lo}, {hi}] needs 0 < low < high")
+            if not isinstance(self.points, int) or self.points < 2:
+                raise _err(f"law.candidates.points={self.points!r} must be an integer >= 2")
+        if self.ci_width is None and self.max_trials is None:
+            raise _err("law needs a stopping rule: ci_width (relative, e.g. 0.1), max_trials, "
+                       "or both")
+        if self.ci_width is not None and not self.ci_width > 0:
+            raise _err(f"law.ci_width={self.ci_width} must be > 0 (relative to the estimate)")
+        for name in ("max_trials", "seed_trials", "batch", "bootstrap"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise _err(f"law.{name}={v!r} must be an integer >= 1")
+        if not 0 < self.ci < 1:
+            raise _err(f"law.ci={self.ci} must lie in (0, 1), e.g. 0.9")
+        if not 0 < self.dstar_range[0] < self.dstar_range[1]:
+            raise _err(f"law.dstar_range={list(self.dstar_range)} needs 0 < low < high")
+
+    def variable_keys(self) -> dict[str, str]:
+        """Law variable → config key, defaults filled in."""
+        keys = dict(self.variables)
+        return {v: keys.get(v, DEFAULT_VARIABLE_KEYS.get(v, "")) for v in
+                LAW_VARIABLES[self.law]}
+
+
+def _numbers(raw: Any, key: str) -> tuple[tuple[str, float], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise _err(f"{key} must map names to numbers")
+    out = []
+    for k, v in raw.items():
+        v = coerce_number(v, f"{key}.{k}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _err(f"{key}.{k}={shown(v)} must be a finite number")
+        out.append((str(k), float(v)))
+    return tuple(out)
+
+
+def parse_law_block(raw: Any) -> LawSearchConfig:
+    """The spec's ``law:`` mapping as a validated :class:`LawSearchConfig`."""
+    if not isinstance(raw, dict):
+        raise _err("law must be a mapping, e.g. {law: eq8, target: dstar, ci_width: 0.1}")
+    known = {"law", "target", "variables", "candidates", "ci_width", "max_trials", "ci",
+             "bootstrap", "seed_trials", "batch", "fix", "scratch", "dstar_range"}
+    unknown = sorted(set(raw) - known, key=str)
+    if unknown:
+        raise _err(f"unknown key law.{unknown[0]}; known: {', '.join(sorted(known))}")
+    kw: dict[str, Any] = {}
+    target = raw.get("target", "dstar")
+    if isinstance(target, dict):
+        if set(target) != {"loss_at"}:
+            raise _err("law.target as a mapping must be {loss_at: {D1: ..., D2: ...}}")
+        kw["target"], kw["loss_at"] = "loss_at", _numbers(target["loss_at"], "law.target.loss_at")
+    else:
+        kw["target"] = str(target)
+    cands = raw.get("candidates", "grid")
+    if isinstance(cands, dict):
+        extra = sorted(set(cands) - {"box", "points"})
+        if extra or "box" not in cands or not isinstance(cands["box"], dict):
+            raise _err("law.candidates must be grid, or {box: {KEY: [low, high], ...}, "
+                       "points: 7}")
+        box = []
+        for k, v in cands["box"].items():
+            if not isinstance(v, list) or len(v) != 2:
+                raise _err(f"law.candidates.box.{k} must be [low, high]")
+            lo, hi = (float(coerce_number(x, f"law.candidates.box.{k}")) for x in v)
+            box.append((str(k), lo, hi))
+        kw.update(candidates="box", box=tuple(box), points=cands.get("points", 7))
+    else:
+        kw["candidates"] = str(cands)
+    variables = raw.get("variables") or {}
+    if not isinstance(variables, dict):
+        raise _err("law.variables must map law variables to config keys, e.g. {D1: "
+                   "parent.tokens}")
+    kw["variables"] = tuple((str(k), str(v)) for k, v in variables.items())
+    kw["fix"] = _numbers(raw.get("fix"), "law.fix")
+    kw["scratch"] = _numbers(raw.get("scratch"), "law.scratch")
+    for k in ("law", "ci_width", "max_trials", "ci", "bootstrap", "seed_trials", "batch"):
+        if k in raw:
+            v = raw[k]
+            kw[k] = str(v) if k == "law" else (None if v is None else coerce_number(v, f"law.{k}"))
+    if "dstar_range" in raw:
+        r = raw["dstar_range"]
+        if not isinstance(r, list) or len(r) != 2:
+            raise _err("law.dstar_range must be [low, high] in tokens")
+        kw["dstar_range"] = tuple(float(coerce_number(x, "law.dstar_range")) for x in r)
+    for k in ("ci", "ci_width"):
+        if kw.get(k) is not None and not isinstance(kw[k], (int, float)):
+            raise _err(f"law.{k}={shown(kw[k])} must be a number")
+    return LawSearchConfig(**kw)
+
+
 @dataclass(frozen=True, slots=True)
 class SweepSpec:
     name: str
@@ -220,6 +385,8 @@ class SweepSpec:
     prune: PruneConfig = field(default_factory=PruneConfig)
     """Health rules (``sweeps.prune``): a trial is stopped and recorded as pruned when one
     fires."""
+    law: LawSearchConfig | None = None
+    """``algorithm: law``'s settings (:class:`LawSearchConfig`)."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -496,6 +663,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         checkpoint=_sub(CheckpointSpec, raw.get("checkpoint"), "checkpoint"),
         export=_export(raw),
         prune=parse_prune(raw.get("prune")),
+        law=_law(raw, algorithm),
     )
     validate(spec)
     return spec
@@ -509,6 +677,17 @@ def _export(raw: dict[str, Any]) -> str | None:
             raw["resources"].get("ranks", 1) not in (1, None):
         raise _err("export: hf writes single-rank trials' models; set resources.ranks: 1")
     return v
+
+
+def _law(raw: dict[str, Any], algorithm: str) -> LawSearchConfig | None:
+    if algorithm != "law":
+        if raw.get("law") is not None:
+            raise _err("law: is set but algorithm is not law; set algorithm: law or drop it")
+        return None
+    if raw.get("law") is None:
+        raise _err("algorithm=law needs a law: block, e.g. law: {law: eq8, target: alpha3, "
+                   "ci_width: 0.1}")
+    return parse_law_block(raw["law"])
 
 
 def load_spec(path: str, overrides: list[str] = (), results: str | None = None) -> SweepSpec:
@@ -563,6 +742,8 @@ def validate(spec: SweepSpec) -> None:
             f"search.{p.key} uses {p.kind}, but algorithm=grid only enumerates grid values; "
             "use algorithm: random or optuna, or turn it into a grid"
         )
+    if spec.law is not None:
+        _validate_law(spec)
     if spec.scheduler == "asha" and spec.algorithm == "grid" and spec.num_samples == 1 and \
             len(list(iter_grid(spec))) < 2:
         raise _err("scheduler=asha needs several trials to compare; raise num_samples")
@@ -588,6 +769,32 @@ def validate(spec: SweepSpec) -> None:
         except ConfigError as e:
             shown = ", ".join(f"{k}={v}" for k, v in point.items())
             raise _err(f"{e} (at search point {shown})") from None
+
+
+def _validate_law(spec: SweepSpec) -> None:
+    law = spec.law
+    if spec.sampled_params():
+        raise _err(f"search.{spec.sampled_params()[0].key}: algorithm=law picks its trials from "
+                   "candidates (the grid, or law.candidates.box); make the knob a grid")
+    if spec.scheduler != "fifo":
+        raise _err("algorithm=law needs every trial's final loss: use scheduler: fifo")
+    if spec.num_samples != 1:
+        raise _err("algorithm=law decides how many trials to run: leave num_samples at 1 "
+                   "(bound it with law.max_trials)")
+    keys = law.variable_keys()
+    if law.candidates == "grid":
+        grid = {p.key for p in spec.grid_params()}
+        if not grid:
+            raise _err("law.candidates=grid needs grid knobs under search:")
+    for var, key in keys.items():
+        problem = unknown_key(TrainConfig, key)
+        if problem is not None:
+            raise _err(f"law.variables.{var}={key}: {problem}")
+    if law.candidates == "box":
+        for k, _, _ in law.box:
+            problem = unknown_key(TrainConfig, k)
+            if problem is not None:
+                raise _err(f"law.candidates.box.{k}: {problem}")
 
 
 def _check_counts(spec: SweepSpec) -> None:

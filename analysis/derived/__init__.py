@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
 
 from analysis.laws import get_law
 from moe_core.errors import FitError
+from moe_core.scaling.crossing import Crossing, DStar, sign_changes  # noqa: F401
 
 # 000 §5.2 / App. F.3: Mixtral-like 8×top-2 MoE has N2 ≈ 1.75·N1 active parameters.
 ACTIVE_RATIO_8X2 = 1.75
@@ -36,26 +36,30 @@ def loss_upcycled(upc: Mapping[str, float], D1, D2, N1) -> np.ndarray:
         upc, {"D1": D1.ravel(), "D2": D2.ravel(), "N1": N1.ravel()}).reshape(D1.shape)
 
 
-def d_star(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
-           lo: float = 1e3, hi: float = 1e17) -> float:
-    """D*: tokens at which from-scratch MoE training matches upcycling with the same sunk cost,
-    L_MoE(D*) = L_Upc(D1 = D*, D2 = D*) (000 Eq. 13), solved numerically on ln D.
-
-    Returns ``inf`` when upcycling stays ahead on [lo, hi] and ``0.0`` when it is never ahead.
-    """
+def d_star_solve(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
+                 lo: float = 1e3, hi: float = 1e17) -> DStar:
+    """000 Eq. 13, L_MoE(D*) = L_Upc(D1 = D*, D2 = D*), for 000 Table 2-style parameters
+    (Eq. 3 against N1 and Eq. 12), with every crossing in [lo, hi]."""
     def gap(lnd: float) -> float:
         d = math.exp(lnd)
         return float(loss_moe_scratch(moe, np.array([d]), N1)[0]
                      - loss_upcycled(upc, d, d, N1))
 
-    grid = np.linspace(math.log(lo), math.log(hi), 400)
-    vals = np.array([gap(g) for g in grid])
-    if np.all(vals > 0):
-        return math.inf
-    if np.all(vals <= 0):
-        return 0.0
-    i = int(np.flatnonzero((vals[:-1] > 0) & (vals[1:] <= 0))[0])
-    return math.exp(brentq(gap, grid[i], grid[i + 1], xtol=1e-12))
+    return sign_changes(gap, lo, hi)
+
+
+def d_star(moe: Mapping[str, float], upc: Mapping[str, float], N1: float,
+           lo: float = 1e3, hi: float = 1e17) -> float:
+    """D*: tokens at which from-scratch MoE training catches up with upcycling with the same sunk
+    cost (000 Eq. 13), solved numerically on ln D: the first + → − crossing of the gap.
+
+    Returns ``inf`` when upcycling stays ahead on [lo, hi] and ``0.0`` when from-scratch leads
+    from ``lo`` on and never falls behind (see :func:`d_star_solve` for every crossing).
+    """
+    r = d_star_solve(moe, upc, N1, lo, hi)
+    if r.value is not None:
+        return r.value
+    return math.inf if r.winner_everywhere == "upcycled" or r.crossings else 0.0
 
 
 def d_star_approx(N1: float) -> float:
@@ -109,6 +113,25 @@ def upcycling_efficiency(L_fixed_E: float, L_upcycled: float, L_fixed_mE: float)
     if gap == 0:
         raise FitError("L(Fixed-E) equals L(Fixed-mE): the efficiency is undefined")
     return (L_fixed_E - L_upcycled) / gap
+
+
+def eta_interval(L_fixed_E, L_upcycled, L_fixed_mE, *, n_boot: int = 2000, ci: float = 0.9,
+                 seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of η (003 Eq. 4) over trials: each group's runs (seeds)
+    resampled on their own, η of the three means per resample (resamples where the Fixed-E and
+    Fixed-mE means tie are left out)."""
+    groups = [np.asarray(g, dtype=float) for g in (L_fixed_E, L_upcycled, L_fixed_mE)]
+    if any(len(g) == 0 for g in groups):
+        raise FitError("η needs at least one run in each of Fixed-E, upcycled and Fixed-mE")
+    rng = np.random.default_rng(seed)
+    means = [g[rng.integers(0, len(g), (n_boot, len(g)))].mean(axis=1) for g in groups]
+    gap = means[0] - means[2]
+    ok = gap != 0
+    eta = (means[0][ok] - means[1][ok]) / gap[ok]  # 003 Eq. 4 per resample
+    if len(eta) == 0:
+        raise FitError("L(Fixed-E) equals L(Fixed-mE) in every resample: η is undefined")
+    lo, hi = np.percentile(eta, [50 * (1 - ci), 50 * (1 + ci)])
+    return float(lo), float(hi)
 
 
 @dataclass(frozen=True)

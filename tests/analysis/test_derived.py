@@ -56,6 +56,26 @@ def test_d_star_reports_no_crossover():
     assert d_star(MOE, worse, 1e9) == 0.0
 
 
+def test_sign_changes_finds_every_crossing_both_ways():
+    from analysis.derived import sign_changes
+
+    # gap < 0 below 1e6 (scratch ahead), > 0 until 1e9, < 0 again after: − → + then + → −
+    def gap(lnd):
+        return -(lnd - math.log(1e6)) * (lnd - math.log(1e9))
+
+    r = sign_changes(gap, 1e3, 1e12)
+    assert [c.to for c in r.crossings] == ["upcycled", "scratch"]
+    assert r.crossings[0].D == pytest.approx(1e6, rel=1e-9)
+    assert r.crossings[1].D == pytest.approx(1e9, rel=1e-9)
+    assert r.value == pytest.approx(1e9, rel=1e-9) and r.winner_everywhere is None
+    # only − → + (the old code raised IndexError here): no D*, the crossing is reported
+    only_up = sign_changes(lambda lnd: lnd - math.log(1e6), 1e3, 1e12)
+    assert only_up.value is None and [c.to for c in only_up.crossings] == ["upcycled"]
+    assert d_star(MOE, dict(UPC, B=8.53 * 1.0), 1e9) > 0  # Table 2 itself unaffected
+    flat = sign_changes(lambda lnd: 1.0, 1e3, 1e12)
+    assert flat.crossings == () and flat.winner_everywhere == "upcycled"
+
+
 def test_d_star_approximation_eq2_by_hand():
     assert d_star_approx(1e9) == pytest.approx(4e9)
     r = 7.0
@@ -95,6 +115,24 @@ def test_efficiency_eq4_by_hand():
     assert upcycling_efficiency(2.0, 1.5, 1.5) == 1.0
     with pytest.raises(FitError):
         upcycling_efficiency(1.0, 1.0, 1.0)
+
+
+def test_eta_interval_by_resampling_runs():
+    from analysis.derived import eta_interval
+
+    # one run per group: no spread, the interval is η itself (0.5 by hand)
+    lo, hi = eta_interval([2.0], [1.9], [1.8])
+    assert lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    # noisy seeds: the interval holds the point estimate and widens with the spread
+    rng = np.random.default_rng(0)
+    e, m = 2.0 + rng.normal(0, 0.01, 4), 1.8 + rng.normal(0, 0.01, 4)
+    lo, hi = eta_interval(e, [1.9], m)
+    point = upcycling_efficiency(e.mean(), 1.9, m.mean())
+    assert lo < point < hi and hi - lo > 0.01
+    lo2, hi2 = eta_interval(2.0 + (e - 2.0) * 4, [1.9], 1.8 + (m - 1.8) * 4)
+    assert hi2 - lo2 > 2 * (hi - lo)
+    with pytest.raises(FitError):
+        eta_interval([], [1.9], [1.8])
 
 
 def test_gpu_hour_cost_model_eq1_eq2():
@@ -138,5 +176,10 @@ def test_derived_cli(tmp_path, capsys):
     f = tmp_path / "fit.json"
     f.write_text(json.dumps({"law": "joint_upcycled", "params": dict(UPC, B=100.0)}))
     assert main(["dstar", "--n1", "1e9", "--upcycled", str(f)]) == 0
-    assert json.loads(capsys.readouterr().out)["d_star"] == 0.0
+    out = json.loads(capsys.readouterr().out)
+    assert out["d_star"] is None and out["winner_everywhere"] == "scratch"
+    # no crossing up to 1e17 at 0.1B: an answer (upcycling wins everywhere), not Infinity
+    assert main(["dstar", "--n1", "1e8"]) == 0
+    text = capsys.readouterr().out
+    assert "Infinity" not in text and json.loads(text)["winner_everywhere"] == "upcycled"
     assert main(["cost", "--T", "10", "--tau", "11", "--s-e", "1", "--s-me", "2"]) == 2

@@ -1,0 +1,330 @@
+"""Should I upcycle? The decision the fitted laws imply, with bootstrap intervals (000 §5).
+
+From a D1 × D2 sweep of upcycled trials (the upcycled law) and from-scratch MoE runs (the
+from-scratch law), fitted together with E shared (000 §5, :func:`analysis.fit.fit_shared`):
+
+- the predicted loss of upcycling a dense model of N1 parameters trained on D1 tokens for D2 more
+  tokens, and of training the same MoE from scratch on the same D2 tokens, each with an interval;
+- D* (000 Eq. 13) with an interval, every crossing of the two laws, or which path wins on the
+  whole range when they do not cross;
+- the probability that upcycling wins: the share of bootstrap fits in which it does;
+- the compute-optimal split of an upcycling budget C2 between D2 and N1 (000 Eq. 14, App. F.3;
+  it needs Eq. 12, so data over several dense sizes);
+- GPU-hours and cost of each path (000 App. A: 6·N·D FLOPs at a sustained TFLOP/s), and the
+  from-scratch tokens that match the upcycled loss;
+- which inputs lie beyond the data (extrapolated).
+
+Intervals resample trials (each data set's on its own), never rows. Data: one model size gives
+Eq. 8 in (D1, D2) and Eq. 3 at that size (``chinchilla_d``); several dense sizes give Eq. 12 and
+Eq. 3 against N1. The baseline runs come from ``--baseline RESULTS`` or, without it, from the
+rows of kind ``moe`` (no parent) in RESULTS itself.
+
+``python -m analysis.decide RESULTS [--baseline B] [--json] [--n1 N] [--d1 D]
+[--budget-tokens D2 | --budget-flops C] [--gpu-tflops X --price $/GPU-h]``
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analysis.data import final_evals, load_points, read_table
+from analysis.derived import compute_optimal, flops_6nd, gpu_hours, sign_changes
+from analysis.fit import bootstrap_shared, fit_shared
+from analysis.laws import Points, get_law
+from moe_core.errors import FitError
+
+D_RANGE = (1e3, 1e17)
+"""Tokens over which D* is searched (000 Eq. 13)."""
+DEFAULT_TFLOPS = 400.0
+"""Sustained TFLOP/s per GPU (000 App. A)."""
+
+
+@dataclass(frozen=True)
+class DecisionData:
+    """The points of both laws and what the data cover."""
+
+    upcycled: Points
+    scratch: Points
+    joint: bool
+    """Several dense sizes: Eq. 12 and Eq. 3 against N1; otherwise one size."""
+    N1: float
+    N2: float
+    ranges: dict[str, tuple[float, float]]
+
+    @property
+    def laws(self) -> tuple[str, str]:
+        return ("joint_upcycled", "chinchilla") if self.joint else ("upcycled_mul",
+                                                                     "chinchilla_d")
+
+
+def _num(df, col: str) -> np.ndarray:
+    import pandas as pd
+
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+
+
+def load_decision_data(results, baseline=None) -> DecisionData:
+    """Upcycled (dense → MoE) trials' final evals from ``results``; from-scratch MoE runs from
+    ``baseline``, or the rows of kind ``moe`` without a parent in ``results``."""
+    df = final_evals(read_table(results) if not hasattr(results, "columns") else results)
+    up = df[(df.get("kind") == "upcycled")] if "kind" in df.columns else df.iloc[:0]
+    if "upcycle.method" in up.columns:
+        up = up[up["upcycle.method"].astype(str) == "dense_to_moe"]
+    if baseline is not None:
+        bdf = final_evals(read_table(baseline) if not hasattr(baseline, "columns") else baseline)
+    else:
+        bdf = df
+    sc = bdf[bdf["kind"] == "moe"] if "kind" in bdf.columns else bdf.iloc[:0]
+    if "parent_key" in sc.columns:
+        sc = sc[sc["parent_key"].fillna("").astype(str) == ""]
+    if len(up) < 6 or up["D1"].nunique() < 2 or up["D2"].nunique() < 2:
+        raise FitError(f"{results}: need upcycled (dense_to_moe) trials over at least 2 D1 and "
+                       f"2 D2 values (a D1 × D2 sweep such as search_spaces/scaling_d1_d2.yaml);"
+                       f" found {len(up)} trials")
+    if len(sc) < 3 or sc["tokens"].nunique() < 3:
+        raise FitError("need from-scratch MoE runs (kind moe, no parent) at 3 or more token "
+                       "budgets: pass --baseline RESULTS (e.g. search_spaces/"
+                       "scaling_d1_d2_baseline.yaml's results)")
+    n1s = np.unique(_num(up, "N1"))
+    n2_up, n2_sc = np.unique(_num(up, "N2")), np.unique(_num(sc, "N2"))
+    joint = len(n1s) >= 3
+    if not joint and (len(n2_sc) != 1 or not np.isclose(n2_sc[0], n2_up[0], rtol=1e-3)):
+        raise FitError(f"the from-scratch runs' MoE (N2 = {n2_sc.tolist()} active parameters) "
+                       f"is not the upcycled one (N2 = {n2_up.tolist()}); compare like with like")
+    if joint:
+        up_pts = load_points(up, "joint_upcycled")
+        sc_pts = load_points(sc, "chinchilla", columns={"N": "N1", "D": "tokens"})
+    else:
+        up_pts = load_points(up, "upcycled_mul")
+        sc_pts = load_points(sc, "chinchilla_d", columns={"D": "tokens"})
+    ranges = {"D1": (float(up["D1"].min()), float(up["D1"].max())),
+              "D2": (float(up["D2"].min()), float(up["D2"].max())),
+              "D_scratch": (float(sc["tokens"].min()), float(sc["tokens"].max())),
+              "N1": (float(n1s.min()), float(n1s.max()))}
+    return DecisionData(up_pts, sc_pts, joint, float(np.median(n1s)), float(n2_up[0]), ranges)
+
+
+# ---- the two laws at one parameter draw ----------------------------------------------------
+
+
+def _losses(data: DecisionData, upc: Mapping[str, float], scr: Mapping[str, float],
+            N1: float, D1: float, D2: float) -> tuple[float, float]:
+    """(L upcycled at (N1, D1, D2), L from scratch at (N1, D2))."""
+    ul, sl = (get_law(n) for n in data.laws)
+    xu = {"D1": np.array([D1]), "D2": np.array([D2])}
+    xs = {"D": np.array([D2])}
+    if data.joint:
+        xu["N1"], xs["N"] = np.array([N1]), np.array([N1])
+    return float(ul.predict(upc, xu)[0]), float(sl.predict(scr, xs)[0])
+
+
+def _dstar(data: DecisionData, upc, scr, N1: float):
+    """000 Eq. 13 at N1 for one parameter draw."""
+    ul, sl = (get_law(n) for n in data.laws)
+
+    def gaps(lnd):
+        d = np.exp(np.atleast_1d(lnd))
+        xu, xs = {"D1": d, "D2": d}, {"D": d}
+        if data.joint:
+            xu["N1"], xs["N"] = np.full_like(d, N1), np.full_like(d, N1)
+        return sl.predict(scr, xs) - ul.predict(upc, xu)
+
+    return sign_changes(lambda g: float(gaps(np.array([g]))[0]), *D_RANGE, vectorized=gaps)
+
+
+def _match_tokens(data: DecisionData, scr, N1: float, target: float) -> float:
+    """From-scratch tokens whose predicted loss equals ``target`` (inf: never within range)."""
+    sl = get_law(data.laws[1])
+
+    def g(lnd):
+        d = np.exp(np.atleast_1d(lnd))
+        xs = {"D": d, **({"N": np.full_like(d, N1)} if data.joint else {})}
+        return sl.predict(scr, xs) - target
+
+    r = sign_changes(lambda v: float(g(np.array([v]))[0]), *D_RANGE, n=200, vectorized=g)
+    return r.crossings[0].D if r.crossings else math.inf
+
+
+# ---- the decision ---------------------------------------------------------------------------
+
+
+def _interval(vals: list[float], level: float) -> list[float | None]:
+    """Percentile interval as order statistics (±inf stays ±inf: one path wins everywhere)."""
+    v = np.sort(np.asarray(vals, dtype=float))
+    if len(v) == 0:
+        return [None, None]
+    n = len(v)
+    lo, hi = v[int(math.floor((1 - level) / 2 * (n - 1)))], v[int(math.ceil((1 + level) / 2 *
+                                                                              (n - 1)))]
+    return [_finite(lo), _finite(hi)]
+
+
+def _finite(v: Any) -> Any:
+    """JSON-safe: NaN and ±inf become None, recursively."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def _extrapolated(data: DecisionData, N1: float, D1: float, D2: float) -> list[str]:
+    out = []
+    checks = [("D1", D1, data.ranges["D1"]), ("D2", D2, data.ranges["D2"]),
+              ("D2 (from scratch)", D2, data.ranges["D_scratch"])]
+    if data.joint:
+        checks.append(("N1", N1, data.ranges["N1"]))
+    for name, v, (lo, hi) in checks:
+        if v < lo * (1 - 1e-9) or v > hi * (1 + 1e-9):
+            out.append(f"{name} = {v:.4g} lies outside the data's {lo:.4g} … {hi:.4g}")
+    return out
+
+
+def _dstar_note(data: DecisionData, value: float | None) -> list[str]:
+    lo, hi = data.ranges["D1"][0], min(data.ranges["D2"][1], data.ranges["D1"][1])
+    if value is None or lo <= value <= hi:
+        return []
+    return [f"D* = {value:.4g} lies outside the D1 = D2 diagonal the data cover ({lo:.4g} … "
+            f"{hi:.4g}): the laws extrapolate it"]
+
+
+def _cost(tokens: float, N: float, tflops: float, price: float | None) -> dict[str, Any]:
+    fl = flops_6nd(N, tokens)
+    gh = gpu_hours(fl, tflops)
+    return {"tokens": tokens, "flops": fl, "gpu_hours": gh,
+            "cost": gh * price if price is not None and math.isfinite(gh) else None}
+
+
+def _budget(data: DecisionData, budget_tokens, budget_flops) -> float:
+    if budget_tokens is not None and budget_flops is not None:
+        raise FitError("give --budget-tokens or --budget-flops, not both")
+    if budget_flops is not None:
+        return float(budget_flops) / (6.0 * data.N2)  # 000 App. A: C = 6·N2·D2
+    return float(budget_tokens) if budget_tokens is not None else data.ranges["D2"][1]
+
+
+def _draw(data, upc, scr, N1, D1, D2) -> dict[str, float]:
+    lu, ls = _losses(data, upc, scr, N1, D1, D2)
+    ds = _dstar(data, upc, scr, N1)
+    dv = ds.value if ds.value is not None else (
+        math.inf if ds.winner_everywhere == "upcycled" or ds.crossings else 0.0)
+    return {"L_up": lu, "L_sc": ls, "dstar": dv, "match": _match_tokens(data, scr, N1, lu)}
+
+
+def _optimal(data, upc, D1: float, C2: float) -> dict[str, Any]:
+    if not data.joint:
+        return {"available": False, "reason": "the data hold one dense size (N1 = "
+                f"{data.N1:.4g}): 000 Eq. 14's split of C2 between D2 and N1 needs Eq. 12 "
+                "fitted over several N1"}
+    try:
+        c = compute_optimal(upc, D1, C2, active_ratio=data.N2 / data.N1)
+    except FitError as e:
+        return {"available": False, "reason": str(e)}
+    return {"available": True, "C2": C2, "D2_opt": c.D2_opt, "N1_opt": c.N1_opt}
+
+
+def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = None,
+           budget_tokens: float | None = None, budget_flops: float | None = None,
+           gpu_tflops: float = DEFAULT_TFLOPS, price: float | None = None,
+           bootstrap: int = 200, ci: float = 0.9, seed: int = 0) -> dict[str, Any]:
+    """The decision as a JSON-safe dict (see the module's docstring)."""
+    N1 = float(n1) if n1 is not None else data.N1
+    if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
+        raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
+                       "laws of one size cannot move to another (sweep several N1 for Eq. 12)")
+    D1 = float(d1) if d1 is not None else data.ranges["D1"][1]
+    D2 = _budget(data, budget_tokens, budget_flops)
+    N2 = data.N2 * (N1 / data.N1)
+    items = [(data.laws[0], data.upcycled), (data.laws[1], data.scratch)]
+    fits = fit_shared(items, shared=("E",), seed=seed)
+    upc, scr = fits[0].params, fits[1].params
+    point = _draw(data, upc, scr, N1, D1, D2)
+    draws = [_draw(data, u, s, N1, D1, D2) for u, s in
+             bootstrap_shared(items, bootstrap, warm=fits, seed=seed)]
+    if not draws:
+        raise FitError("every bootstrap fit failed; add trials")
+
+    def iv(key: str) -> list[float | None]:
+        return _interval([d[key] for d in draws], ci)
+
+    wins = float(np.mean([d["L_up"] < d["L_sc"] for d in draws]))
+    ds = _dstar(data, upc, scr, N1)
+    verdict = "upcycle" if wins >= (1 + ci) / 2 else (
+        "from_scratch" if wins <= (1 - ci) / 2 else "uncertain")
+    C2 = flops_6nd(N2, D2)
+    return _finite({
+        "verdict": verdict, "p_upcycle_wins": wins, "ci_level": ci,
+        "bootstrap": {"n": len(draws), "unit": "trial (each data set resampled on its own)"},
+        "inputs": {"N1": N1, "N2": N2, "D1": D1, "D2": D2, "budget_flops": C2,
+                   "gpu_tflops": gpu_tflops, "price_per_gpu_hour": price},
+        "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
+                 "scratch": {"value": point["L_sc"], "ci": iv("L_sc")}},
+        "d_star": {"value": ds.value, "ci": iv("dstar"), **ds.to_dict()},
+        "compute_optimal": _optimal(data, upc, D1, C2),
+        "cost": {"upcycled": _cost(D2, N2, gpu_tflops, price),
+                 "scratch": _cost(D2, N2, gpu_tflops, price),
+                 "scratch_to_match": {**_cost(point["match"], N2, gpu_tflops, price),
+                                      "tokens_ci": iv("match")},
+                 "sunk_dense": _cost(D1, N1, gpu_tflops, price)},
+        "laws": {"upcycled": {"law": data.laws[0], "params": upc, "n": data.upcycled.L.size},
+                 "scratch": {"law": data.laws[1], "params": scr, "n": data.scratch.L.size},
+                 "shared": ["E"]},
+        "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
+    })
+
+
+def _g(v: Any, fmt: str = ".4g") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _ci(d: Mapping[str, Any], fmt: str = ".4g") -> str:
+    lo, hi = d["ci"]
+    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]"
+
+
+def format_decision(r: Mapping[str, Any]) -> list[str]:
+    """The decision as text lines (the CLI's and the report's)."""
+    i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
+    ds = r["d_star"]
+    if ds["value"] is not None:
+        dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
+    elif ds["winner_everywhere"]:
+        dline = (f"D* (000 Eq. 13): no crossing in {ds['range'][0]:.0e} … {ds['range'][1]:.0e} "
+                 f"tokens: {ds['winner_everywhere']} wins everywhere")
+    else:
+        dline = f"D* (000 Eq. 13): none; crossings {ds['crossings']}"
+    if len(ds["crossings"]) > 1:
+        cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
+        dline += f" (crossings: {cross})"
+    lines = [
+        f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
+        f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
+        f"verdict: {r['verdict']}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
+        f"({r['bootstrap']['n']} bootstrap fits by trial)",
+        f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'])}   ({lvl} interval)",
+        f"predicted loss, from scratch: {_ci(r['loss']['scratch'])}",
+        dline,
+    ]
+    co = r["compute_optimal"]
+    lines.append(f"compute-optimal split of C2 = {i['budget_flops']:.3g} FLOPs: "
+                 + (f"D2 = {co['D2_opt']:.3g} tokens, N1 = {co['N1_opt']:.3g}" if co["available"]
+                    else f"n/a ({co['reason']})"))
+    c = r["cost"]
+    for name in ("upcycled", "scratch", "scratch_to_match"):
+        k = c[name]
+        lines.append(f"cost, {name.replace('_', ' ')}: {_g(k['tokens'], '.3g')} tokens, "
+                     f"{_g(k['flops'], '.3g')} FLOPs, {_g(k['gpu_hours'], '.3g')} GPU-h at "
+                     f"{i['gpu_tflops']:g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
+                                                        is not None else ""))
+    lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
+                                     "within the data)"))
+    return lines

@@ -1,0 +1,546 @@
+"""``algorithm: law``: a Ray Tune ``Searcher`` that runs only the trials a scaling-law answer needs.
+
+The loop (:class:`LawDesign`, pure; :class:`LawSearcher`, its Tune face):
+
+1. a small space-filling start (greedy maximin in log space over the cheaper half of the
+   candidates, ``law.seed_trials`` of them);
+2. after each completed batch, refit the law (:func:`moe_core.scaling.fit.fit`, the fit
+   ``analysis`` uses) and bootstrap it by trial (``law.bootstrap`` resamples): the target's
+   ``law.ci`` percentile interval;
+3. propose the ``law.batch`` candidates that most shrink the target's variance per token spent.
+   The expected shrinkage is the linear-Gaussian (ensemble Kalman) update computed from the
+   bootstrap ensemble itself: observing ln L at candidate c with noise σ² removes
+   Cov(T, ln L̂_c)² / (Var ln L̂_c + σ²) from Var T, where T is the target (ln D*, α3, ln L at a
+   point) and L̂_c each resample's prediction at c. This is the first-order expected reduction of
+   the interval (no nested refits: one refit per batch), exact for a law linear in its
+   parameters; a batch is chosen greedily, conditioning the ensemble covariance on each pick.
+   Each candidate's gain is divided by its marginal cost in FLOPs (6·N·D): the parent's 6·N1·D1
+   unless a chosen trial already trains that parent, and the trial's 6·N2·D2 less the WSD stable
+   phase its branch group already trains (sweeps.plan);
+4. stop when the interval's width relative to the estimate is at most ``law.ci_width`` on two
+   refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
+   left.
+
+Ray Tune does not carry a searcher's state through ``Tuner.restore`` reliably
+(ray-project/ray#30861): :meth:`LawSearcher.save` / :meth:`restore` write and read the whole
+design (observations, pending trials, the queue, the RNG), and the searcher also keeps the state
+in ``law_search.json`` next to the results after every change, which a ``--resume`` reads
+first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray.tune.search import Searcher
+
+from moe_core.errors import FitError
+from moe_core.params import count_params
+from moe_core.scaling.crossing import sign_changes
+from moe_core.scaling.fit import fit
+from moe_core.scaling.laws import Points, get_law
+from sweeps.spec import get_dotted, iter_grid
+
+STATE_FILE = "law_search.json"
+CONFIRM = 2
+"""Refits in a row (a batch apart) whose interval must be narrow enough before the search stops:
+stopping at the first narrow interval selects resamples that happen to agree, and such intervals
+held the truth too rarely on simulated studies (bench/law_search.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One trial the searcher may run: the law's variables, the search point that sets them, and
+    what it costs (FLOPs) given what else runs."""
+
+    x: dict[str, float]
+    point: dict[str, Any]
+    trial_flops: float
+    """6·N2·D2: the trial's own training."""
+    parent: str | None = None
+    parent_flops: float = 0.0
+    """6·N1·D1: its parent's, paid once per parent."""
+    branch: str | None = None
+    """Its WSD branch group (trials that differ only in their budget share a stable run)."""
+    stable_flops: float = 0.0
+    """The part of ``trial_flops`` in the stable phase (shared within the branch group)."""
+
+
+@dataclass
+class Ledger:
+    """What the chosen trials pay: parents once, each branch group's stable run up to its
+    longest member's decay, every trial its decay."""
+
+    parents: set[str] = field(default_factory=set)
+    stable: dict[str, float] = field(default_factory=dict)
+
+    def marginal(self, c: Candidate) -> float:
+        cost = 0.0 if c.parent is None or c.parent in self.parents else c.parent_flops
+        if c.branch is None:
+            return cost + c.trial_flops
+        paid = self.stable.get(c.branch, 0.0)
+        return cost + (c.trial_flops - c.stable_flops) + max(0.0, c.stable_flops - paid)
+
+    def add(self, c: Candidate) -> float:
+        cost = self.marginal(c)
+        if c.parent is not None:
+            self.parents.add(c.parent)
+        if c.branch is not None:
+            self.stable[c.branch] = max(self.stable.get(c.branch, 0.0), c.stable_flops)
+        return cost
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The target's point estimate and bootstrap interval after a refit."""
+
+    value: float
+    lo: float
+    hi: float
+    n_trials: int
+    params: dict[str, float]
+
+    @property
+    def rel_width(self) -> float:
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)) or self.value == 0:
+            return math.inf
+        return (self.hi - self.lo) / abs(self.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        def f(v: float) -> float | None:
+            return float(v) if math.isfinite(v) else None
+
+        return {"value": f(self.value), "ci": [f(self.lo), f(self.hi)],
+                "rel_width": f(self.rel_width), "n_trials": self.n_trials,
+                "params": self.params}
+
+
+def _gap_fn(cfg, law, params: Mapping[str, float]) -> Callable[[np.ndarray], np.ndarray]:
+    """ln D ↦ L_MoE(D) − L_Upc(D1 = D, D2 = D) (000 Eq. 13), vectorised; the from-scratch law
+    is ``law.scratch`` (with ``N1`` when the law is Eq. 12)."""
+    scratch = dict(cfg.scratch)
+    n1 = {"N1": scratch.get("N1", 1.0)} if "N1" in law.variables else {}
+    sc_law = get_law("chinchilla" if "B" in scratch else "chinchilla_d")
+    sc_params = {k: v for k, v in scratch.items() if k in sc_law.param_names}
+
+    def gaps(lnd: np.ndarray) -> np.ndarray:
+        d = np.exp(np.atleast_1d(lnd))
+        xs = {"D": d, **({"N": np.full_like(d, n1["N1"])} if "N" in sc_law.variables else {})}
+        xu = {"D1": d, "D2": d, **{k: np.full_like(d, v) for k, v in n1.items()}}
+        return sc_law.predict(sc_params, xs) - law.predict(params, xu)
+
+    return gaps
+
+
+def _ln_target(cfg, law, params: Mapping[str, float]) -> float:
+    """The target of one parameter set, on the scale the interval is formed on: ln D* (±inf
+    when one path wins on the whole range), α3, or ln L at ``loss_at``."""
+    if cfg.target == "alpha3":
+        return float(params["alpha3"])
+    if cfg.target == "loss_at":
+        x = {k: np.array([v]) for k, v in cfg.loss_at}
+        return float(law.log_predict(params, x)[0])
+    gaps = _gap_fn(cfg, law, params)
+    lo, hi = cfg.dstar_range
+    r = sign_changes(lambda g: float(gaps(np.array([g]))[0]), lo, hi, n=200, vectorized=gaps)
+    if r.value is not None:
+        return math.log(r.value)
+    return math.inf if (r.winner_everywhere == "upcycled" or r.crossings) else -math.inf
+
+
+def percentile_interval(T: np.ndarray, level: float) -> tuple[float, float]:
+    """The ``level`` percentile interval of bootstrap values as order statistics (no
+    interpolation, so ±inf — one path winning on the whole range — stays ±inf, not NaN)."""
+    t = np.sort(np.asarray(T, dtype=float))
+    n = len(t)
+    lo = t[int(math.floor((1 - level) / 2 * (n - 1)))]
+    hi = t[int(math.ceil((1 + level) / 2 * (n - 1)))]
+    return float(lo), float(hi)
+
+
+def _natural_value(cfg, t: float) -> float:
+    return t if cfg.target == "alpha3" else math.exp(t)
+
+
+class LawDesign:
+    """The searcher's state and decisions, free of Ray: candidates, observations, refits,
+    proposals and the stopping rule (``cfg`` is a :class:`sweeps.spec.LawSearchConfig`)."""
+
+    narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
+    _fit_on: tuple[int, ...] = ()
+
+    def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
+        if not candidates:
+            raise FitError("law search: no candidates")
+        self.cfg, self.candidates = cfg, list(candidates)
+        self.law = get_law(cfg.law)
+        self.fixed = dict(cfg.fix)
+        free = [p for p in self.law.params if p.name not in self.fixed]
+        self.seed_size = cfg.seed_trials or len(free) + 2
+        self.max_trials = min(cfg.max_trials or len(self.candidates), len(self.candidates))
+        # a bootstrap by trial over fewer than 2·p + 1 trials (p free parameters) gives
+        # intervals that miss the truth (resamples repeat most trials): no stop before
+        self.min_trials = min(max(self.seed_size, 2 * len(free) + 1), self.max_trials)
+        self.observed: dict[int, float] = {}
+        self.failed: set[int] = set()
+        self.pending: set[int] = set()
+        self.queue: list[int] = []
+        self.seeded = False
+        self.ledger = Ledger()
+        self.spent = 0.0
+        self.seed = seed
+        self.rounds = 0
+        self.history: list[dict[str, Any]] = []
+        self.estimate: Estimate | None = None
+        self._ensemble: np.ndarray | None = None
+        self._sigma2 = 1e-4
+        self._fit_on: list[int] = []
+        self.narrow = 0
+        """Consecutive refits whose interval was narrow enough."""
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+
+    @property
+    def issued(self) -> int:
+        return len(self.observed) + len(self.pending) + len(self.failed)
+
+    def _available(self) -> list[int]:
+        used = set(self.observed) | self.pending | self.failed | set(self.queue)
+        return [i for i in range(len(self.candidates)) if i not in used]
+
+    def take(self) -> int | None:
+        """The next candidate to run (None: wait for the running batch, or finished)."""
+        if not self.queue and not self.finished:
+            if not self.seeded:
+                self.queue = self._seed_design()
+                self.seeded = True
+            elif not self.pending:
+                self.refit()
+                if not self.finished:
+                    self.queue = self.propose(self.cfg.batch)
+        if not self.queue or self.issued >= self.max_trials:
+            return None
+        i = self.queue.pop(0)
+        self.pending.add(i)
+        self.spent += self.ledger.add(self.candidates[i])
+        return i
+
+    def observe(self, i: int, loss: float | None) -> None:
+        self.pending.discard(i)
+        if loss is None or not math.isfinite(loss) or loss <= 0:
+            self.failed.add(i)
+        else:
+            self.observed[i] = float(loss)
+
+    @property
+    def finished(self) -> bool:
+        """The interval is narrow enough, the trial budget is spent, or nothing is left."""
+        if self.issued >= self.max_trials and not self.queue:
+            return True
+        if self.narrow >= CONFIRM:
+            return True
+        return self.seeded and not self.queue and not self._available() and not self.pending
+
+    # ---- the space-filling start ---------------------------------------------------------
+
+    def _unit(self) -> np.ndarray:
+        """Candidates in [0, 1]^d of log variables."""
+        X = np.log(np.array([[c.x[v] for v in self.law.variables] for c in self.candidates]))
+        span = X.max(axis=0) - X.min(axis=0)
+        return (X - X.min(axis=0)) / np.where(span > 0, span, 1.0)
+
+    def _seed_design(self) -> list[int]:
+        """Greedy maximin over the cheaper half of the candidates (by standalone cost), from the
+        cheapest: spread out in log space without buying the grid's most expensive corner."""
+        U = self._unit()
+        alone = np.array([c.trial_flops + c.parent_flops for c in self.candidates])
+        pool = [i for i in np.argsort(alone, kind="stable")[:max(self.seed_size,
+                                                                 len(alone) // 2 + 1)]]
+        chosen = [int(pool[0])]
+        while len(chosen) < min(self.seed_size, len(pool)):
+            d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
+                       axis=1)
+            chosen.append(int(pool[int(np.argmax(d))]))
+        return chosen[:self.max_trials]
+
+    # ---- refit and interval --------------------------------------------------------------
+
+    def points(self) -> Points:
+        idx = sorted(self.observed)
+        x = {v: np.array([self.candidates[i].x[v] for i in idx]) for v in self.law.variables}
+        labels = tuple(str(i) for i in idx)
+        return Points(x, np.array([self.observed[i] for i in idx]), labels)
+
+    def refit(self) -> Estimate | None:
+        """Fit the law to every finished trial, bootstrap it by trial, and form the target's
+        interval; None (and no estimate) while there are too few trials."""
+        pts = self.points()
+        free = [p for p in self.law.params if p.name not in self.fixed]
+        if len(pts) < len(free) + 1:
+            return None
+        self.rounds += 1
+        try:
+            r = fit(self.law, pts, fixed=self.fixed, bootstrap=self.cfg.bootstrap,
+                    seed=self.seed * 7919 + self.rounds, n_jobs=1, max_starts=64)
+        except FitError:
+            return None
+        names = [p.name for p in free]
+        samples = []
+        for row in r.bootstrap:
+            if np.all(np.isfinite(row)):
+                samples.append({**self.fixed, **dict(zip(names, row))})
+        if len(samples) < 10:
+            return None
+        T = np.array([_ln_target(self.cfg, self.law, s) for s in samples])
+        lo, hi = percentile_interval(T, self.cfg.ci)
+        t0 = _ln_target(self.cfg, self.law, r.params)
+        est = Estimate(*(_natural_value(self.cfg, v) for v in (t0, lo, hi)), len(pts),
+                       dict(r.params))
+        self.estimate = est
+        dof = max(1, len(pts) - len(free))
+        self._sigma2 = max(float(np.sum(r.residuals ** 2)) / dof, 1e-6)
+        self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
+        self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict()})
+        ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
+            est.rel_width <= self.cfg.ci_width
+        self.narrow = self.narrow + 1 if ok else 0
+        self._fit_on = sorted(self.observed)
+        return est
+
+    def _proposal_targets(self, samples: list[dict[str, float]], T: np.ndarray,
+                          est: Estimate) -> np.ndarray:
+        """What the proposals shrink. For D*, the upcycled ln L on the diagonal at the current
+        D* estimate: with the from-scratch law given, Var(D*) ≈ Var(gap(D̂*)) / slope² (delta
+        method), and unlike ln D* it is finite in every resample (a resample where one path
+        wins on the whole range has no D*, which no covariance can use)."""
+        if self.cfg.target != "dstar":
+            return T
+        d0 = est.value
+        if not (math.isfinite(d0) and d0 > 0):  # no crossing: where the laws come closest
+            diag = np.array(sorted({c.x["D1"] for c in self.candidates}))
+            gap = _gap_fn(self.cfg, self.law, est.params)(np.log(diag))
+            d0 = float(diag[int(np.argmin(np.abs(gap)))])
+        x = {v: np.array([d0]) for v in ("D1", "D2")}
+        x.update({v: np.array([dict(self.cfg.scratch).get("N1", 1.0)])
+                  for v in self.law.variables if v not in x})
+        return np.array([float(self.law.log_predict(s, x)[0]) for s in samples])
+
+    def _predictions(self, samples: list[dict[str, float]], T: np.ndarray) -> np.ndarray:
+        """[B, 1 + n]: each resample's target and ln L̂ at every candidate (finite targets)."""
+        X = {v: np.array([c.x[v] for c in self.candidates]) for v in self.law.variables}
+        keep = np.isfinite(T)
+        rows = [np.concatenate([[t], self.law.log_predict(s, X)])
+                for s, t, k in zip(samples, T, keep) if k]
+        return np.array(rows) if rows else np.zeros((0, 1 + len(self.candidates)))
+
+    # ---- proposals -----------------------------------------------------------------------
+
+    def propose(self, k: int) -> list[int]:
+        """The ``k`` candidates that most shrink Var(target) per FLOP, chosen greedily (see the
+        module's docstring); uncertainty sampling per FLOP while too few resamples have a finite
+        target."""
+        avail = self._available()
+        room = self.max_trials - self.issued
+        if not avail or room <= 0:
+            return []
+        Z = self._ensemble
+        led = Ledger(set(self.ledger.parents), dict(self.ledger.stable))
+        if Z is None or len(Z) < 10:
+            # too few finite targets for covariances: the least-known losses per FLOP
+            var = np.ones(len(self.candidates)) if Z is None or len(Z) < 2 else Z[:, 1:].var(0)
+            C = None
+        else:
+            C = np.cov(Z, rowvar=False)
+        out = []
+        for _ in range(min(k, room, len(avail))):
+            costs = np.array([led.marginal(self.candidates[i]) for i in avail])
+            if C is None:
+                gain = var[avail]
+            else:
+                ci = np.array(avail) + 1
+                gain = C[0, ci] ** 2 / (np.diag(C)[ci] + self._sigma2)
+            j = int(np.argmax(gain / np.maximum(costs, 1e-30)))
+            pick = avail.pop(j)
+            led.add(self.candidates[pick])
+            out.append(pick)
+            if C is not None:  # condition the ensemble covariance on observing ``pick``
+                c = pick + 1
+                C = C - np.outer(C[:, c], C[c, :]) / (C[c, c] + self._sigma2)
+            if not avail:
+                break
+        return out
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed search needs (JSON-safe)."""
+        return {"observed": {str(k): v for k, v in self.observed.items()},
+                "failed": sorted(self.failed), "pending": sorted(self.pending),
+                "queue": list(self.queue), "seeded": self.seeded, "spent": self.spent,
+                "rounds": self.rounds, "history": self.history,
+                "parents": sorted(self.ledger.parents), "stable": self.ledger.stable,
+                "estimate": None if self.estimate is None else self.estimate.to_dict(),
+                "fit_on": list(self._fit_on), "narrow": self.narrow}
+
+    def load_state(self, st: Mapping[str, Any]) -> None:
+        self.observed = {int(k): float(v) for k, v in st["observed"].items()}
+        self.failed, self.pending = set(st["failed"]), set(st["pending"])
+        self.queue, self.seeded = list(st["queue"]), bool(st["seeded"])
+        self.spent, self.rounds = float(st["spent"]), int(st["rounds"])
+        self.history = list(st["history"])
+        self.ledger = Ledger(set(st["parents"]), dict(st["stable"]))
+        if st.get("estimate") is not None and st.get("fit_on"):
+            # rebuild the last refit exactly: its trials, its round (the bootstrap's seed)
+            full, history = self.observed, self.history
+            self.observed = {i: full[i] for i in st["fit_on"]}
+            self.rounds -= 1
+            self.refit()
+            self.observed, self.history = full, history
+        self.narrow = int(st.get("narrow", 0))
+
+
+def candidates_from_plan(spec, plan) -> list[Candidate]:
+    """The spec's candidates (its grid points, or a log-spaced grid over ``law.candidates.box``
+    × seeds) with the law's variables and costs from the sweep plan. Law-driven trials train
+    their own budget (no WSD branch: a shared stable run would train the largest budget up
+    front), so only parents are shared."""
+    cfg = spec.law
+    if cfg.candidates == "grid":
+        points = list(iter_grid(spec))
+    else:
+        axes = [(k, np.geomspace(lo, hi, cfg.points)) for k, lo, hi in cfg.box]
+        grid = [dict(zip([k for k, _ in axes], combo)) for combo in
+                itertools.product(*[v for _, v in axes])]
+        points = [{**{k: _rounded(v) for k, v in g.items()}, **({"seed": s} if s is not None
+                                                                  else {})}
+                  for g in grid for s in (spec.seeds or (None,))]
+    out = []
+    for pt in points:
+        t = plan.trial(spec, pt)
+        x = {v: _variable(t, key) for v, key in cfg.variable_keys().items()}
+        parent_flops = 0.0
+        if t.parent_key is not None:
+            pc = t.config.parent_run()
+            parent_flops = 6.0 * count_params(pc.model_config()).non_embedding_active * \
+                pc.steps * pc.tokens_per_step
+        out.append(Candidate(x=x, point=dict(pt), trial_flops=6.0 * t.N_active * t.tokens,
+                             parent=t.parent_key, parent_flops=parent_flops))
+    return out
+
+
+def _rounded(v: float) -> float | int:
+    return int(round(v)) if v >= 1 else float(v)
+
+
+def _variable(t, key: str) -> float:
+    """A law variable's value in a trial: tokens as trained (steps × tokens per step), the
+    parent's likewise, any other config key as set."""
+    if key == "tokens":
+        return float(t.tokens)
+    if key == "parent.tokens":
+        pc = t.config.parent_run()
+        return float(pc.steps * pc.tokens_per_step)
+    return float(get_dotted(t.config.to_dict(), key))
+
+
+def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
+               parallel: int = 1) -> LawDesign:
+    """Drive a design without Ray (tests, ``bench/law_search.py``): run each issued candidate
+    through ``evaluate`` in batches of up to ``parallel``, until the design finishes."""
+    while True:
+        batch = []
+        while len(batch) < parallel:
+            i = design.take()
+            if i is None:
+                break
+            batch.append(i)
+        if not batch:
+            if not design.pending:
+                if design.estimate is None or len(design.observed) > design.estimate.n_trials:
+                    design.refit()
+                return design
+            continue
+        for i in batch:
+            design.observe(i, evaluate(design.candidates[i]))
+
+
+class LawSearcher(Searcher):
+    """``algorithm: law`` as a Ray Tune ``Searcher`` (see the module's docstring). Suggests
+    candidates' search points; each trial's ``metric`` at its end is the observed loss."""
+
+    def __init__(self, cfg, candidates: Sequence[Candidate], *, metric: str = "val_loss",
+                 mode: str = "min", state_dir: str | Path | None = None, seed: int = 0):
+        super().__init__(metric=metric, mode=mode)
+        self.design = LawDesign(cfg, candidates, seed=seed)
+        self.trials: dict[str, int] = {}
+        self.state_dir = Path(state_dir) if state_dir else None
+        if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
+            self._load_json(self.state_dir / STATE_FILE)
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        self._metric = metric or self._metric
+        self._mode = mode or self._mode
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if trial_id in self.trials:  # asked again for a trial it already placed
+            return dict(self.design.candidates[self.trials[trial_id]].point)
+        i = self.design.take()
+        if i is None:
+            self._persist()
+            return Searcher.FINISHED if self.design.finished and not self.design.pending \
+                else None
+        self.trials[trial_id] = i
+        self._persist()
+        return dict(self.design.candidates[i].point)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        i = self.trials.get(trial_id)
+        if i is None:
+            return
+        loss = None if error or not result else result.get(self._metric)
+        self.design.observe(i, loss if isinstance(loss, (int, float)) else None)
+        self._persist()
+
+    # ---- state: Tune's save/restore and our own file -------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        return {"design": self.design.state(), "trials": dict(self.trials)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.design.load_state(state["design"])
+        self.trials = dict(state["trials"])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.get_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.set_state(pickle.load(f))
+
+    def _persist(self) -> None:
+        if self.state_dir is None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.get_state(), default=float))
+        tmp.replace(self.state_dir / STATE_FILE)
+
+    def _load_json(self, path: Path) -> None:
+        self.set_state(json.loads(path.read_text()))
+
+
+def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
+    """The searcher's state file in a results directory (None when absent)."""
+    path = Path(results_dir) / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
