@@ -42,7 +42,14 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
             f"{name} above {r.above:g}" + (f" for {r.for_evals} evals" if r.for_evals > 1 else "")
             + (f" after {r.after_tokens:,.0f} tokens" if r.after_tokens else "")
             for name, r in spec.prune.rules), markup=False)
-    t = Table(title="trials (grid points × num_samples)")
+    law = spec.algorithm == "law" and spec.law is not None
+    if law:
+        cap = spec.law.max_trials or plan.num_trials
+        con.print(f"algorithm=law: the searcher picks at most {min(cap, plan.num_trials)} of "
+                  f"these {plan.num_trials} candidates at run time (target {spec.law.target}); "
+                  "the totals below are for all of them, each training its own budget",
+                  markup=False)
+    t = Table(title="candidates" if law else "trials (grid points × num_samples)")
     keys = sorted({k for tr in plan.trials for k in tr.point})
     for k in keys + ["tokens", "N_active", "parent"]:
         t.add_column(k)

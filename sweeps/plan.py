@@ -251,9 +251,10 @@ def _branchable(cfg: TrainConfig) -> bool:
 def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, BranchGroup]:
     """Groups of two or more distinct budgets with the same config otherwise (WSD, no
     constant-LR policy)."""
-    if not spec.wsd_branches or spec.resources.ranks > 1:
+    if not spec.wsd_branches or spec.resources.ranks > 1 or spec.algorithm == "law":
         # a stable run trains on one rank, and a checkpoint resumes only on as many ranks as
-        # wrote it: multi-rank trials train each budget on its own
+        # wrote it: multi-rank trials train each budget on its own; algorithm=law picks its
+        # trials at run time, each training its own budget (no stable run is prepared)
         return {}
     members: dict[str, list[TrialPlan]] = {}
     for t in trials:
