@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
 from moe_core.moe.layer import MoELayer
-from moe_core.nn import RMSNorm, SwiGLU, apply_rope, rope_cache
+from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, rope_cache
 
 
 class Attention(nn.Module):
@@ -77,7 +77,11 @@ class ModelOutput:
     """Per-MoE-layer statistics when ``model.record_router_stats(True)`` is on."""
 
 
-class Transformer(nn.Module):
+class Transformer(FixedDtypeBuffers):
+    # RoPE tables stay fp32 in a bf16 model: bf16 cos/sin (8 mantissa bits) are off by up to
+    # 2^-9 relative, i.e. rotations by the wrong angle at every position
+    FIXED_DTYPE_BUFFERS = ("rope_cos", "rope_sin")
+
     def __init__(self, cfg: ModelConfig, moe_layer_cls: type = MoELayer):
         super().__init__()
         self.config = cfg

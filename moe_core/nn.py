@@ -10,6 +10,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class FixedDtypeBuffers(nn.Module):
+    """A module whose buffers named in ``FIXED_DTYPE_BUFFERS`` follow ``.to()``, ``.cuda()``,
+    ``.bfloat16()`` … to the new device but keep their dtype whatever the module is cast to
+    (DeepSpeed's bf16 engine casts the whole model)."""
+
+    FIXED_DTYPE_BUFFERS: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse: bool = True):
+        kept = {n: self._buffers.pop(n) for n in self.FIXED_DTYPE_BUFFERS if n in self._buffers}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for n, b in kept.items():
+                moved = fn(b)
+                self._buffers[n] = moved if moved.dtype == b.dtype else b.to(moved.device)
+        return self
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from moe_core.config import MoEConfig
 from moe_core.moe import balancing, stats
 from moe_core.moe.routing import Routing, capacity, overflow_count, route
-from moe_core.nn import SwiGLU
+from moe_core.nn import FixedDtypeBuffers, SwiGLU
 
 
 def swiglu_experts_loop(
@@ -74,7 +74,7 @@ def _use_grouped_mm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
 
 
-class MoELayer(nn.Module):
+class MoELayer(FixedDtypeBuffers):
     """Token-choice top-K MoE with SwiGLU experts stored as stacked weights [E, D, F]."""
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, init_std: float):
@@ -143,21 +143,11 @@ class MoELayer(nn.Module):
     def num_local_experts(self) -> int:
         return self.w_gate.shape[0]
 
-    def _apply(self, fn: Any, recurse: bool = True) -> MoELayer:
-        """``.to()``, ``.cuda()``, ``.bfloat16()`` … move the balancing buffers but never change
-        their dtype: ``expert_bias`` and ``aux_coef`` stay fp32 and the load / drop counters
-        fp64 whatever the model is cast to (in bf16 a loss-free step of 1e-3 is lost at
-        |b| ≥ 0.5, and counts above 256 are no longer exact)."""
-        kept = {n: self._buffers.pop(n) for n in self._FIXED_DTYPE_BUFFERS}
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for n, b in kept.items():
-                moved = fn(b)
-                self._buffers[n] = moved if moved.dtype == b.dtype else b.to(moved.device)
-        return self
-
-    _FIXED_DTYPE_BUFFERS = ("expert_bias", "aux_coef", "load_accum", "drop_accum")
+    # ``.to()``, ``.cuda()``, ``.bfloat16()`` … move the balancing buffers but never change their
+    # dtype: ``expert_bias`` and ``aux_coef`` stay fp32 and the load / drop counters fp64
+    # whatever the model is cast to (in bf16 a loss-free step of 1e-3 is lost at |b| >= 0.5,
+    # and counts above 256 are no longer exact)
+    FIXED_DTYPE_BUFFERS = ("expert_bias", "aux_coef", "load_accum", "drop_accum")
 
     def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         """[T, E] router logits computed in fp32 from the (possibly bf16) input and weight, as

@@ -127,3 +127,21 @@ def test_fp32_router_is_the_linear_layer_bit_for_bit():
     layer = _layer()
     x = torch.randn(50, 64)
     assert torch.equal(layer.router_logits(x), layer.router(x))
+
+
+def test_rope_tables_stay_fp32_in_a_bf16_model():
+    """A bf16 cast leaves the RoPE cos/sin tables fp32 (bf16 tables rotate every position by a
+    slightly wrong angle); a device move still moves them."""
+    from moe_core.nn import apply_rope, rope_cache
+
+    cfg = model_config("debug", vocab_size=32)
+    model = build_model(cfg).to(torch.bfloat16)
+    assert model.rope_cos.dtype == model.rope_sin.dtype == torch.float32
+    assert model.to("meta").rope_cos.device.type == "meta"
+    # what fp32 tables buy: queries rotated with bf16 tables are further from the fp64 rotation
+    cos, sin = rope_cache(1024, 64, 10000.0)
+    x = torch.randn(1, 1, 1024, 64, generator=torch.Generator().manual_seed(0))
+    ref = apply_rope(x.double(), cos.double(), sin.double())
+    err32 = (apply_rope(x, cos, sin).double() - ref).abs().max()
+    err16 = (apply_rope(x, cos.bfloat16(), sin.bfloat16()).double() - ref).abs().max()
+    assert err16 > 100 * err32
