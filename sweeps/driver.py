@@ -418,10 +418,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
     t0 = time.time()
     # algorithm=law runs only the trials it picks: each trains (or loads) its own parent when
-    # it starts, and its own budget (no stable run of a grid it will not run)
-    lazy = spec.algorithm == "law"
-    refs = {} if lazy else train_parents(spec, plan, cache_dir)
-    stables = {} if lazy else train_stables(spec, plan, refs, cache_dir, results_dir)
+    # it starts, and its own budget (its plan has no WSD branch group: no stable run to train)
+    refs = {} if spec.algorithm == "law" else train_parents(spec, plan, cache_dir)
+    stables = train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
