@@ -64,7 +64,7 @@ class DataConfig:
             raise ConfigError(f"data.path is required for data.source={self.source}")
         if self.dtype not in ("uint16", "uint32"):
             raise ConfigError(f"data.dtype={self.dtype!r} must be uint16 or uint32")
-        if self.tokenizer not in ("bytes", "bpe") and not self.tokenizer_file.is_file():
+        if self.hf_tokenizer and not self.tokenizer_file.is_file():
             raise ConfigError(
                 f"data.tokenizer={self.tokenizer!r} must be 'bytes', 'bpe', or a Hugging Face "
                 "folder holding tokenizer.json (or that file)")
@@ -84,6 +84,11 @@ class DataConfig:
             raise ConfigError(f"data.max_corpus_bytes={self.max_corpus_bytes} must be >= 10000")
 
     @property
+    def hf_tokenizer(self) -> bool:
+        """``data.tokenizer`` names a Hugging Face tokenizer (not ``bytes`` or ``bpe``)."""
+        return self.tokenizer not in ("bytes", "bpe")
+
+    @property
     def tokenizer_file(self) -> Path:
         """tokenizer.json of a Hugging Face ``data.tokenizer`` (the path itself if a file)."""
         p = Path(self.tokenizer)
@@ -95,7 +100,7 @@ class DataConfig:
             return self.synthetic_vocab
         if self.source == "tokens":
             return self.token_vocab_size or 65536
-        if self.tokenizer not in ("bytes", "bpe"):
+        if self.hf_tokenizer:
             return _hf_vocab_size(str(self.tokenizer_file))
         return 256 if self.tokenizer == "bytes" else self.bpe_vocab_size
 

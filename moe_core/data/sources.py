@@ -154,7 +154,7 @@ def train_bpe(text: bytes, vocab_size: int, out: Path):
 
 def tokenize(text: bytes, cfg: DataConfig, cache: Path) -> tuple[np.ndarray, int, str | None]:
     """Tokenize a corpus (cached as .npy keyed by corpus hash + tokenizer settings)."""
-    hf = cfg.tokenizer not in ("bytes", "bpe")
+    hf = cfg.hf_tokenizer
     tok_id = (b"hf:" + cfg.tokenizer_file.read_bytes()) if hf else cfg.tokenizer.encode()
     key = _hash_bytes(text, tok_id, str(cfg.bpe_vocab_size).encode())
     d = cache / f"corpus-{key}"
