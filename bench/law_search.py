@@ -37,10 +37,10 @@ N2 = 1.75 * N1
 DECAY = 0.1
 
 
-def candidates(values, branches: bool, repeats: int = 1) -> list[Candidate]:
+def candidates(values, branches: bool, repeats: int = 1, d2_values=None) -> list[Candidate]:
     out = []
     for d1 in values:
-        for d2 in values:
+        for d2 in (values if d2_values is None else d2_values):
             for rep in range(repeats):  # replicates: the same point with fresh noise
                 out.append(Candidate({"D1": float(d1), "D2": float(d2)},
                                  {"parent.tokens": float(d1), "tokens": float(d2), "rep": rep},
@@ -50,23 +50,25 @@ def candidates(values, branches: bool, repeats: int = 1) -> list[Candidate]:
     return out
 
 
-def study(s: int, sigma: float, boot: int, repeats: int = 1) -> dict:
-    st = SimulatedStudy(N1=N1, sigma=sigma, seed=s)
+def study(s: int, args) -> dict:
+    st = SimulatedStudy(N1=N1, sigma=args.sigma, seed=s, sigma_group=args.sigma_group)
     true = st.true_d_star()
 
     def block(**kw):
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
-                                "fix": {"E": st.upcycled["E"]}, "bootstrap": boot, **kw})
+                                "fix": {"E": st.upcycled["E"]}, "bootstrap": args.bootstrap,
+                                **kw})
 
     grid = LawDesign(block(ci_width=None, max_trials=25),
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
-    run_design(grid, lambda c: st.loss(c.x), parallel=25)
+    run_design(grid, st.loss_of, parallel=25)
     g = grid.estimate
+    cands = candidates(np.geomspace(0.5e9, 8e9, args.d1_points), branches=args.branches,
+                       repeats=args.repeats, d2_values=np.geomspace(0.5e9, 8e9, args.d2_points))
     law = LawDesign(block(ci_width=g.rel_width if math.isfinite(g.rel_width) else None,
-                          max_trials=25),
-                    candidates(np.geomspace(0.5e9, 8e9, 9), branches=False, repeats=repeats),
-                    seed=s)
-    run_design(law, lambda c: st.loss(c.x, c.point["rep"]))
+                          max_trials=args.max_trials),
+                    cands, seed=s)
+    run_design(law, lambda c: st.loss(c.x, c.point["rep"], c.branch))
     e = law.estimate
     return {"study": s, "true": true, "grid": [g.lo, g.hi], "grid_width": g.rel_width,
             "grid_cost": grid.spent, "law": [e.lo, e.hi], "law_width": e.rel_width,
@@ -81,16 +83,24 @@ def main() -> None:
     ap.add_argument("--studies", type=int, default=20)
     ap.add_argument("--sigma", type=float, default=0.005, help="noise sd in ln L")
     ap.add_argument("--bootstrap", type=int, default=60)
+    ap.add_argument("--sigma-group", type=float, default=0.0,
+                    help="noise sd in ln L shared by the trials of one WSD stable run")
     ap.add_argument("--repeats", type=int, default=1,
                     help="times the searcher may run one point (fresh noise each; a what-if: "
                          "the driver runs each candidate once)")
+    ap.add_argument("--branches", action=argparse.BooleanOptionalAction, default=True,
+                    help="the searcher's trials are WSD branches of stable runs extended on "
+                         "demand (as sweeps.driver runs them)")
+    ap.add_argument("--d1-points", type=int, default=9)
+    ap.add_argument("--d2-points", type=int, default=9)
+    ap.add_argument("--max-trials", type=int, default=25)
     args = ap.parse_args()
     rows = []
     t0 = time.time()
     print(f"{'study':>5} {'true D*':>9} {'grid 90% interval':>24} {'width':>6} "
           f"{'law 90% interval':>24} {'width':>6} {'trials':>6} {'cost ratio':>10}")
     for s in range(args.studies):
-        r = study(s, args.sigma, args.bootstrap, args.repeats)
+        r = study(s, args)
         rows.append(r)
         print(f"{s:>5} {r['true']:>9.3g} [{r['grid'][0]:>9.3g}, {r['grid'][1]:>9.3g}] "
               f"{r['grid_width']:>6.2f} [{r['law'][0]:>9.3g}, {r['law'][1]:>9.3g}] "
@@ -99,7 +109,9 @@ def main() -> None:
     ratio = float(np.mean([r["ratio"] for r in bounded])) if bounded else math.nan
     out = {
         "studies": len(rows), "sigma_ln_loss": args.sigma, "bootstrap": args.bootstrap,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "sigma_group": args.sigma_group,
+        "branches": args.branches, "d1_points": args.d1_points, "d2_points": args.d2_points,
+        "max_trials": args.max_trials,
         "ci_level": 0.9, "token_cost_ratio": ratio,
         "token_cost_ratio_reached": float(np.mean([r["ratio"] for r in bounded if r["reached"]]))
         if any(r["reached"] for r in bounded) else None,

@@ -55,6 +55,10 @@ CONFIRM = 2
 stopping at the first narrow interval selects resamples that happen to agree, and such intervals
 held the truth too rarely on simulated studies (bench/law_search.py)."""
 
+SEED_QUANTILE = 0.25
+"""The space-filling start picks among the candidates whose marginal cost is at most this
+quantile of all (see ``LawDesign._seed_design``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -258,17 +262,27 @@ class LawDesign:
         return (X - X.min(axis=0)) / np.where(span > 0, span, 1.0)
 
     def _seed_design(self) -> list[int]:
-        """Greedy maximin over the cheaper half of the candidates (by standalone cost), from the
-        cheapest: spread out in log space without buying the grid's most expensive corner."""
+        """Greedy maximin in log space, each pick among the cheapest quarter
+        (``SEED_QUANTILE``) of the candidates *at their marginal cost given the picks before it*
+        (a parent or stable run already paid for makes its other trials cheap), from the
+        cheapest: spread out without buying the box's most expensive corner or opening a parent
+        or stable run per seed trial."""
         U = self._unit()
-        alone = np.array([c.trial_flops + c.parent_flops for c in self.candidates])
-        pool = [i for i in np.argsort(alone, kind="stable")[:max(self.seed_size,
-                                                                 len(alone) // 2 + 1)]]
-        chosen = [int(pool[0])]
-        while len(chosen) < min(self.seed_size, len(pool)):
+        led = Ledger()
+        avail = list(range(len(self.candidates)))
+        first = min(avail, key=lambda i: led.marginal(self.candidates[i]))
+        chosen = [first]
+        led.add(self.candidates[first])
+        avail.remove(first)
+        while len(chosen) < min(self.seed_size, len(self.candidates)):
+            cost = np.array([led.marginal(self.candidates[i]) for i in avail])
+            pool = [i for i, c in zip(avail, cost) if c <= np.quantile(cost, SEED_QUANTILE)]
             d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
                        axis=1)
-            chosen.append(int(pool[int(np.argmax(d))]))
+            pick = int(pool[int(np.argmax(d))])
+            chosen.append(pick)
+            led.add(self.candidates[pick])
+            avail.remove(pick)
         return chosen[:self.max_trials]
 
     # ---- refit and interval --------------------------------------------------------------
@@ -344,39 +358,95 @@ class LawDesign:
     # ---- proposals -----------------------------------------------------------------------
 
     def propose(self, k: int) -> list[int]:
-        """The ``k`` candidates that most shrink Var(target) per FLOP, chosen greedily (see the
-        module's docstring); uncertainty sampling per FLOP while too few resamples have a finite
-        target."""
+        """The ``k`` candidates that most shrink Var(target) per FLOP (see the module's
+        docstring), chosen as packages (:meth:`_best_package`); uncertainty sampling per FLOP
+        while too few resamples have a finite target."""
         avail = self._available()
-        room = self.max_trials - self.issued
-        if not avail or room <= 0:
+        room = min(k, self.max_trials - self.issued, len(avail))
+        if room <= 0:
             return []
         Z = self._ensemble
         led = Ledger(set(self.ledger.parents), dict(self.ledger.stable))
         if Z is None or len(Z) < 10:
             # too few finite targets for covariances: the least-known losses per FLOP
             var = np.ones(len(self.candidates)) if Z is None or len(Z) < 2 else Z[:, 1:].var(0)
-            C = None
-        else:
-            C = np.cov(Z, rowvar=False)
-        out = []
-        for _ in range(min(k, room, len(avail))):
-            costs = np.array([led.marginal(self.candidates[i]) for i in avail])
-            if C is None:
-                gain = var[avail]
-            else:
-                ci = np.array(avail) + 1
-                gain = C[0, ci] ** 2 / (np.diag(C)[ci] + self._sigma2)
-            j = int(np.argmax(gain / np.maximum(costs, 1e-30)))
-            pick = avail.pop(j)
-            led.add(self.candidates[pick])
-            out.append(pick)
-            if C is not None:  # condition the ensemble covariance on observing ``pick``
-                c = pick + 1
-                C = C - np.outer(C[:, c], C[c, :]) / (C[c, c] + self._sigma2)
-            if not avail:
-                break
+            out = []
+            for _ in range(room):
+                costs = np.array([led.marginal(self.candidates[i]) for i in avail])
+                pick = avail.pop(int(np.argmax(var[avail] / np.maximum(costs, 1e-30))))
+                led.add(self.candidates[pick])
+                out.append(pick)
+            return out
+        C = np.cov(Z, rowvar=False)
+        out: list[int] = []
+        while len(out) < room and avail:
+            for pick in self._best_package(C, avail, led)[:room - len(out)]:
+                avail.remove(pick)
+                led.add(self.candidates[pick])
+                out.append(pick)
+                C = self._condition(C, pick)
         return out
+
+    def _condition(self, C: np.ndarray, pick: int) -> np.ndarray:
+        """The ensemble covariance after observing candidate ``pick`` with noise σ² (the
+        linear-Gaussian update)."""
+        c = pick + 1
+        return C - np.outer(C[:, c], C[c, :]) / (C[c, c] + self._sigma2)
+
+    def _best_package(self, C: np.ndarray, avail: list[int], led: Ledger) -> list[int]:
+        """The candidates to issue next, head first: the package with the largest expected
+        reduction of Var(target) per FLOP.
+
+        A candidate's marginal cost can be mostly fixed cost that it shares (its parent, the
+        stable run up to its decay start): once paid, every member of its WSD branch group (or of
+        its parent, without branches) with a smaller stable part costs only its own decay. Scoring
+        candidates one at a time charges that fixed cost to the first and so never opens a group
+        whose value lies in its branches. Here each candidate ``h`` heads a package: ``h`` plus the
+        available members that its fixed cost serves, added in order of gain per own cost while
+        the package's total gain per total FLOP rises (gains conditioned on the members already
+        in, as in a batch)."""
+        best, best_score = [avail[0]], -math.inf
+        decay = {i: self._own_cost(self.candidates[i]) for i in avail}
+        for h in avail:
+            ch = self.candidates[h]
+            fixed = led.marginal(ch) - decay[h]
+            members = [i for i in avail if i != h and self._serves(ch, self.candidates[i])] \
+                if fixed > 0 else []
+            Ch, pack = self._condition(C, h), [h]
+            gain = self._gain(C, h)
+            cost = fixed + decay[h]
+            score = gain / max(cost, 1e-30)
+            while members:
+                g = np.array([self._gain(Ch, i) for i in members])
+                j = int(np.argmax(g / np.maximum([decay[i] for i in members], 1e-30)))
+                new = (gain + g[j]) / max(cost + decay[members[j]], 1e-30)
+                if new <= score:
+                    break
+                gain, cost, score = gain + g[j], cost + decay[members[j]], new
+                pack.append(members.pop(j))
+                Ch = self._condition(Ch, pack[-1])
+            if score > best_score:
+                best, best_score = pack, score
+        return best
+
+    def _gain(self, C: np.ndarray, i: int) -> float:
+        c = i + 1
+        return float(C[0, c] ** 2 / (C[c, c] + self._sigma2))
+
+    @staticmethod
+    def _own_cost(c: Candidate) -> float:
+        """What a candidate costs once its parent and stable run are paid: its decay (all of its
+        training without a branch group)."""
+        return c.trial_flops - c.stable_flops if c.branch is not None else c.trial_flops
+
+    @staticmethod
+    def _serves(head: Candidate, other: Candidate) -> bool:
+        """Whether paying ``head``'s fixed cost makes ``other`` cost only its own decay: the same
+        branch group with a stable part no longer than the head's, or (no branch groups) the
+        same parent."""
+        if head.branch is not None:
+            return other.branch == head.branch and other.stable_flops <= head.stable_flops
+        return head.parent is not None and other.branch is None and other.parent == head.parent
 
     # ---- state ---------------------------------------------------------------------------
 

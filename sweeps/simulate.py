@@ -4,8 +4,11 @@ without training — for honest, fast tests and benchmarks of the law-driven sea
 The truth is 000 Table 2 at one dense size N1: the upcycled law (Eq. 12) at fixed N1 is Eq. 8
 with E' = B·N1^−β + E, and the from-scratch MoE law (Eq. 3 fitted against N1) is
 A·D^−α + E'' with E'' = B·N1^−β + E of its own row. A trial at (D1, D2) reports
-L = L_true(D1, D2)·exp(σ·ε), ε ~ N(0, 1) drawn from the study's seed and the trial's point:
-multiplicative noise of σ in ln L (σ = 0.01 is 1 % of the loss).
+L = L_true(D1, D2)·exp(σ·ε + σ_g·η), ε ~ N(0, 1) drawn from the study's seed and the trial's
+point: multiplicative noise of σ in ln L (σ = 0.01 is 1 % of the loss). η ~ N(0, 1) is drawn
+once per *group* (``group=``, e.g. the WSD stable run or the parent a trial shares with others):
+trials that branch off one stable run share its data order and initialisation, so their errors
+are correlated, and σ_g (``sigma_group``, default 0: independent trials) says how much.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class SimulatedStudy:
     sigma: float = 0.01
     """Standard deviation of the noise in ln L."""
     seed: int = 0
+    sigma_group: float = 0.0
+    """Standard deviation in ln L of the noise shared by the trials of one group (see the module's
+    docstring); 0: every trial's noise is its own."""
 
     @property
     def upcycled(self) -> dict[str, float]:
@@ -55,16 +61,19 @@ class SimulatedStudy:
         return float(get_law("upcycled_mul").predict(
             self.upcycled, {"D1": np.array([x["D1"]]), "D2": np.array([x["D2"]])})[0])
 
-    def loss(self, x: Mapping[str, float], rep: int = 0) -> float:
-        """The trial's final loss: the truth times exp(σ·ε), ε fixed by (seed, point, rep)."""
-        blob = json.dumps([self.seed, rep, sorted((k, float(v)) for k, v in x.items())])
-        s = int(hashlib.sha256(blob.encode()).hexdigest()[:16], 16)
-        eps = np.random.default_rng(s).standard_normal()
-        return self.true_loss(x) * math.exp(self.sigma * eps)
+    def loss(self, x: Mapping[str, float], rep: int = 0, group: str | None = None) -> float:
+        """The trial's final loss: the truth times exp(σ·ε + σ_g·η), ε fixed by (seed, point,
+        rep), η by (seed, group)."""
+        eps = _normal([self.seed, rep, sorted((k, float(v)) for k, v in x.items())])
+        shared = 0.0
+        if self.sigma_group and group is not None:
+            shared = self.sigma_group * _normal([self.seed, "group", group])
+        return self.true_loss(x) * math.exp(self.sigma * eps + shared)
 
     def loss_of(self, candidate) -> float:
-        """:meth:`loss` of a :class:`sweeps.law_search.Candidate` (``run_design``'s evaluate)."""
-        return self.loss(candidate.x)
+        """:meth:`loss` of a :class:`sweeps.law_search.Candidate` (``run_design``'s evaluate);
+        its WSD branch group is its noise group."""
+        return self.loss(candidate.x, group=candidate.branch)
 
     def true_d_star(self, lo: float = 1e3, hi: float = 1e17) -> float | None:
         """000 Eq. 13 under the true laws."""
@@ -77,6 +86,12 @@ class SimulatedStudy:
 
         return sign_changes(lambda g: float(gaps(np.array([g]))[0]), lo, hi,
                             vectorized=gaps).value
+
+
+def _normal(key: Any) -> float:
+    """One standard normal draw fixed by a JSON-able key (the same key, the same draw)."""
+    s = int(hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16], 16)
+    return float(np.random.default_rng(s).standard_normal())
 
 
 def simulated_trainable(study: SimulatedStudy, variables: Mapping[str, str],

@@ -102,6 +102,50 @@ def test_design_starts_cheap_spreads_out_and_stops_on_width():
     assert len(d.observed) < len(d.candidates)
 
 
+def test_seed_design_shares_parents_and_stable_runs():
+    """With WSD branches the start buys few parents and stable runs: each pick is among the
+    cheapest quarter at its marginal cost, so it reuses what earlier picks paid for."""
+    study = SimulatedStudy(sigma=0.002, seed=0)
+    d = LawDesign(_block(study, target="alpha3", ci_width=0.5), _candidates(branches=True))
+    first = d._seed_design()
+    assert len(first) == 6
+    groups = {d.candidates[i].branch for i in first}
+    assert 2 <= len(groups) <= 3  # spread over D1, but not a new stable run per trial
+    alone = sum(d.candidates[i].parent_flops + d.candidates[i].trial_flops for i in first)
+    paid = Ledger()
+    total = sum(paid.add(d.candidates[i]) for i in first)
+    assert total < 0.7 * alone  # shared parents and stable runs: 0.65 of paying each alone
+
+
+def _package_design(head_gain_only: bool = False):
+    """Hand-built: a standalone candidate A (cost 10) and a branch group whose head H (stable 90,
+    decay 10) serves three branches m1–m3 (stable 45, decay 10). Independent predictions of
+    variance 1 and σ² → 0, so observing candidate i removes exactly Cov(T, ŷ_i)² from Var T."""
+    study = SimulatedStudy(sigma=0.002, seed=0)
+    cands = [Candidate({"D1": 1.0, "D2": 1.0}, {"i": 0}, 10.0),
+             Candidate({"D1": 2.0, "D2": 4.0}, {"i": 1}, 100.0, branch="g", stable_flops=90.0)]
+    cands += [Candidate({"D1": 2.0, "D2": 2.0 + j}, {"i": 2 + j}, 55.0, branch="g",
+                        stable_flops=45.0) for j in range(3)]
+    d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
+    d._sigma2 = 1e-12
+    cov_t = np.array([math.sqrt(0.2), 1.0, *(([0.0] * 3) if head_gain_only else [1.0] * 3)])
+    C = np.eye(1 + len(cands))
+    C[0, 1:] = C[1:, 0] = cov_t
+    C[0, 0] = 1.0 + float(cov_t @ cov_t)
+    return d, C
+
+
+def test_proposals_open_a_branch_group_for_its_branches():
+    """Scored one at a time, A wins (0.2 / 10 > 1 / 55 > 1 / 100); as a package, H with its
+    branches removes 4 for 130 (0.031 per unit): the package goes first, head first."""
+    d, C = _package_design()
+    pack = d._best_package(C, list(range(5)), Ledger())
+    assert pack[0] == 1 and sorted(pack) == [1, 2, 3, 4]
+    # when the branches tell nothing about the target, the group is not worth opening
+    d, C = _package_design(head_gain_only=True)
+    assert d._best_package(C, list(range(5)), Ledger()) == [0]
+
+
 @pytest.mark.slow
 def test_coverage_on_simulated_studies():
     """The 90 % interval of the predicted loss at a point inside the grid holds the true value
