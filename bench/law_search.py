@@ -1,22 +1,29 @@
 """Law-driven search vs the full grid on simulated studies with a known truth (no training).
 
 Each study draws trial losses from 000 Table 2's laws at N1 = 1e9 (sweeps.simulate: Eq. 8 with
-E' = B·N1^−β + E; the from-scratch law, Eq. 3 at that size, given to both) times exp(σ·ε). Both
-fit Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
+E' = B·N1^−β + E; the from-scratch law, Eq. 3 at that size, given to both) times exp(σ·ε)
+(and exp(σ_g·η) shared by the trials of one WSD stable run with ``--sigma-group``). Both fit
+Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
 
 - the full grid: the 5 × 5 D1 × D2 grid {0.5, 1, 2, 4, 8}·1e9 (the shape of
-  search_spaces/scaling_d1_d2.yaml), every trial run; its 90 % D* interval's relative width W;
-- the searcher (sweeps.law_search, target dstar): candidates a 9 × 9 log grid over the same box,
-  at most 25 trials, stopping when its D* interval is at most W wide.
+  search_spaces/scaling_d1_d2.yaml), every trial run; its 90 % D* interval's relative width;
+- the searcher (sweeps.law_search, target dstar): candidates a 9 × 9 log grid over the same box
+  (``--d1-points``, ``--d2-points``), up to ``--max-trials`` trials. Its stopping rule is applied
+  afterwards to its refit history, exactly as the live rule does (width ≤ W on ``CONFIRM``
+  refits in a row, no stop before ``min_trials``; proposals do not depend on W), for two targets
+  W: the grid's width in the same study (**paired**: the searcher must also beat the grid's luck
+  in that noise draw) and the median grid width over all studies (**design**: the grid design's
+  typical width, the issue's "the full grid's D* interval width").
 
-Cost is 6·N·D FLOPs (N1 = 1e9 dense parent, N2 = 1.75·N1 active MoE): the grid's with shared
-parents and WSD branches (each budget's stable phase, 90 %, trained once per D1), the
-searcher's with shared parents only (its trials train their own budgets, as sweeps.driver runs
-them). Prints one line per study, the means, and a JSON line with ``token_cost_ratio`` (mean of
-searcher / grid cost over the studies with a bounded grid interval) and ``coverage`` (share of
-studies whose searcher interval holds the true D*).
+Cost is 6·N·D FLOPs (N1 = 1e9 dense parent, N2 = 1.75·N1 active MoE), parents shared: the
+grid's with WSD branches (each budget's stable phase, 90 %, trained once per D1); the
+searcher's with branches of stable runs extended on demand (sweeps.driver; ``--no-branches``:
+each trial trains its own budget). Prints one line per study, the means, and a JSON line with
+``token_cost_ratio`` (mean searcher / grid cost to reach the design target; the cap's cost where
+it never does), ``coverage`` (share of studies whose searcher interval at that stop holds the true
+D*), and the same for the paired target.
 
-    python bench/law_search.py [--studies 20] [--sigma 0.005] [--bootstrap 60]
+    python bench/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 
 import numpy as np
 
-from sweeps.law_search import Candidate, LawDesign, run_design
+from sweeps.law_search import CONFIRM, Candidate, LawDesign, run_design
 from sweeps.simulate import SimulatedStudy
 from sweeps.spec import parse_law_block
 
@@ -43,48 +50,71 @@ def candidates(values, branches: bool, repeats: int = 1, d2_values=None) -> list
         for d2 in (values if d2_values is None else d2_values):
             for rep in range(repeats):  # replicates: the same point with fresh noise
                 out.append(Candidate({"D1": float(d1), "D2": float(d2)},
-                                 {"parent.tokens": float(d1), "tokens": float(d2), "rep": rep},
-                                 6 * N2 * d2, f"p{d1:.4g}", 6 * N1 * d1,
-                                 f"b{d1:.4g}" if branches else None,
-                                 (1 - DECAY) * 6 * N2 * d2 if branches else 0.0))
+                                     {"parent.tokens": float(d1), "tokens": float(d2),
+                                      "rep": rep},
+                                     6 * N2 * d2, f"p{d1:.4g}", 6 * N1 * d1,
+                                     f"b{d1:.4g}" if branches else None,
+                                     (1 - DECAY) * 6 * N2 * d2 if branches else 0.0))
     return out
 
 
 def study(s: int, args) -> dict:
     st = SimulatedStudy(N1=N1, sigma=args.sigma, seed=s, sigma_group=args.sigma_group)
-    true = st.true_d_star()
 
     def block(**kw):
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
                                 "fix": {"E": st.upcycled["E"]}, "bootstrap": args.bootstrap,
-                                **kw})
+                                "ci_width": None, **kw})
 
-    grid = LawDesign(block(ci_width=None, max_trials=25),
+    grid = LawDesign(block(max_trials=25),
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
     run_design(grid, st.loss_of, parallel=25)
     g = grid.estimate
     cands = candidates(np.geomspace(0.5e9, 8e9, args.d1_points), branches=args.branches,
                        repeats=args.repeats, d2_values=np.geomspace(0.5e9, 8e9, args.d2_points))
-    law = LawDesign(block(ci_width=g.rel_width if math.isfinite(g.rel_width) else None,
-                          max_trials=args.max_trials),
-                    cands, seed=s)
+    law = LawDesign(block(max_trials=args.max_trials), cands, seed=s)
     run_design(law, lambda c: st.loss(c.x, c.point["rep"], c.branch))
-    e = law.estimate
-    return {"study": s, "true": true, "grid": [g.lo, g.hi], "grid_width": g.rel_width,
-            "grid_cost": grid.spent, "law": [e.lo, e.hi], "law_width": e.rel_width,
-            "law_cost": law.spent, "law_trials": len(law.observed),
-            "ratio": law.spent / grid.spent, "reached": e.rel_width <= g.rel_width,
-            "bounded": math.isfinite(g.rel_width),
-            "grid_covers": g.lo <= true <= g.hi, "law_covers": e.lo <= true <= e.hi}
+    return {"study": s, "true": st.true_d_star(), "grid": [g.lo, g.hi],
+            "grid_width": g.rel_width, "grid_cost": grid.spent,
+            "grid_covers": g.lo <= st.true_d_star() <= g.hi,
+            "history": law.history, "min_trials": law.min_trials}
+
+
+def stop_at(r: dict, width: float) -> dict:
+    """Where the searcher's live stopping rule would have stopped it for target ``width``: the
+    refit that made ``CONFIRM`` narrow refits in a row (else its last refit, at the cap)."""
+    narrow, hist = 0, r["history"]
+    for h in hist:
+        w = math.inf if h["rel_width"] is None else h["rel_width"]
+        narrow = narrow + 1 if h["trials"] >= r["min_trials"] and w <= width else 0
+        if narrow >= CONFIRM:
+            return {**h, "reached": True}
+    return {**hist[-1], "reached": False}
+
+
+def summarise(rows: list[dict], key: str) -> dict:
+    ok = [r for r in rows if math.isfinite(r[key + "_target"])]
+    if not ok:
+        return {"token_cost_ratio": None, "coverage": None, "reached": 0, "studies": 0}
+    return {"token_cost_ratio": float(np.mean([r[key]["flops"] / r["grid_cost"] for r in ok])),
+            "coverage": float(np.mean([_covers(r[key], r["true"]) for r in ok])),
+            "reached": sum(r[key]["reached"] for r in ok), "studies": len(ok),
+            "trials_mean": float(np.mean([r[key]["trials"] for r in ok]))}
+
+
+def _covers(h: dict, true: float) -> bool:
+    lo, hi = (math.inf if v is None else v for v in h["ci"])
+    lo = 0.0 if h["ci"][0] is None else lo
+    return lo <= true <= hi
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=20)
-    ap.add_argument("--sigma", type=float, default=0.005, help="noise sd in ln L")
-    ap.add_argument("--bootstrap", type=int, default=60)
+    ap.add_argument("--sigma", type=float, default=0.003, help="noise sd in ln L")
     ap.add_argument("--sigma-group", type=float, default=0.0,
                     help="noise sd in ln L shared by the trials of one WSD stable run")
+    ap.add_argument("--bootstrap", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=1,
                     help="times the searcher may run one point (fresh noise each; a what-if: "
                          "the driver runs each candidate once)")
@@ -93,40 +123,55 @@ def main() -> None:
                          "demand (as sweeps.driver runs them)")
     ap.add_argument("--d1-points", type=int, default=9)
     ap.add_argument("--d2-points", type=int, default=9)
-    ap.add_argument("--max-trials", type=int, default=25)
+    ap.add_argument("--max-trials", type=int, default=40)
     args = ap.parse_args()
-    rows = []
     t0 = time.time()
-    print(f"{'study':>5} {'true D*':>9} {'grid 90% interval':>24} {'width':>6} "
-          f"{'law 90% interval':>24} {'width':>6} {'trials':>6} {'cost ratio':>10}")
+    rows = []
     for s in range(args.studies):
-        r = study(s, args)
-        rows.append(r)
-        print(f"{s:>5} {r['true']:>9.3g} [{r['grid'][0]:>9.3g}, {r['grid'][1]:>9.3g}] "
-              f"{r['grid_width']:>6.2f} [{r['law'][0]:>9.3g}, {r['law'][1]:>9.3g}] "
-              f"{r['law_width']:>6.2f} {r['law_trials']:>6} {r['ratio']:>10.3f}", flush=True)
-    bounded = [r for r in rows if r["bounded"]]
-    ratio = float(np.mean([r["ratio"] for r in bounded])) if bounded else math.nan
-    out = {
-        "studies": len(rows), "sigma_ln_loss": args.sigma, "bootstrap": args.bootstrap,
-        "repeats": args.repeats, "sigma_group": args.sigma_group,
-        "branches": args.branches, "d1_points": args.d1_points, "d2_points": args.d2_points,
-        "max_trials": args.max_trials,
-        "ci_level": 0.9, "token_cost_ratio": ratio,
-        "token_cost_ratio_reached": float(np.mean([r["ratio"] for r in bounded if r["reached"]]))
-        if any(r["reached"] for r in bounded) else None,
-        "studies_bounded_grid_interval": len(bounded),
-        "reached_grid_width": sum(r["reached"] for r in bounded),
-        "coverage": float(np.mean([r["law_covers"] for r in rows])),
-        "grid_coverage": float(np.mean([r["grid_covers"] for r in rows])),
-        "law_trials_mean": float(np.mean([r["law_trials"] for r in rows])),
-        "wall_s": round(time.time() - t0, 1),
-    }
-    print(f"searcher / grid cost (studies with a bounded grid interval, {len(bounded)}): "
-          f"{ratio:.3f}; reached the grid's width in {out['reached_grid_width']}; coverage of "
-          f"the true D*: searcher {out['coverage']:.2f}, grid {out['grid_coverage']:.2f}")
-    print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                      for k, v in out.items()}))
+        rows.append(study(s, args))
+        r = rows[-1]
+        widths = [None if h["rel_width"] is None else round(h["rel_width"], 2)
+                  for h in r["history"]]
+        print(f"study {s:>2}: grid [{r['grid'][0]:.3g}, {r['grid'][1]:.3g}] width "
+              f"{r['grid_width']:.2f}; searcher widths by refit {widths}", flush=True)
+    design_w = float(np.median([r["grid_width"] for r in rows]))
+    print(f"\n{'study':>5} {'true D*':>9} {'grid width':>10} | paired: {'interval':>22} "
+          f"{'trials':>6} {'cost':>6} | design (W = {design_w:.2f}): {'interval':>22} "
+          f"{'trials':>6} {'cost':>6}")
+    for r in rows:
+        r["paired_target"], r["design_target"] = r["grid_width"], design_w
+        r["paired"], r["design"] = stop_at(r, r["grid_width"]), stop_at(r, design_w)
+        p, d = r["paired"], r["design"]
+        print(f"{r['study']:>5} {r['true']:>9.3g} {r['grid_width']:>10.2f} | "
+              f"{_fmt(p['ci']):>30} {p['trials']:>6} {p['flops'] / r['grid_cost']:>6.3f}"
+              f"{'' if p['reached'] else '*'} | {_fmt(d['ci']):>43} {d['trials']:>6} "
+              f"{d['flops'] / r['grid_cost']:>6.3f}{'' if d['reached'] else '*'}")
+    design, paired = summarise(rows, "design"), summarise(rows, "paired")
+    out = {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
+           "bootstrap": args.bootstrap, "repeats": args.repeats, "branches": args.branches,
+           "d1_points": args.d1_points, "d2_points": args.d2_points,
+           "max_trials": args.max_trials, "ci_level": 0.9,
+           "grid_width_median": design_w if math.isfinite(design_w) else None,
+           "token_cost_ratio": design["token_cost_ratio"], "coverage": design["coverage"],
+           "reached_design_width": design["reached"], "design": design, "paired": paired,
+           "grid_coverage": float(np.mean([r["grid_covers"] for r in rows])),
+           "wall_s": round(time.time() - t0, 1)}
+    print(f"(* the cap of {args.max_trials} trials came first)\nsearcher / grid cost to the "
+          f"grid design's median width {design_w:.2f}: {_num(design['token_cost_ratio'])} "
+          f"(reached in {design['reached']} of {design['studies']}, coverage "
+          f"{_num(design['coverage'])}); to each study's own grid width: "
+          f"{_num(paired['token_cost_ratio'])} (reached in {paired['reached']} of "
+          f"{paired['studies']}, coverage {_num(paired['coverage'])}); grid coverage "
+          f"{out['grid_coverage']:.2f}")
+    print(json.dumps(out, default=lambda v: None))
+
+
+def _fmt(ci) -> str:
+    return "[" + ", ".join("inf" if v is None else f"{v:.3g}" for v in ci) + "]"
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 if __name__ == "__main__":
