@@ -47,8 +47,12 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
         cap = spec.law.max_trials or plan.num_trials
         con.print(f"algorithm=law: the searcher picks at most {min(cap, plan.num_trials)} of "
                   f"these {plan.num_trials} candidates at run time (target {spec.law.target}); "
-                  "the totals below are for all of them, each training its own budget",
-                  markup=False)
+                  "the totals below are for all of them", markup=False)
+        if plan.branch_groups:
+            con.print("WSD stable runs are not trained up front: a trial trains its group's on "
+                      "demand, extended from the furthest checkpoint earlier trials left to its "
+                      "own decay start (so only as far as the longest budget picked so far)",
+                      markup=False)
     t = Table(title="candidates" if law else "trials (grid points × num_samples)")
     keys = sorted({k for tr in plan.trials for k in tr.point})
     for k in keys + ["tokens", "N_active", "parent"]:

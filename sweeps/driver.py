@@ -1,7 +1,8 @@
 """The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
 
 Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared first (``sweeps.parents``), then Ray Tune runs the trials
+stable runs are prepared first (``sweeps.parents``; under ``algorithm: law`` the trials train
+them on demand instead), then Ray Tune runs the trials
 (``sweeps.trainable``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.results``).
 """
 
@@ -25,7 +26,7 @@ from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, RungMetricASHA
 from sweeps.law_search import LawSearcher, candidates_from_plan, read_law_state
 from sweeps.parents import train_parents, train_stables
-from sweeps.plan import SweepPlan, build_plan
+from sweeps.plan import SweepPlan, build_plan, extends_stable
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -369,7 +370,8 @@ def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
 def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, Any]:
     """The plan's compute estimates; for ``algorithm: law``, those of the trials the searcher
     chose (from its state file, whichever searcher instance Tune ran): a finished search
-    leaves no trial "not started", and its trials train without WSD branches."""
+    leaves no trial "not started", and its branch groups' stable runs were trained only to
+    their longest chosen member's decay start."""
     est = plan.estimates()
     state = read_law_state(results_dir) if spec.algorithm == "law" else None
     if state is None:
@@ -379,10 +381,13 @@ def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, A
     chosen = [int(i) for i in d["observed"]] + list(d["failed"]) + list(d["pending"])
     trials = [plan.trial(spec, cands[i].point) for i in chosen]
     parents: dict[str, int] = {}
+    groups: dict[str, list[int]] = {}
     for t in trials:
         if t.parent_key is not None:
             parents[t.parent_key] = t.config.parent_run().steps * \
                 t.config.parent_run().tokens_per_step
+        if extends_stable(spec, t):
+            groups.setdefault(t.stable_key, []).append(t.decay_start * t.config.tokens_per_step)
     per_trial = sum(parents.get(t.parent_key, 0) for t in trials if t.parent_key is not None)
     finished = not d["queue"] and not d["pending"]
     return {**est, "trials": len(trials) if finished else est["trials"],
@@ -391,7 +396,8 @@ def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, A
             "trial_flops": sum(6 * t.N_active * t.tokens for t in trials),
             "parent_tokens": sum(parents.values()),
             "tokens_saved_by_sharing": per_trial - sum(parents.values()),
-            "branch_groups": 0, "tokens_saved_by_branches": 0}
+            "branch_groups": sum(len(g) > 1 for g in groups.values()),
+            "tokens_saved_by_branches": sum(sum(g) - max(g) for g in groups.values())}
 
 
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
@@ -418,16 +424,19 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
     t0 = time.time()
     # algorithm=law runs only the trials it picks: each trains (or loads) its own parent when
-    # it starts, and its own budget (its plan has no WSD branch group: no stable run to train)
-    refs = {} if spec.algorithm == "law" else train_parents(spec, plan, cache_dir)
-    stables = train_stables(spec, plan, refs, cache_dir, results_dir)
+    # it starts, and trains its branch group's WSD stable run on to its own decay start where
+    # no earlier trial did (nothing is trained up front for budgets it may never pick)
+    law = spec.algorithm == "law"
+    refs = {} if law else train_parents(spec, plan, cache_dir)
+    stables = {} if law else train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
                              cache_dir=str(cache_dir), stables=stables,
                              report=faults.report_function(cache_dir), predictor=predictor,
-                             export_dir=str(results_dir / "export") if spec.export else None),
+                             export_dir=str(results_dir / "export") if spec.export else None,
+                             stable_dir=str(results_dir / "stable") if law else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle

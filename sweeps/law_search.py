@@ -47,6 +47,7 @@ from moe_core.params import count_params
 from moe_core.scaling.crossing import sign_changes
 from moe_core.scaling.fit import fit
 from moe_core.scaling.laws import Points, get_law
+from sweeps.plan import extends_stable
 from sweeps.spec import get_dotted, iter_grid
 
 STATE_FILE = "law_search.json"
@@ -479,9 +480,10 @@ class LawDesign:
 
 def candidates_from_plan(spec, plan) -> list[Candidate]:
     """The spec's candidates (its grid points, or a log-spaced grid over ``law.candidates.box``
-    × seeds) with the law's variables and costs from the sweep plan. Law-driven trials train
-    their own budget (no WSD branch: a shared stable run would train the largest budget up
-    front), so only parents are shared."""
+    × seeds) with the law's variables and costs from the sweep plan: parents are shared, and a
+    trial that branches (``sweeps.plan.extends_stable``) shares its group's WSD stable run,
+    which is trained on demand only to the longest chosen member's decay start (its
+    ``stable_flops``: 6·N2·tokens up to its own decay start)."""
     cfg = spec.law
     if cfg.candidates == "grid":
         points = list(iter_grid(spec))
@@ -501,8 +503,12 @@ def candidates_from_plan(spec, plan) -> list[Candidate]:
             pc = t.config.parent_run()
             parent_flops = 6.0 * count_params(pc.model_config()).non_embedding_active * \
                 pc.steps * pc.tokens_per_step
+        branch = extends_stable(spec, t)
         out.append(Candidate(x=x, point=dict(pt), trial_flops=6.0 * t.N_active * t.tokens,
-                             parent=t.parent_key, parent_flops=parent_flops))
+                             parent=t.parent_key, parent_flops=parent_flops,
+                             branch=t.stable_key if branch else None,
+                             stable_flops=6.0 * t.N_active * t.decay_start *
+                             t.config.tokens_per_step if branch else 0.0))
     return out
 
 

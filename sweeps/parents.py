@@ -5,12 +5,17 @@ carried inside a dict, so Ray does not resolve it early); when the object is gon
 died) a trial reads the parent's disk cache instead, training it under a file lock only if the
 cache lacks it. Each WSD stable run (``plan.BranchGroup``) is trained once with a checkpoint where
 each of its token budgets' decay starts; its manifest (``stable.json``) lets a rerun reuse it.
+Under ``algorithm: law`` nothing is trained up front: ``extend_stable`` trains a group's stable
+run, in the trial that first needs it, only as far as that trial's decay start, resuming from the
+furthest checkpoint earlier trials left (under the group's file lock; the manifest is rewritten
+atomically at each new checkpoint).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +24,14 @@ import ray
 
 from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text
+from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
 from sweeps import console
-from sweeps.plan import BranchGroup, SweepPlan
+from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
 from sweeps.spec import SweepSpec
 
 
@@ -36,6 +42,9 @@ class StableRun:
     checkpoints: dict[int, str]
     curve: list[dict[str, Any]]
     peak: float
+
+
+MANIFEST = "stable.json"
 
 
 class _file_lock:
@@ -162,16 +171,34 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str
     return refs
 
 
+def stable_curve(curve: list[dict[str, Any]], every_steps: int) -> list[dict[str, Any]]:
+    """The stable run's evals that a single run of any budget makes too (step 0 and every
+    ``eval.every_steps``): the eval at the end of a stable run (or of one part of an extended
+    one) is not one of them."""
+    return [{k: v for k, v in m.items() if isinstance(v, (int, float, str, type(None)))}
+            for m in curve if m["step"] % every_steps == 0]
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """A stable run's manifest: ``checkpoints`` {token budget: path}, ``steps`` {step: path},
+    ``curve``, ``peak`` and ``diverged_at`` (the step where it diverged, or None)."""
+    path = out_dir / MANIFEST
+    m = json.loads(path.read_text()) if path.exists() else {}
+    return {"checkpoints": dict(m.get("checkpoints", {})), "steps": dict(m.get("steps", {})),
+            "curve": list(m.get("curve", [])), "peak": m.get("peak"),
+            "diverged_at": m.get("diverged_at")}
+
+
 def train_stable_group(group: BranchGroup, parent: ParentState | None,
                        out_dir: Path) -> StableRun:
-    """Train the group's stable run once (or reuse it from ``out_dir``)."""
-    manifest = out_dir / "stable.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text())
-        if all(Path(p).exists() for p in m["checkpoints"].values()):
-            load_checkpoint(next(iter(m["checkpoints"].values())))  # checksum check
-            return StableRun({int(k): v for k, v in m["checkpoints"].items()}, m["curve"],
-                             m["peak"])
+    """Train the group's stable run once (or reuse it from ``out_dir`` when it holds every
+    budget's checkpoint)."""
+    m = read_manifest(out_dir)
+    if m["peak"] is not None and {str(t) for t in group.starts} <= set(m["checkpoints"]) and \
+            all(Path(p).exists() for p in m["checkpoints"].values()):
+        load_checkpoint(next(iter(m["checkpoints"].values())))  # checksum check
+        return StableRun({int(k): v for k, v in m["checkpoints"].items()}, m["curve"],
+                         m["peak"])
     progress = ProgressFile(out_dir / "progress.json", group.steps[-1])
     try:
         res = train_stable(group.representative.config, out_dir, group.steps, parent=parent,
@@ -179,11 +206,68 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
     finally:
         progress.path.unlink(missing_ok=True)
     ck = {t: res.checkpoints[s] for t, s in group.starts.items()}
-    curve = [{k: v for k, v in m.items() if isinstance(v, (int, float, str, type(None)))}
-             for m in res.curve]
-    atomic_write_text(manifest, json.dumps({"checkpoints": ck, "curve": curve,
-                                            "peak": res.peak_lr}))
+    curve = stable_curve(res.curve, group.representative.config.eval.every_steps)
+    atomic_write_text(out_dir / MANIFEST, json.dumps({
+        "checkpoints": ck, "steps": {s: res.checkpoints[s] for s in group.steps},
+        "curve": curve, "peak": res.peak_lr, "diverged_at": None}))
     return StableRun(ck, curve, res.peak_lr)
+
+
+class _ManifestRecorder(Callback):
+    """Puts each checkpoint of an extension into the manifest as soon as it is written (the
+    manifest rewritten atomically), with the evals up to it: a crash mid-extension leaves a
+    manifest that lists only complete checkpoints and keeps what was trained."""
+
+    def __init__(self, out_dir: Path, manifest: dict[str, Any], budgets: Mapping[int, int],
+                 every_steps: int):
+        self.out_dir, self.m, self.budgets, self.every = out_dir, manifest, budgets, every_steps
+        self.curve: dict[int, dict[str, Any]] = {c["step"]: c for c in manifest["curve"]}
+
+    def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        for c in stable_curve([metrics], self.every):  # a retrained step keeps its row
+            self.curve.setdefault(c["step"], c)
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        self.m["steps"][str(step)] = str(path)
+        self.m["checkpoints"].update({str(tok): str(path) for tok, s in self.budgets.items()
+                                      if s == step})
+        self.m["curve"] = [self.curve[k] for k in sorted(self.curve)]
+        atomic_write_text(self.out_dir / MANIFEST, json.dumps(self.m))
+
+
+def extend_stable(t: TrialPlan, parent: ParentState | None, out_dir: Path,
+                  budgets: Mapping[int, int] | None = None) -> StableRun | None:
+    """The stable run of ``t``'s branch group (in ``out_dir``) trained at least to ``t``'s
+    decay start: reused when its checkpoint is there, else trained on from the furthest
+    checkpoint before it (from scratch when there is none), saving a checkpoint at each start
+    of ``budgets`` ({token budget: decay start}, the group's planned members) it passes. Under
+    the group's file lock, so concurrent trials of a group never train it twice. None when the
+    stable run diverged at or before that step: the trial then trains alone and reports its
+    own divergence, as a grid trial does when its group's stable run diverged."""
+    target, every = t.decay_start, t.config.eval.every_steps
+    budgets = {**(budgets or {}), t.config.tokens: target}
+    with _file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+        m = read_manifest(out_dir)
+        if m["diverged_at"] is not None and m["diverged_at"] <= target:
+            return None
+        have = {int(s): p for s, p in m["steps"].items() if Path(p).exists()}
+        if target not in have:
+            base = max((s for s in have if s < target), default=0)
+            m["peak"] = run_schedule(t.config, parent, Phase.stable(target)).peak
+            rec = _ManifestRecorder(out_dir, m, budgets, every)
+            try:
+                train_stable(t.config, out_dir, [s for s in budgets.values()
+                                                 if base < s <= target],
+                             parent=parent, callbacks=(rec,), resume_from=have.get(base))
+            except DivergenceError as e:
+                m["diverged_at"] = e.step
+                atomic_write_text(out_dir / MANIFEST, json.dumps(m))
+                return None
+        elif m["checkpoints"].get(str(t.config.tokens)) != have[target]:
+            m["checkpoints"][str(t.config.tokens)] = have[target]
+            atomic_write_text(out_dir / MANIFEST, json.dumps(m))
+    return StableRun({int(k): v for k, v in m["checkpoints"].items()},
+                     stable_curve(m["curve"], every), m["peak"])
 
 
 @ray.remote(max_calls=1)

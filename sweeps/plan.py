@@ -8,8 +8,11 @@ knobs) get their ``TrialPlan`` from the same function when their trial starts.
 
 WSD branches (000 §3.1): trials that differ only in their token budget D share one stable-phase
 run, trained once with a checkpoint where each budget's decay starts; each trial then runs only
-its decay. A branch equals, bit for bit on CPU, the single WSD run of its budget
-(``tests/moe_core/test_train.py``), so results are unchanged while stable tokens are paid once.
+its decay. Under ``algorithm: law`` the same groups are planned but nothing is trained up front:
+a trial trains its group's stable run only as far as its own decay start, extending what earlier
+trials trained (``extends_stable``). A branch equals, bit for bit on CPU, the single WSD run of
+its budget (``tests/moe_core/test_train.py``), so results are unchanged while stable tokens are
+paid once.
 """
 
 from __future__ import annotations
@@ -142,6 +145,12 @@ class SweepPlan:
         found = self._index.get(point_key(point))
         return found if found is not None else plan_trial(spec, point)
 
+    def branch_starts(self, t: TrialPlan) -> dict[int, int]:
+        """{token budget: decay start} of ``t`` and the planned members of its branch group
+        (where an on-demand stable run saves checkpoints as it passes them)."""
+        g = self.branch_groups.get(t.stable_key)
+        return {**(g.starts if g is not None else {}), t.config.tokens: t.decay_start}
+
     def branch_of(self, t: TrialPlan) -> BranchGroup | None:
         """The WSD branch group ``t`` decays from (None when it trains on its own)."""
         g = self.branch_groups.get(t.stable_key)
@@ -251,10 +260,10 @@ def _branchable(cfg: TrainConfig) -> bool:
 def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, BranchGroup]:
     """Groups of two or more distinct budgets with the same config otherwise (WSD, no
     constant-LR policy)."""
-    if not spec.wsd_branches or spec.resources.ranks > 1 or spec.algorithm == "law":
+    if not spec.wsd_branches or spec.resources.ranks > 1:
         # a stable run trains on one rank, and a checkpoint resumes only on as many ranks as
-        # wrote it: multi-rank trials train each budget on its own; algorithm=law picks its
-        # trials at run time, each training its own budget (no stable run is prepared)
+        # wrote it: multi-rank trials train each budget on its own. algorithm=law has the same
+        # groups, but trains no stable run up front: its trials extend it on demand
         return {}
     members: dict[str, list[TrialPlan]] = {}
     for t in trials:
@@ -267,6 +276,15 @@ def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, Branch
             rep = max(ts, key=lambda t: t.config.tokens)  # first of the largest budget
             groups[key] = BranchGroup(key=key, representative=rep, starts=starts)
     return groups
+
+
+def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
+    """``algorithm: law``: ``t`` decays from its branch group's stable run (keyed by
+    ``t.stable_key``), which the first trial that needs it trains, or extends, to ``t``'s decay
+    start (``sweeps.parents.extend_stable``); a grid point or not, as long as its config
+    branches (WSD with a decay, no constant-LR policy) on one rank."""
+    return (spec.algorithm == "law" and spec.wsd_branches and spec.resources.ranks == 1
+            and _branchable(t.config) and t.decay_start < t.config.steps)
 
 
 def build_plan(spec: SweepSpec) -> SweepPlan:

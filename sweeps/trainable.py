@@ -2,7 +2,8 @@
 engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, several.
 
 The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
-parent from the object store or the disk cache (``sweeps.parents``). Every evaluation is
+parent from the object store or the disk cache, its WSD stable run from the driver or, under
+``algorithm: law``, from extending the group's on demand (``sweeps.parents``). Every evaluation is
 reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
 (``CheckpointCadence``: every n-th eval, every m minutes, the last step), so a failed trial
 restarts from its last checkpoint and replays the evals after it, and a resumed sweep reruns
@@ -31,8 +32,8 @@ from moe_core.predict import Calibration, Curve, predict_final
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
-from sweeps.parents import StableRun, get_parent
-from sweeps.plan import SweepPlan, TrialPlan
+from sweeps.parents import StableRun, extend_stable, get_parent
+from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, knob_columns
 from sweeps.spec import CheckpointSpec, SweepSpec
 
@@ -184,12 +185,16 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
               stables: dict[str, StableRun] | None = None,
               report: Callable[..., None] = tune.report, export_dir: str | None = None,
-              predictor: tuple[str, Calibration] | None = None) -> None:
+              predictor: tuple[str, Calibration] | None = None,
+              stable_dir: str | None = None) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
     how rows reach Tune (``tune.report``); with ``export_dir`` (spec ``export: hf``) the final
     model is written there as a Hugging Face checkpoint, in ``<trial_id>/``; ``predictor``
     (method, calibration) adds ``predicted_final`` to every row
-    (``scheduler.rung_metric: predicted_final``)."""
+    (``scheduler.rung_metric: predicted_final``); with ``stable_dir`` (``algorithm: law``) a
+    trial that branches first trains its group's stable run on to its own decay start where
+    no earlier trial did (``sweeps.parents.extend_stable``, in ``stable_dir/<stable_key>``);
+    its ``wall_s`` then counts that stable run's seconds, as a grid branch's does."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     try:
@@ -204,9 +209,13 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         resume_from = _restored_checkpoint(work)
         group = plan.branch_of(t) if stables else None
         st = stables.get(group.key) if group is not None else None
+        on_demand = stable_dir is not None and extends_stable(spec, t)
+        if on_demand and resume_from is None:  # algorithm=law: train what the stable run lacks
+            st = extend_stable(t, parent, Path(stable_dir) / t.stable_key, plan.branch_starts(t))
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
         reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred)
-        if st is not None:  # a WSD decay branch of the group's shared stable run
+        if st is not None or (on_demand and resume_from is not None):
+            # a WSD decay branch of the group's shared stable run
             static["branch_from_step"] = t.decay_start
             if resume_from is None:
                 for m in st.curve:  # the stable phase's evals are this trial's too

@@ -1,7 +1,11 @@
 """WSD branching (000 §3.1): one stable-phase run, many token budgets.
 
 ``train_stable`` runs warmup + constant LR and saves checkpoints (model, optimizer, data position)
-at given steps. ``branch`` resumes one of them and runs only the decay phase, so a run of D
+at given steps; given a checkpoint of the same stable run (``resume_from``) it extends it: the
+stable phase up to step s is the same for every budget whose decay starts at or after s, so a
+stable run trained to s1 and then on to s2 equals, bit for bit on CPU in fp32, the one trained to
+s2 in one go (the data of step t depends on (seed, t) only, the RNG state travels in the
+checkpoint). ``branch`` resumes one of them and runs only the decay phase, so a run of D
 tokens costs the decay alone. A branch from the checkpoint at step s decaying over n steps
 equals, bit for bit on CPU in fp32, a single WSD run of s + n steps whose decay covers the last
 n. The schedules of both come from ``schedules.run_schedule`` (phases ``stable`` and ``decay``).
@@ -40,14 +44,16 @@ def tokens_to_step(cfg: TrainConfig, tokens: int) -> int:
 
 def train_stable(cfg: TrainConfig, out_dir: str | Path, checkpoint_steps: Sequence[int], *,
                  parent: ParentState | None = None,
-                 callbacks: Sequence[Callback] = ()) -> TrainResult:
+                 callbacks: Sequence[Callback] = (),
+                 resume_from: str | Path | None = None) -> TrainResult:
     """The stable phase of ``cfg`` (LR policy against ``parent`` included) up to its last
-    checkpoint step, with a checkpoint at each of ``checkpoint_steps``."""
+    checkpoint step, with a checkpoint at each of ``checkpoint_steps``; with ``resume_from`` (a
+    checkpoint of this stable run, at a step before them) it resumes there and trains on."""
     steps = sorted({int(s) for s in checkpoint_steps})
     if not steps:
         raise ConfigError("a stable run needs at least one checkpoint step to branch from")
     return Trainer(cfg, parent=parent, phase=Phase.stable(steps[-1]), out_dir=out_dir,
-                   checkpoint_steps=steps, callbacks=callbacks).fit()
+                   checkpoint_steps=steps, callbacks=callbacks, resume_from=resume_from).fit()
 
 
 def branch(cfg: TrainConfig, checkpoint: str | Path, decay_tokens: int, *,

@@ -209,3 +209,44 @@ def test_branch_refuses_another_peak(tmp_path):
     other = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-3))
     with pytest.raises(ConfigError, match="peak LR"):
         branch(other, stable.checkpoints[4], decay_tokens=2 * cfg.tokens_per_step)
+
+
+def _ck_equal(a, b):
+    """Model, optimizer and RNG state of two checkpoints are equal bit for bit."""
+    a, b = load_checkpoint(a), load_checkpoint(b)
+    assert a.step == b.step
+    assert _equal(a.model_state(), b.model_state())
+    oa, ob = a.optimizer_state(), b.optimizer_state()
+    flat = [(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(oa),
+                                   torch.utils._pytree.tree_leaves(ob))]
+    assert len(flat) == len(torch.utils._pytree.tree_leaves(oa)) > 0
+    for x, y in flat:
+        assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), (x, y)
+    assert torch.equal(a.rng_state(), b.rng_state())
+
+
+def test_extended_stable_run_equals_one_go(tmp_path):
+    """A stable run trained to s1 and extended to s2 (resumed from its s1 checkpoint) is the
+    stable run trained to s2 in one go, bit for bit (model, AdamW state, RNG), whatever the
+    budget of the config that trains each part; a branch from it is the single WSD run."""
+    moe = {"num_experts": 4, "top_k": 1, "router": {"loss_free_rate": 0.01}}
+    cfg = small_cfg(tmp_path, moe=moe)
+    s1, s2, n = 3, 7, 3  # s1 mid-warmup-free, not an eval step; s2 not one either
+    one = train_stable(cfg, tmp_path / "one", [s1, s2])
+    # the two parts trained by configs of other budgets (as two law-search trials would)
+    small = dataclasses.replace(cfg, tokens=4 * cfg.tokens_per_step)
+    big = dataclasses.replace(cfg, tokens=40 * cfg.tokens_per_step)
+    a = train_stable(small, tmp_path / "ext", [s1])
+    b = train_stable(big, tmp_path / "ext", [s2], resume_from=a.checkpoints[s1])
+    assert sorted(b.checkpoints) == [s2] and b.steps == s2
+    _ck_equal(one.checkpoints[s1], a.checkpoints[s1])
+    _ck_equal(one.checkpoints[s2], b.checkpoints[s2])
+    # the evals of the one-go run at its eval steps are the extended run's (which adds one at
+    # the end of its first part)
+    ext = {m["step"]: m["val_loss"] for m in a.curve + b.curve}
+    assert all(ext[m["step"]] == m["val_loss"] for m in one.curve)
+    single, s_single = fit(dataclasses.replace(
+        cfg, tokens=(s2 + n) * cfg.tokens_per_step,
+        schedule=dataclasses.replace(cfg.schedule, decay_frac=n / (s2 + n))))
+    br, s_br = fit(cfg, resume_from=b.checkpoints[s2], phase=Phase.decay(s2, n))
+    assert br.val_loss == single.val_loss and _equal(s_br, s_single)

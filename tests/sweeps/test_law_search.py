@@ -62,12 +62,12 @@ def test_spec_with_algorithm_law(tmp_path):
     assert spec.algorithm == "law" and spec.law.target == "dstar"
     with pytest.raises(SearchSpaceError, match="algorithm=law needs a law: block"):
         load_spec("search_spaces/scaling_d1_d2.yaml", ["algorithm=law"])
-    # its trials are picked at run time and train their own budgets: the plan (and the
-    # dry-run's and summary's ledger) promises no WSD stable run, unlike the same grid's
+    # the plan has the grid's WSD branch groups; its trials train them on demand
+    # (tests/sweeps/test_law_branches.py)
     from sweeps.plan import build_plan
 
-    assert build_plan(spec).branch_groups == {}
-    assert build_plan(load_spec("search_spaces/scaling_d1_d2.yaml")).branch_groups
+    law, grid = build_plan(spec), build_plan(load_spec("search_spaces/scaling_d1_d2.yaml"))
+    assert law.branch_groups.keys() == grid.branch_groups.keys() and len(law.branch_groups) == 5
 
 
 def test_ledger_pays_parents_once_and_stable_runs_once_per_branch():

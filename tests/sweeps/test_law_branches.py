@@ -1,0 +1,209 @@
+"""``algorithm: law`` trials as WSD branches: each trial trains its branch group's stable run
+on demand, only as far as its own decay start (``sweeps.parents.extend_stable``), under the
+group's file lock, with a manifest that stays consistent through a crash; the searcher charges
+the stable run once per group; a law sweep's results equal the grid's with branches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+import sweeps.parents as parents
+from moe_core.errors import DivergenceError
+from moe_core.train.checkpoint import load_checkpoint
+from moe_core.train.wsd import train_stable
+from sweeps.law_search import Ledger, candidates_from_plan
+from sweeps.plan import build_plan, extends_stable
+from sweeps.spec import parse_spec
+from tests.sweeps.test_wsd_branches import SPEC
+
+LAW = {"law": "chinchilla", "target": {"loss_at": {"N": 8, "D": 1536}},
+       # the law's N is any positive config key here: two trials never reach a refit
+       "variables": {"N": "batch.global_batch", "D": "tokens"},
+       "seed_trials": 2, "max_trials": 2, "ci_width": None, "bootstrap": 10}
+
+
+def _law_spec(**kw):
+    return parse_spec({**SPEC, "algorithm": "law", "law": LAW, **kw})
+
+
+def _state(path):
+    return {k: torch.as_tensor(v) for k, v in load_checkpoint(path).model_state().items()}
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_law_plan_has_the_grids_groups_and_candidates_share_the_stable_run():
+    spec = _law_spec()
+    plan = build_plan(spec)
+    g = next(iter(plan.branch_groups.values()))
+    assert g.starts == {1024: 3, 1536: 4, 2048: 6}  # as in the grid's plan
+    assert all(extends_stable(spec, t) for t in plan.trials)
+    assert not any(extends_stable(parse_spec(SPEC), t) for t in plan.trials)  # grid: up front
+    assert not any(extends_stable(_law_spec(wsd_branches=False), t) for t in plan.trials)
+    c = candidates_from_plan(spec, plan)
+    assert {x.branch for x in c} == {g.key}
+    n = plan.trials[0].N_active
+    assert [x.stable_flops for x in c] == [6.0 * n * s * 256 for s in (3, 4, 6)]
+    assert [x.trial_flops for x in c] == [6.0 * n * t for t in (1024, 1536, 2048)]
+    led = Ledger()
+    assert led.add(c[1]) == c[1].trial_flops  # the first pays its stable phase
+    assert led.marginal(c[0]) == pytest.approx(c[0].trial_flops - c[0].stable_flops)
+    assert led.marginal(c[2]) == pytest.approx(c[2].trial_flops - c[1].stable_flops)
+    off = candidates_from_plan(_law_spec(wsd_branches=False), plan)
+    assert {x.branch for x in off} == {None} and {x.stable_flops for x in off} == {0.0}
+
+
+def test_concurrent_extensions_train_the_stable_run_once(tmp_path, monkeypatch):
+    """Four threads extend one group at once (decay starts 6, 4, 3, 6): the stable run is
+    trained once, to step 6 (checkpoints at every planned start it passes), the manifest lists
+    each checkpoint, and step 6 is the stable run trained in one go."""
+    spec = parse_spec(SPEC)
+    plan = build_plan(spec)
+    trials = {t.config.tokens: t for t in plan.trials}
+    trained = []
+    real = parents.train_stable
+
+    def counting(cfg, out_dir, steps, **kw):
+        start = 0 if kw.get("resume_from") is None else load_checkpoint(kw["resume_from"]).step
+        trained.append((start, max(steps)))
+        return real(cfg, out_dir, steps, **kw)
+
+    monkeypatch.setattr(parents, "train_stable", counting)
+    out = tmp_path / "stable" / trials[2048].stable_key
+    got, errors = {}, []
+
+    def run(i, t):
+        try:
+            got[i] = parents.extend_stable(t, None, out, plan.branch_starts(t))
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, trials[b]))
+               for i, b in enumerate([2048, 1536, 1024, 2048])]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert sum(b - a for a, b in trained) == 6  # no step trained twice
+    m = json.loads((out / "stable.json").read_text())
+    assert sorted(int(s) for s in m["steps"]) == [3, 4, 6]
+    assert {int(k): v for k, v in m["checkpoints"].items()} == {
+        b: m["steps"][str(trials[b].decay_start)] for b in (1024, 1536, 2048)}
+    assert [c["step"] for c in m["curve"]] == [0, 3, 6]  # the evals a single run makes
+    for i, b in enumerate([2048, 1536, 1024, 2048]):
+        assert got[i].checkpoints[b] == m["checkpoints"][str(b)]
+    one = train_stable(trials[2048].config, tmp_path / "one", [3, 4, 6])
+    for s in (3, 4, 6):
+        assert _equal(_state(m["steps"][str(s)]), _state(one.checkpoints[s]))
+
+
+def test_crash_mid_extension_keeps_a_consistent_manifest(tmp_path, monkeypatch):
+    """A crash after the first checkpoint of an extension leaves a manifest that lists it (and
+    only it); the next trial extends from there; a budget unknown to the plan whose start lies
+    before the furthest checkpoint resumes from the furthest one below it; a divergence is
+    recorded and sends later trials past it to train alone (None), not earlier ones."""
+    spec = parse_spec(SPEC)
+    plan = build_plan(spec)
+    trials = {t.config.tokens: t for t in plan.trials}
+    real = parents.train_stable
+
+    class Crash(parents.Callback):
+        def on_checkpoint(self, step, path):
+            raise RuntimeError("killed")
+
+    def crashing(cfg, out_dir, steps, **kw):
+        return real(cfg, out_dir, steps, **{**kw, "callbacks": (*kw["callbacks"], Crash())})
+
+    out = tmp_path / "g"
+    monkeypatch.setattr(parents, "train_stable", crashing)
+    with pytest.raises(RuntimeError, match="killed"):
+        parents.extend_stable(trials[2048], None, out, plan.branch_starts(trials[2048]))
+    m = parents.read_manifest(out)
+    assert list(m["steps"]) == ["3"] and list(m["checkpoints"]) == ["1024"]
+    trained = []
+
+    def counting(cfg, out_dir, steps, **kw):
+        start = 0 if kw.get("resume_from") is None else load_checkpoint(kw["resume_from"]).step
+        trained.append((start, max(steps)))
+        return real(cfg, out_dir, steps, **kw)
+
+    monkeypatch.setattr(parents, "train_stable", counting)
+    st = parents.extend_stable(trials[2048], None, out)  # the plan's other starts unknown
+    assert trained == [(3, 6)] and sorted(st.checkpoints) == [1024, 2048]
+    st = parents.extend_stable(trials[1536], None, out)  # start 4: no checkpoint there
+    assert trained[-1] == (3, 4) and sorted(st.checkpoints) == [1024, 1536, 2048]
+    one = train_stable(trials[2048].config, tmp_path / "one", [4, 6])
+    assert _equal(_state(st.checkpoints[1536]), _state(one.checkpoints[4]))
+    assert _equal(_state(st.checkpoints[2048]), _state(one.checkpoints[6]))
+
+    def diverging(cfg, out_dir, steps, **kw):
+        raise DivergenceError(5, "train loss is nan")
+
+    monkeypatch.setattr(parents, "train_stable", diverging)
+    big = parents.TrialPlan(**{**{f: getattr(trials[2048], f) for f in
+                                  trials[2048].__dataclass_fields__}, "decay_start": 7})
+    assert parents.extend_stable(big, None, out) is None
+    assert parents.read_manifest(out)["diverged_at"] == 5
+    assert parents.extend_stable(big, None, out) is None  # not tried again
+    assert parents.extend_stable(trials[1536], None, out) is not None  # before the divergence
+
+
+def _sweep(tmp_path, name, spec):
+    """Run the sweeps (one process: Ray starts once) and return their rows."""
+    files = []
+    for n, s in zip(name, spec):
+        f = tmp_path / f"{n}.yaml"
+        f.write_text(yaml.safe_dump(dict(s, sweep=n, results=str(tmp_path / "r"))))
+        files.append(str(f))
+    code = ("import sys; from sweeps.run import main\n"
+            "sys.exit(max(main([f]) for f in sys.argv[1:]))")
+    env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code, *files], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [pq.read_table(tmp_path / "r" / n / "results.parquet").to_pylist() for n in name]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
+    """A law sweep picks budgets 1024 and 1536 of the group {1024, 1536, 2048} (two trials at
+    once): both branch from one stable run trained only to step 4 (1536's decay start, not
+    2048's 6), and every row equals the same points run as a grid with WSD branches."""
+    law = {**SPEC, "algorithm": "law", "law": LAW, "max_concurrent": 2}
+    grid = {**SPEC, "search": {"tokens": {"grid": [1024, 1536]}}}
+    lr, gr = _sweep(tmp_path, ["law", "grid"], [law, grid])
+
+    def curves(rows):
+        out = {}
+        for r in rows:
+            out.setdefault(r["tokens_budget"], {})[r["step"]] = (r["val_loss"], r["train_loss"])
+        return out
+
+    cl, cg = curves(lr), curves(gr)
+    assert set(cl) == set(cg) == {1024, 1536}
+    assert cl == cg  # bit for bit, every eval of both trials
+    assert {b: sorted(c) for b, c in cl.items()} == {1024: [0, 3, 4], 1536: [0, 3, 6]}
+    assert {(r["tokens_budget"], r["branch_from_step"]) for r in lr} == {(1024, 3), (1536, 4)}
+    for t in {r["trial_id"] for r in lr}:  # wall_s counts the stable run's seconds too
+        walls = [r["wall_s"] for r in sorted((r for r in lr if r["trial_id"] == t),
+                                             key=lambda r: r["step"])]
+        assert walls == sorted(walls) and walls[-1] > walls[1] > 0, (t, walls)
+    (st,) = (tmp_path / "r" / "law" / "stable").glob("*/stable.json")
+    m = json.loads(st.read_text())
+    assert sorted(int(s) for s in m["steps"]) == [3, 4]  # never trained to 2048's start (6)
+    assert not (st.parent / "step_00000006").exists()
+    summary = json.loads((tmp_path / "r" / "law" / "summary.json").read_text())
+    assert summary["tokens_saved_by_branches"] == 3 * 256
