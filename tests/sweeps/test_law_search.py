@@ -136,11 +136,13 @@ def _package_design(head_gain_only: bool = False):
 
 
 def test_proposals_open_a_branch_group_for_its_branches():
-    """Scored one at a time, A wins (0.2 / 10 > 1 / 55 > 1 / 100); as a package, H with its
-    branches removes 4 for 130 (0.031 per unit): the package goes first, head first."""
+    """Scored one at a time, A wins (0.2 / 10 = 0.02 > 1 / 55 > 1 / 100). As packages, m1 heading
+    m2 and m3 (a stable run to their decay start, 45, shared) removes 3 for 75 (0.04), better
+    than H with all three branches (4 for 130, 0.031): that package goes first, its head first,
+    and the stable run is not bought past the branches' own decay start."""
     d, C = _package_design()
     pack = d._best_package(C, list(range(5)), Ledger())
-    assert pack[0] == 1 and sorted(pack) == [1, 2, 3, 4]
+    assert pack[0] == 2 and sorted(pack) == [2, 3, 4]
     # when the branches tell nothing about the target, the group is not worth opening
     d, C = _package_design(head_gain_only=True)
     assert d._best_package(C, list(range(5)), Ledger()) == [0]
