@@ -14,6 +14,12 @@ causal mask). ``mfu_6n`` counts 6·N_active alone. On CUDA the data are random t
 
     python bench/train_step.py [--steps 20] [--presets debug,15M] [--peak-tflops 989]
                                [--seq S] [--batch B] [--micro M] [--vocab V]
+                               [--compile] [--activation-checkpointing]
+
+``--compile`` sets ``model.compile: true`` (regional torch.compile of each block; the first
+steps, which compile, are warm-up and not timed) and ``--activation-checkpointing`` sets
+``model.activation_checkpointing: true``, for both models; both are recorded in the JSON line,
+and each row's ``compiled`` says whether compilation stayed on or fell back to eager.
 Ends with one JSON line (``mfu`` per model on CUDA).
 """
 
@@ -49,9 +55,9 @@ def _data(vocab: int, tokens: int, tmp: Path) -> dict:
 
 
 def config(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int,
-           data: dict) -> dict:
+           data: dict, speed: dict | None = None) -> dict:
     d = {
-        "model": {"preset": preset},
+        "model": {"preset": preset, **(speed or {})},
         "data": {**data, "seq_len": seq},
         "batch": {"global_batch": batch, "micro_batch": micro},
         "schedule": {"kind": "constant", "warmup_steps": 0},
@@ -65,6 +71,10 @@ def config(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int,
     return d
 
 
+WARMUP_STEPS = 2
+"""Untimed first steps (allocator warm-up; with --compile, compilation)."""
+
+
 def run(cfg_dict: dict, steps: int, parent=None) -> tuple[dict, Trainer]:
     cuda = torch.cuda.is_available()
     if cuda:
@@ -73,12 +83,12 @@ def run(cfg_dict: dict, steps: int, parent=None) -> tuple[dict, Trainer]:
     cfg = train_config_from_dict(cfg_dict)
     trainer = Trainer(cfg, parent=parent)
     stamps = []
-    for _ in range(steps + 2):  # Trainer.step(): one optimizer step, no eval
+    for _ in range(steps + WARMUP_STEPS):  # Trainer.step(): one optimizer step, no eval
         trainer.step()
         if cuda:
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
-    gaps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))  # skip warm-up
+    gaps = sorted(b - a for a, b in zip(stamps[WARMUP_STEPS - 1:], stamps[WARMUP_STEPS:]))
     step_s = gaps[len(gaps) // 2]
     seq, batch = cfg.seq_len, cfg.batch.global_batch
     tok_s = batch * seq / step_s
@@ -86,6 +96,7 @@ def run(cfg_dict: dict, steps: int, parent=None) -> tuple[dict, Trainer]:
     n_act = count_params(mcfg).non_embedding_active
     f = flops_per_token(n_act, mcfg.vocab_size, mcfg.d_model, mcfg.n_layer, seq)
     row = {"preset": cfg.model.preset, "moe": cfg.moe is not None, "tokens_per_s": tok_s,
+           "compiled": trainer.model.compiled,
            "N_active": n_act, "flops_per_token": f, "flops_per_s": sum(f.values()) * tok_s}
     if cuda:
         row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -103,7 +114,12 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="accelerator peak (H100 SXM bf16 dense: 989)")
+    ap.add_argument("--compile", action="store_true",
+                    help="model.compile: true (regional torch.compile of each block)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="model.activation_checkpointing: true (recompute blocks in backward)")
     args = ap.parse_args()
+    speed = {"compile": args.compile, "activation_checkpointing": args.activation_checkpointing}
     os.environ.setdefault("WANDB_MODE", "disabled")
     cuda = torch.cuda.is_available()
     presets = (args.presets or ("0.1B" if cuda else "debug,15M")).split(",")
@@ -115,12 +131,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = _data(vocab, (args.steps + 4) * batch * (seq + 1) * 2, Path(tmp))
         for p in presets:
-            dense, trainer = run(config(p, False, args.steps, seq, batch, micro, data),
+            dense, trainer = run(config(p, False, args.steps, seq, batch, micro, data, speed),
                                  args.steps)
             parent = trainer.parent_state()
             del trainer
-            moe, _ = run(config(p, True, args.steps, seq, batch, micro, data), args.steps,
-                         parent=parent)
+            moe, _ = run(config(p, True, args.steps, seq, batch, micro, data, speed),
+                         args.steps, parent=parent)
             for r in (dense, moe):
                 if cuda:
                     peak = args.peak_tflops * 1e12
@@ -135,7 +151,7 @@ def main() -> None:
               / next(r for r in rows if r["preset"] == p and not r["moe"])["tokens_per_s"]
               for p in presets}
     out = {"bench": "train_step", "device": "cuda" if cuda else "cpu", "seq": seq,
-           "batch": batch, "micro": micro, "vocab": vocab, "rows": rows,
+           "batch": batch, "micro": micro, "vocab": vocab, **speed, "rows": rows,
            "moe_vs_dense_tokens_per_s": ratios,
            "mfu_formula": "(6*N_active + 6*V*d + 12*L*d*S) * tokens_per_s / peak"}
     if cuda:

@@ -9,6 +9,7 @@ V vocab. The fused ``wqkv`` rows are [q (H·Dh) | k (Hkv·Dh) | v (Hkv·Dh)].
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,17 @@ import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
 from moe_core.moe.layer import MoELayer
-from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, rope_cache
+from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, checkpointed, rope_cache
+
+log = logging.getLogger(__name__)
+
+
+
+def _is_compile_error(e: BaseException) -> bool:
+    """What a failed ``torch.compile`` raises at a block's call: BackendCompilerFailed and
+    InductorError (no C compiler, a failed C++/Triton build), Unsupported, ... (torch._dynamo
+    is imported by then)."""
+    return isinstance(e, torch._dynamo.exc.TorchDynamoException)
 
 
 class Attention(nn.Module):
@@ -94,6 +105,10 @@ class Transformer(FixedDtypeBuffers):
         cos, sin = rope_cache(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.activation_checkpointing = False
+        """Recompute each block's activations in the backward (``enable_speedups``)."""
+        self._compiled: list[Any] | None = None  # one compiled callable per block, unregistered
+        self.compile_key = "model.compile"
         self.reset_parameters()
 
     @torch.no_grad()
@@ -124,6 +139,51 @@ class Transformer(FixedDtypeBuffers):
         """Per-step balancing updates (loss-free bias, adaptive aux coefficients)."""
         return [m.update_balancing() for m in self.moe_layers()]
 
+    def enable_speedups(self, *, compile: bool = False, activation_checkpointing: bool = False,
+                        backend: str = "inductor", key: str = "model.compile") -> bool:
+        """Regional ``torch.compile`` (each block separately, not the whole model) and activation
+        checkpointing per block; returns whether compilation is on. Parameters, buffers and the
+        state dict are unchanged (the compiled callables are not submodules). If ``torch.compile``
+        fails, now or at a block's first call (no C compiler, an unsupported op), one warning
+        naming ``key`` is logged and the model runs eager."""
+        self.activation_checkpointing = activation_checkpointing
+        self._compiled, self.compile_key = None, key
+        if compile:
+            try:
+                self._compiled = [torch.compile(b, backend=backend) for b in self.blocks]
+            except Exception as e:  # noqa: BLE001 -- any failure means: run eager
+                self._compile_failed(e)
+        return self._compiled is not None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the blocks run compiled (``enable_speedups(compile=True)`` and no failure)."""
+        return self._compiled is not None
+
+    def _compile_failed(self, e: BaseException) -> None:
+        self._compiled = None
+        cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the cause
+        lines = str(cause).strip().splitlines()
+        log.warning("%s=true: torch.compile failed (%s: %s); running eager. Set %s=false to "
+                    "silence this.", self.compile_key, type(cause).__name__,
+                    lines[0][:300] if lines else "", self.compile_key)
+
+    def _block(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block i, compiled when ``enable_speedups(compile=True)`` succeeded (else eager)."""
+        b, args = self.blocks[i], (x, self.rope_cos, self.rope_sin)
+        if self._compiled is None:
+            return b(*args)
+        saved = b.mlp.balancing_state() if b.is_moe else None
+        try:
+            return self._compiled[i](*args)
+        except Exception as e:
+            if not _is_compile_error(e):
+                raise
+            self._compile_failed(e)
+            if saved is not None:  # a graph that ran before the failure must not count twice
+                b.mlp.restore_balancing_state(saved)
+            return b(*args)
+
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
         S = tokens.shape[1]
         if S > self.config.max_seq_len:
@@ -132,8 +192,9 @@ class Transformer(FixedDtypeBuffers):
             )
         x = self.tok_emb(tokens)
         aux = x.new_zeros((), dtype=torch.float32)
-        for b in self.blocks:
-            x, a = b(x, self.rope_cos, self.rope_sin)
+        ckpt = self.activation_checkpointing and torch.is_grad_enabled()
+        for i in range(len(self.blocks)):
+            x, a = checkpointed(self._block, i, x) if ckpt else self._block(i, x)
             if a is not None:
                 aux = aux + a
         logits = self.lm_head(self.norm(x))

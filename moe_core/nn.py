@@ -5,9 +5,43 @@ Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
+
+_recompute = threading.local()
+
+
+def in_recompute() -> bool:
+    """True while activation checkpointing recomputes a forward inside the backward pass:
+    stateful side effects of a forward (the MoE layer's balancing counters and statistics)
+    must not happen a second time then."""
+    return getattr(_recompute, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _recomputing() -> Iterator[None]:
+    _recompute.depth = getattr(_recompute, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _recompute.depth -= 1
+
+
+def checkpointed(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` under non-reentrant activation checkpointing: its activations are freed
+    after the forward and recomputed in the backward, with ``in_recompute()`` True during the
+    recomputation (and the RNG state replayed)."""
+    return torch.utils.checkpoint.checkpoint(
+        fn, *args, use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), _recomputing()),
+    )
 
 
 class FixedDtypeBuffers(nn.Module):

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from moe_core.config import MoEConfig
 from moe_core.moe import balancing, stats
 from moe_core.moe.routing import Routing, capacity, overflow_count, route
-from moe_core.nn import FixedDtypeBuffers, SwiGLU
+from moe_core.nn import FixedDtypeBuffers, SwiGLU, in_recompute
 
 
+@torch.compiler.disable  # per-expert Python-int splits would recompile at every new load
 def swiglu_experts_loop(
     x_ND: torch.Tensor,
     counts: list[int],
@@ -68,6 +69,20 @@ def swiglu_experts_grouped(
     )
     h = h * scale_N.unsqueeze(-1).to(h.dtype)
     return torch._grouped_mm(h, w_down_EFD, offs=offs)
+
+
+def combine(y_ND: torch.Tensor, slot_N: torch.Tensor, T: int, K: int, *,
+              dropless: bool) -> torch.Tensor:
+    """[T, D] sum over each token's K expert outputs, without atomics: the rows of ``y_ND``
+    (in expert order; row n belongs to slot ``slot_N[n]`` = t·K + k) are written back to their
+    slots, the inverse permutation of the dispatch sort, and summed over K. Slots with no row
+    (assignments a capacity dropped) stay 0. Backward is a gather of the [T·K, D] gradient,
+    also atomic-free. For K = 2 the sum equals the ``index_add_`` it replaced bit for bit
+    (a + b == b + a); for K > 2 the order of the K additions differs."""
+    D = y_ND.shape[-1]
+    new = y_ND.new_empty if dropless else y_ND.new_zeros  # dropless: every slot is written
+    y_TKD = new((T * K, D)).index_copy(0, slot_N, y_ND).view(T, K, D)
+    return y_TKD.sum(1)
 
 
 def _use_grouped_mm(x: torch.Tensor) -> bool:
@@ -167,32 +182,32 @@ class MoELayer(FixedDtypeBuffers):
         shape = x.shape
         x_TD = x.reshape(-1, shape[-1])
         T = x_TD.shape[0]
-        cfg, rcfg = self.cfg, self.cfg.router
+        cfg = self.cfg
         E, K = self.num_experts, cfg.top_k
         routing = self.routing(x_TD)
 
         # Sort-based dispatch: a stable sort keeps token order within each expert, so with a
-        # capacity the earliest tokens win (Switch Transformer's priority).
+        # capacity the earliest tokens win (Switch Transformer's priority). Slot i = t·K + k
+        # is token t's k-th choice; ``slot_N`` lists the slots in expert order.
         flat_e = routing.topk_idx_TK.reshape(-1)
-        order = torch.sort(flat_e, stable=True).indices
+        slot_N = torch.sort(flat_e, stable=True).indices
         counts_E = torch.bincount(flat_e, minlength=E)
-        w_N = routing.topk_weight_TK.reshape(-1)[order]
-        tok_N = order // K
-        dropped = 0
+        w_N = routing.topk_weight_TK.reshape(-1)[slot_N]
+        dropped_N = None
         if cfg.capacity_factor is not None:
             cap = capacity(T, K, E, cfg.capacity_factor)
             starts = torch.cumsum(counts_E, 0) - counts_E
-            pos_N = torch.arange(order.numel(), device=x.device) - starts.repeat_interleave(
+            pos_N = torch.arange(slot_N.numel(), device=x.device) - starts.repeat_interleave(
                 counts_E
             )
             keep = pos_N < cap
-            dropped = int((~keep).sum())
-            tok_N, w_N = tok_N[keep], w_N[keep]
+            dropped_N = ~keep
+            slot_N, w_N = slot_N[keep], w_N[keep]
             kept_E = counts_E.clamp(max=cap)
         else:
             kept_E = counts_E
 
-        x_ND = x_TD[tok_N]
+        x_ND = x_TD[slot_N // K]
         if self.ep_size > 1:
             y_ND = self._experts_parallel(x_ND, kept_E) * w_N.unsqueeze(-1).to(x_ND.dtype)
         elif _use_grouped_mm(x_ND):
@@ -203,24 +218,37 @@ class MoELayer(FixedDtypeBuffers):
             y_ND = swiglu_experts_loop(
                 x_ND, kept_E.tolist(), self.w_gate, self.w_up, self.w_down, w_N
             )
-        out_TD = torch.zeros_like(x_TD).index_add_(0, tok_N, y_ND.to(x_TD.dtype))
+        out_TD = combine(y_ND.to(x_TD.dtype), slot_N, T, K, dropless=dropped_N is None)
         if self.shared is not None:
             out_TD = out_TD + self.shared(x_TD)
 
         loss = self._router_loss(routing)
-        with torch.no_grad():
-            if self.training:
-                self.load_accum += counts_E.to(self.load_accum.dtype)
-                # The drop signal of 002 §4.2: real drops with a capacity; for a dropless layer,
-                # the assignments a capacity factor of 1 would have dropped.
-                if cfg.capacity_factor is not None:
-                    self.drop_accum[0] += dropped
-                elif rcfg.adaptive_aux:
-                    self.drop_accum[0] += overflow_count(counts_E, capacity(T, K, E, 1.0))
-                self.drop_accum[1] += T * K
-            if self.record_stats:
-                self.last_stats = self._stats(routing, counts_E, dropped, T)
+        self._account(routing, counts_E, dropped_N, T)
         return out_TD.reshape(shape), loss
+
+    @torch.compiler.disable
+    @torch.no_grad()
+    def _account(self, routing: Routing, counts_E: torch.Tensor,
+                 dropped_N: torch.Tensor | None, T: int) -> None:
+        """Balancing counters and router statistics of one forward. Skipped while activation
+        checkpointing recomputes the forward in the backward pass (``moe_core.nn``), so each
+        forward counts once; never compiled (it reads Python state)."""
+        if in_recompute():
+            return
+        cfg, rcfg = self.cfg, self.cfg.router
+        E, K = self.num_experts, cfg.top_k
+        if self.training:
+            self.load_accum += counts_E.to(self.load_accum.dtype)
+            # The drop signal of 002 §4.2: real drops with a capacity; for a dropless layer,
+            # the assignments a capacity factor of 1 would have dropped.
+            if dropped_N is not None:
+                self.drop_accum[0] += dropped_N.sum().to(self.drop_accum.dtype)
+            elif rcfg.adaptive_aux:
+                self.drop_accum[0] += overflow_count(counts_E, capacity(T, K, E, 1.0))
+            self.drop_accum[1] += T * K
+        if self.record_stats:
+            dropped = 0 if dropped_N is None else int(dropped_N.sum())
+            self.last_stats = self._stats(routing, counts_E, dropped, T)
 
     def _experts_parallel(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """Expert-parallel expert compute: rows (sorted by global expert) go to the rank that
@@ -295,6 +323,18 @@ class MoELayer(FixedDtypeBuffers):
             [self.w_gate.reshape(E, -1), self.w_up.reshape(E, -1), self.w_down.reshape(E, -1)],
             dim=1,
         )
+
+    def balancing_state(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]:
+        """Copy of what a forward changes (the load/drop counters, the last statistics)."""
+        return self.load_accum.clone(), self.drop_accum.clone(), self.last_stats
+
+    @torch.no_grad()
+    def restore_balancing_state(
+        self, state: tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]
+    ) -> None:
+        self.load_accum.copy_(state[0])
+        self.drop_accum.copy_(state[1])
+        self.last_stats = state[2]
 
     @torch.no_grad()
     def update_balancing(self) -> dict[str, float]:

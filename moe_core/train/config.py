@@ -33,9 +33,29 @@ class ModelSpec:
     """Size preset (``moe_core.presets``): 15M 44M 0.1B 0.2B 0.5B 1B tiny debug."""
     max_seq_len: int | None = None
     """RoPE table length; None = data.seq_len."""
+    compile: bool = False
+    """Regional ``torch.compile``: each transformer block compiled separately (fuses the
+    element-wise work: norms, RoPE, SwiGLU, routing weights). If compilation fails the run
+    logs one warning naming this key and trains eager."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass (non-reentrant
+    ``torch.utils.checkpoint``): less memory for larger micro-batches, ~1/3 more compute.
+    The MoE balancing counters still count each forward once."""
+
+    EXECUTION_KEYS = ("compile", "activation_checkpointing")
+    """Options that change how fast a run computes and what memory it takes, not what it
+    computes: left out of a parent's identity (``runner.parent_key``)."""
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that decide what the model computes (not ``EXECUTION_KEYS``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self.EXECUTION_KEYS}
 
     def __post_init__(self) -> None:
         preset(self.preset)
+        for key in ("compile", "activation_checkpointing"):
+            v = getattr(self, key)
+            _check(isinstance(v, bool), f"model.{key}={v!r} must be true or false")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -131,6 +131,8 @@ class Trainer:
         if self.dtype != torch.float32:
             model = model.to(self.dtype)
         self.reference = parent_reference_mlp(self.parent, model)  # on the model's device
+        model.enable_speedups(compile=cfg.model.compile,
+                              activation_checkpointing=cfg.model.activation_checkpointing)
         return model
 
     def _restore(self, resume: Checkpoint | None) -> int:
