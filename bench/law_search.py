@@ -103,8 +103,8 @@ def summarise(rows: list[dict], key: str) -> dict:
 
 
 def _covers(h: dict, true: float) -> bool:
+    # an end is None only when it is +inf (no crossing in that resample: upcycling wins throughout)
     lo, hi = (math.inf if v is None else v for v in h["ci"])
-    lo = 0.0 if h["ci"][0] is None else lo
     return lo <= true <= hi
 
 

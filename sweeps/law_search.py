@@ -13,10 +13,11 @@ The loop (:class:`LawDesign`, pure; :class:`LawSearcher`, its Tune face):
    Cov(T, ln L̂_c)² / (Var ln L̂_c + σ²) from Var T, where T is the target (ln D*, α3, ln L at a
    point) and L̂_c each resample's prediction at c. This is the first-order expected reduction of
    the interval (no nested refits: one refit per batch), exact for a law linear in its
-   parameters; a batch is chosen greedily, conditioning the ensemble covariance on each pick.
-   Each candidate's gain is divided by its marginal cost in FLOPs (6·N·D): the parent's 6·N1·D1
-   unless a chosen trial already trains that parent, and the trial's 6·N2·D2 less the WSD stable
-   phase its branch group already trains (sweeps.plan);
+   parameters; a batch is chosen a package at a time (``LawDesign._best_package``), conditioning
+   the ensemble covariance on each pick. Gains are divided by marginal costs in FLOPs (6·N·D):
+   the parent's 6·N1·D1 unless a chosen trial already trains that parent, and the trial's
+   6·N2·D2 less the WSD stable phase its branch group already trains (sweeps.plan); a package is
+   a candidate that pays such a shared cost plus the branches that payment serves;
 4. stop when the interval's width relative to the estimate is at most ``law.ci_width`` on two
    refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
    left.
