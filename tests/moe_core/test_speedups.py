@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 from moe_core import build_model
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import ConfigError
-from moe_core.moe.layer import MoELayer, combine, swiglu_experts_loop
+from moe_core.moe.layer import MoELayer, combine, dispatch, swiglu_experts_loop
 from moe_core.moe.routing import capacity
 from moe_core.nn import in_recompute
 from moe_core.presets import model_config
@@ -86,6 +86,15 @@ def test_combine_leaves_dropped_slots_zero_and_gathers_gradient():
     (gy,) = torch.autograd.grad(out, y, torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
     # row n's gradient is the gradient of the token owning slot_N[n] = t·K + k
     assert gy.tolist() == [[5.0, 6.0], [1.0, 2.0], [3.0, 4.0]]
+
+
+def test_dispatch_gathers_rows_and_its_backward_is_combine():
+    x = torch.arange(6.0).view(3, 2).requires_grad_()
+    slot = torch.tensor([5, 0, 2])  # K=2: rows for tokens 2, 0, 1; slots 1, 3, 4 dropped
+    rows = dispatch(x, slot, 2, dropless=False)
+    assert rows.tolist() == [[4.0, 5.0], [0.0, 1.0], [2.0, 3.0]]
+    (gx,) = torch.autograd.grad(rows, x, torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    assert gx.tolist() == [[3.0, 4.0], [5.0, 6.0], [1.0, 2.0]]
 
 
 # ---- activation checkpointing ------------------------------------------------------------------
