@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
+import moe_core.moe.layer as layer_mod
 from moe_core import build_model
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import ConfigError
-from moe_core.moe.layer import MoELayer, combine, swiglu_experts_loop
+from moe_core.moe.layer import MoELayer, combine, dispatch, swiglu_experts_loop
 from moe_core.moe.routing import capacity
 from moe_core.nn import in_recompute
 from moe_core.presets import model_config
@@ -54,9 +55,11 @@ def index_add_forward(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("router", list(ROUTERS))
 @pytest.mark.parametrize("E,K,cf,shared", [(4, 1, None, 0), (8, 2, None, 0), (8, 2, 1.0, 1),
                                            (8, 2, 0.5, 0), (16, 4, None, 1), (16, 8, 1.25, 0)])
-def test_combine_equals_index_add(router, E, K, cf, shared):
-    """Output and gradients of the new combine equal the index_add_ it replaced: bit for bit
-    for K <= 2 (a + b == b + a), within float rounding for K > 2 (another summation order)."""
+def test_combine_equals_index_add(router, E, K, cf, shared, monkeypatch):
+    """Output and gradients of the atomic-free dispatch/combine (the CUDA path, forced here)
+    equal indexing + index_add_: bit for bit for K <= 2 (a + b == b + a), within float rounding
+    for K > 2 (another summation order)."""
+    monkeypatch.setattr(layer_mod, "ATOMIC_FREE", True)
     torch.manual_seed(0)
     cfg = MoEConfig(num_experts=E, top_k=K, expert_d_ff=24, capacity_factor=cf,
                     num_shared_experts=shared, router=ROUTERS[router])
@@ -86,6 +89,23 @@ def test_combine_leaves_dropped_slots_zero_and_gathers_gradient():
     (gy,) = torch.autograd.grad(out, y, torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
     # row n's gradient is the gradient of the token owning slot_N[n] = t·K + k
     assert gy.tolist() == [[5.0, 6.0], [1.0, 2.0], [3.0, 4.0]]
+
+
+def test_dispatch_gathers_rows_and_its_backward_is_combine():
+    x = torch.arange(6.0).view(3, 2).requires_grad_()
+    slot = torch.tensor([5, 0, 2])  # K=2: rows for tokens 2, 0, 1; slots 1, 3, 4 dropped
+    rows = dispatch(x, slot, 2, dropless=False)
+    assert rows.tolist() == [[4.0, 5.0], [0.0, 1.0], [2.0, 3.0]]
+    (gx,) = torch.autograd.grad(rows, x, torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    assert gx.tolist() == [[3.0, 4.0], [5.0, 6.0], [1.0, 2.0]]
+
+
+def test_cpu_keeps_index_add_unless_forced(monkeypatch):
+    x = torch.zeros(2, 2)
+    assert layer_mod.ATOMIC_FREE is None and not layer_mod._atomic_free(x)  # CUDA only
+    for forced in (True, False):
+        monkeypatch.setattr(layer_mod, "ATOMIC_FREE", forced)
+        assert layer_mod._atomic_free(x) is forced
 
 
 # ---- activation checkpointing ------------------------------------------------------------------
