@@ -10,11 +10,12 @@ fit Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
   at most 25 trials, stopping when its D* interval is at most W wide.
 
 Cost is 6·N·D FLOPs (N1 = 1e9 dense parent, N2 = 1.75·N1 active MoE): the grid's with shared
-parents and WSD branches (each budget's stable phase, 90 %, trained once per D1), the
-searcher's with shared parents only (its trials train their own budgets, as sweeps.driver runs
-them). Prints one line per study, the means, and a JSON line with ``token_cost_ratio`` (mean of
-searcher / grid cost over the studies with a bounded grid interval) and ``coverage`` (share of
-studies whose searcher interval holds the true D*).
+parents and WSD branches (each budget's stable phase, 90 %, trained once per D1), the searcher's
+likewise (its trials are WSD branches of stable runs extended on demand, as sweeps.driver runs
+them: a D1's stable run is paid up to its longest chosen D2). Prints one line per study, the
+means, and a JSON line with ``token_cost_ratio`` (mean of searcher / grid cost over the studies
+with a bounded grid interval) and ``coverage`` (share of studies whose searcher interval holds
+the true D*).
 
     python bench/law_search.py [--studies 20] [--sigma 0.005] [--bootstrap 60]
 """
@@ -45,7 +46,7 @@ def candidates(values, branches: bool, repeats: int = 1) -> list[Candidate]:
                 out.append(Candidate({"D1": float(d1), "D2": float(d2)},
                                  {"parent.tokens": float(d1), "tokens": float(d2), "rep": rep},
                                  6 * N2 * d2, f"p{d1:.4g}", 6 * N1 * d1,
-                                 f"b{d1:.4g}" if branches else None,
+                                 f"b{d1:.4g}r{rep}" if branches else None,
                                  (1 - DECAY) * 6 * N2 * d2 if branches else 0.0))
     return out
 
@@ -64,7 +65,7 @@ def study(s: int, sigma: float, boot: int, repeats: int = 1) -> dict:
     g = grid.estimate
     law = LawDesign(block(ci_width=g.rel_width if math.isfinite(g.rel_width) else None,
                           max_trials=25),
-                    candidates(np.geomspace(0.5e9, 8e9, 9), branches=False, repeats=repeats),
+                    candidates(np.geomspace(0.5e9, 8e9, 9), branches=True, repeats=repeats),
                     seed=s)
     run_design(law, lambda c: st.loss(c.x, c.point["rep"]))
     e = law.estimate

@@ -21,7 +21,7 @@ from moe_core.errors import DivergenceError
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.wsd import train_stable
 from sweeps.law_search import Ledger, candidates_from_plan
-from sweeps.plan import build_plan, extends_stable
+from sweeps.plan import build_plan, extends_stable, on_demand_starts
 from sweeps.spec import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC
 
@@ -51,6 +51,10 @@ def test_law_plan_has_the_grids_groups_and_candidates_share_the_stable_run():
     assert all(extends_stable(spec, t) for t in plan.trials)
     assert not any(extends_stable(parse_spec(SPEC), t) for t in plan.trials)  # grid: up front
     assert not any(extends_stable(_law_spec(wsd_branches=False), t) for t in plan.trials)
+    # a candidate off the grid (a law.candidates box) joins its group's checkpoint steps
+    off_grid = plan.trial(spec, {"tokens": 2560})
+    assert on_demand_starts(spec, [*plan.trials, off_grid]) == {
+        g.key: {1024: 3, 1536: 4, 2048: 6, 2560: 8}}
     c = candidates_from_plan(spec, plan)
     assert {x.branch for x in c} == {g.key}
     n = plan.trials[0].N_active
