@@ -26,7 +26,7 @@ from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, RungMetricASHA
 from sweeps.law_search import LawSearcher, candidates_from_plan, read_law_state
 from sweeps.parents import train_parents, train_stables
-from sweeps.plan import SweepPlan, build_plan, extends_stable
+from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -436,7 +436,10 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                              cache_dir=str(cache_dir), stables=stables,
                              report=faults.report_function(cache_dir), predictor=predictor,
                              export_dir=str(results_dir / "export") if spec.export else None,
-                             stable_dir=str(results_dir / "stable") if law else None),
+                             stable_dir=str(results_dir / "stable") if law else None,
+                             stable_starts=on_demand_starts(spec, (
+                                 plan.trial(spec, c.point) for c in
+                                 candidates_from_plan(spec, plan))) if law else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle

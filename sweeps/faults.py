@@ -37,6 +37,7 @@ class FailOnceReport:
             return
         self.counts[trial] = self.counts.get(trial, 0) + 1
         if self.counts[trial] >= self.after:
+            self.marker_dir.mkdir(parents=True, exist_ok=True)  # a sweep without parents
             marker.write_text("failed once")
             raise RuntimeError(f"injected failure after {self.counts[trial]} reports (test hook)")
 

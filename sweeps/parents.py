@@ -197,7 +197,8 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
     if m["peak"] is not None and {str(t) for t in group.starts} <= set(m["checkpoints"]) and \
             all(Path(p).exists() for p in m["checkpoints"].values()):
         load_checkpoint(next(iter(m["checkpoints"].values())))  # checksum check
-        return StableRun({int(k): v for k, v in m["checkpoints"].items()}, m["curve"],
+        return StableRun({int(k): v for k, v in m["checkpoints"].items()},
+                         stable_curve(m["curve"], group.representative.config.eval.every_steps),
                          m["peak"])
     progress = ProgressFile(out_dir / "progress.json", group.steps[-1])
     try:

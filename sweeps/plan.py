@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,6 +285,17 @@ def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
     branches (WSD with a decay, no constant-LR policy) on one rank."""
     return (spec.algorithm == "law" and spec.wsd_branches and spec.resources.ranks == 1
             and _branchable(t.config) and t.decay_start < t.config.steps)
+
+
+def on_demand_starts(spec: SweepSpec, trials: Iterable[TrialPlan]) -> dict[str, dict[int, int]]:
+    """{stable_key: {token budget: decay start}} of those of ``trials`` (a law search's
+    candidates, grid points or not) that extend a stable run on demand: where that stable run
+    saves a checkpoint as it passes, so no later trial of the group retrains a step."""
+    out: dict[str, dict[int, int]] = {}
+    for t in trials:
+        if extends_stable(spec, t):
+            out.setdefault(t.stable_key, {})[t.config.tokens] = t.decay_start
+    return out
 
 
 def build_plan(spec: SweepSpec) -> SweepPlan:

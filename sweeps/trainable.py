@@ -18,7 +18,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -186,15 +186,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               stables: dict[str, StableRun] | None = None,
               report: Callable[..., None] = tune.report, export_dir: str | None = None,
               predictor: tuple[str, Calibration] | None = None,
-              stable_dir: str | None = None) -> None:
+              stable_dir: str | None = None,
+              stable_starts: Mapping[str, Mapping[int, int]] | None = None) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
     how rows reach Tune (``tune.report``); with ``export_dir`` (spec ``export: hf``) the final
     model is written there as a Hugging Face checkpoint, in ``<trial_id>/``; ``predictor``
     (method, calibration) adds ``predicted_final`` to every row
     (``scheduler.rung_metric: predicted_final``); with ``stable_dir`` (``algorithm: law``) a
     trial that branches first trains its group's stable run on to its own decay start where
-    no earlier trial did (``sweeps.parents.extend_stable``, in ``stable_dir/<stable_key>``);
-    its ``wall_s`` then counts that stable run's seconds, as a grid branch's does."""
+    no earlier trial did (``sweeps.parents.extend_stable``, in ``stable_dir/<stable_key>``,
+    with a checkpoint at each start of ``stable_starts[stable_key]`` it passes: the group's
+    candidates' ``{budget: decay start}``); its ``wall_s`` then counts that stable run's
+    seconds, as a grid branch's does."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     try:
@@ -211,7 +214,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         st = stables.get(group.key) if group is not None else None
         on_demand = stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # algorithm=law: train what the stable run lacks
-            st = extend_stable(t, parent, Path(stable_dir) / t.stable_key, plan.branch_starts(t))
+            starts = {**plan.branch_starts(t), **(stable_starts or {}).get(t.stable_key, {})}
+            st = extend_stable(t, parent, Path(stable_dir) / t.stable_key, starts)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
         reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred)
         if st is not None or (on_demand and resume_from is not None):

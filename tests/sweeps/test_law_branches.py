@@ -21,7 +21,7 @@ from moe_core.errors import DivergenceError
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.wsd import train_stable
 from sweeps.law_search import Ledger, candidates_from_plan
-from sweeps.plan import build_plan, extends_stable
+from sweeps.plan import build_plan, extends_stable, on_demand_starts
 from sweeps.spec import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC
 
@@ -51,6 +51,10 @@ def test_law_plan_has_the_grids_groups_and_candidates_share_the_stable_run():
     assert all(extends_stable(spec, t) for t in plan.trials)
     assert not any(extends_stable(parse_spec(SPEC), t) for t in plan.trials)  # grid: up front
     assert not any(extends_stable(_law_spec(wsd_branches=False), t) for t in plan.trials)
+    # a candidate off the grid (a law.candidates box) joins its group's checkpoint steps
+    off_grid = plan.trial(spec, {"tokens": 2560})
+    assert on_demand_starts(spec, [*plan.trials, off_grid]) == {
+        g.key: {1024: 3, 1536: 4, 2048: 6, 2560: 8}}
     c = candidates_from_plan(spec, plan)
     assert {x.branch for x in c} == {g.key}
     n = plan.trials[0].N_active
@@ -161,19 +165,14 @@ def test_crash_mid_extension_keeps_a_consistent_manifest(tmp_path, monkeypatch):
 
 
 def _sweep(tmp_path, name, spec):
-    """Run the sweeps (one process: Ray starts once) and return their rows."""
-    files = []
-    for n, s in zip(name, spec):
-        f = tmp_path / f"{n}.yaml"
-        f.write_text(yaml.safe_dump(dict(s, sweep=n, results=str(tmp_path / "r"))))
-        files.append(str(f))
-    code = ("import sys; from sweeps.run import main\n"
-            "sys.exit(max(main([f]) for f in sys.argv[1:]))")
+    """Run one sweep (``python -m sweeps.run``) and return its rows."""
+    f = tmp_path / f"{name}.yaml"
+    f.write_text(yaml.safe_dump(dict(spec, sweep=name, results=str(tmp_path / "r"))))
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-c", code, *files], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f)], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return [pq.read_table(tmp_path / "r" / n / "results.parquet").to_pylist() for n in name]
+    return pq.read_table(tmp_path / "r" / name / "results.parquet").to_pylist()
 
 
 @pytest.mark.slow
@@ -184,7 +183,7 @@ def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
     2048's 6), and every row equals the same points run as a grid with WSD branches."""
     law = {**SPEC, "algorithm": "law", "law": LAW, "max_concurrent": 2}
     grid = {**SPEC, "search": {"tokens": {"grid": [1024, 1536]}}}
-    lr, gr = _sweep(tmp_path, ["law", "grid"], [law, grid])
+    lr, gr = _sweep(tmp_path, "law", law), _sweep(tmp_path, "grid", grid)
 
     def curves(rows):
         out = {}
@@ -206,4 +205,4 @@ def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
     assert sorted(int(s) for s in m["steps"]) == [3, 4]  # never trained to 2048's start (6)
     assert not (st.parent / "step_00000006").exists()
     summary = json.loads((tmp_path / "r" / "law" / "summary.json").read_text())
-    assert summary["tokens_saved_by_branches"] == 3 * 256
+    assert summary["tokens_saved_by_branches"] == 3 * 256 and summary["complete"]
