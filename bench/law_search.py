@@ -24,6 +24,7 @@ it never does), ``coverage`` (share of studies whose searcher interval at that s
 D*), and the same for the paired target.
 
     python bench/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
+                                [--jobs 2]
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import argparse
 import json
 import math
 import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -124,16 +127,18 @@ def main() -> None:
     ap.add_argument("--d1-points", type=int, default=9)
     ap.add_argument("--d2-points", type=int, default=9)
     ap.add_argument("--max-trials", type=int, default=40)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="studies run side by side in this many processes (each study is "
+                         "seeded by its index, so the rows do not depend on it)")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
-    for s in range(args.studies):
-        rows.append(study(s, args))
-        r = rows[-1]
-        widths = [None if h["rel_width"] is None else round(h["rel_width"], 2)
-                  for h in r["history"]]
-        print(f"study {s:>2}: grid [{r['grid'][0]:.3g}, {r['grid'][1]:.3g}] width "
-              f"{r['grid_width']:.2f}; searcher widths by refit {widths}", flush=True)
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        done = (pool.map(study, range(args.studies), [args] * args.studies) if pool else
+                (study(s, args) for s in range(args.studies)))
+        for r in done:
+            rows.append(r)
+            _progress(r)
     design_w = float(np.median([r["grid_width"] for r in rows]))
     print(f"\n{'study':>5} {'true D*':>9} {'grid width':>10} | paired: {'interval':>22} "
           f"{'trials':>6} {'cost':>6} | design (W = {design_w:.2f}): {'interval':>22} "
@@ -164,6 +169,12 @@ def main() -> None:
           f"{paired['studies']}, coverage {_num(paired['coverage'])}); grid coverage "
           f"{out['grid_coverage']:.2f}")
     print(json.dumps(out, default=lambda v: None))
+
+
+def _progress(r: dict) -> None:
+    widths = [None if h["rel_width"] is None else round(h["rel_width"], 2) for h in r["history"]]
+    print(f"study {r['study']:>2}: grid [{r['grid'][0]:.3g}, {r['grid'][1]:.3g}] width "
+          f"{r['grid_width']:.2f}; searcher widths by refit {widths}", flush=True)
 
 
 def _fmt(ci) -> str:
