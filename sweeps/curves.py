@@ -10,26 +10,35 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from moe_core.errors import ConfigError
 from moe_core.predict import Calibration, Curve, calibrate, lr_schedule
-from moe_core.schedules import ScheduleConfig
+from moe_core.schedules import LRPolicyConfig, ScheduleConfig, run_schedule
 from sweeps.results import read_rows
 
 
 def schedule_of(row: Mapping[str, Any], peak: float) -> tuple[tuple[float, ...], int]:
-    """(per-step LRs, decay start) of the trial a row belongs to."""
+    """(per-step LRs, decay start) of the trial a row belongs to, resolved by the trainer's own
+    resolver (``moe_core.schedules.run_schedule``), with the reported peak standing in for
+    whatever peak the trial's LR policy gave it."""
     per_step = int(row["data.seq_len"]) * int(row["batch.global_batch"])
     total = max(1, math.ceil(int(row["tokens_budget"]) / per_step))
-    kind, warmup = row.get("schedule.kind") or "wsd", int(row.get("schedule.warmup_steps") or 0)
-    if row.get("upcycle.lr_policy.policy") == "constant" and row.get("D1"):
-        kind, warmup = "constant", 0  # moe_core.schedules.resolve_lr_policy
-    cfg = ScheduleConfig(kind=kind, warmup_steps=warmup, total_steps=total,
+    own = ScheduleConfig(kind=row.get("schedule.kind") or "wsd",
+                         warmup_steps=int(row.get("schedule.warmup_steps") or 0),
+                         total_steps=total,
                          decay_frac=float(row.get("schedule.decay_frac") or 0.0),
                          min_ratio=float(row.get("schedule.min_ratio") or 0.0))
-    start = cfg.decay_start if kind == "wsd" and cfg.decay_steps > 0 else total
-    return lr_schedule(peak, cfg), start
+    policy = row.get("upcycle.lr_policy.policy") if row.get("D1") else None
+    upcycle = None if policy is None else SimpleNamespace(lr_policy=LRPolicyConfig(
+        policy="constant" if policy == "constant" else "reset", peak=peak))
+    run = run_schedule(SimpleNamespace(schedule=own, steps=total, optim=SimpleNamespace(lr=peak),
+                                       upcycle=upcycle),
+                       None if upcycle is None else SimpleNamespace(peak_lr=peak, final_lr=peak))
+    cfg = run.schedule
+    start = cfg.decay_start if cfg.kind == "wsd" and cfg.decay_steps > 0 else total
+    return lr_schedule(run.peak, cfg), start
 
 
 def curves_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, Curve]:

@@ -54,6 +54,10 @@ class ResultsCallback(tune.Callback):
     def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Path,
                  flush_s: float = 10.0, health: HealthStopper | None = None):
         self.spec, self.plan, self.total = spec, plan, plan.num_trials
+        # algorithm: law runs at most max_trials of its candidates (and may stop sooner)
+        self.at_most = spec.algorithm == "law"
+        if self.at_most and spec.law.max_trials:
+            self.total = min(self.total, spec.law.max_trials)
         self.health = health
         self.results_dir = results_dir
         self.sink = ResultsSink(results_dir, flush_s, types=config_types(TrainConfig))
@@ -142,7 +146,8 @@ class ResultsCallback(tune.Callback):
         n = len(self.done)
         states = [getattr(t, "status", "") for t in trials if t is not ended]
         console.progress(
-            f"{n}/{self.total} trials done ({states.count('RUNNING')} running, "
+            f"{n}/{'≤' if self.at_most else ''}{self.total} trials done "
+            f"({states.count('RUNNING')} running, "
             f"{len(self.sink.trial_ids('failed'))} failed, "
             f"{len(self.sink.trial_ids('pruned'))} pruned)   "
             f"best {self.spec.metric}={self.best:.4f}   "

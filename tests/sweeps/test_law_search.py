@@ -70,6 +70,35 @@ def test_spec_with_algorithm_law(tmp_path):
     assert law.branch_groups.keys() == grid.branch_groups.keys() and len(law.branch_groups) == 5
 
 
+def test_progress_counts_at_most_max_trials(tmp_path, monkeypatch):
+    """A law sweep runs at most ``max_trials`` of its candidates: the progress line counts
+    against that cap ("3/≤4"), not against the 25 candidates of the grid."""
+    from types import SimpleNamespace
+
+    from sweeps import console
+    from sweeps.driver import ResultsCallback
+    from sweeps.plan import build_plan
+    from sweeps.spec import load_spec
+
+    seen = []
+    monkeypatch.setattr(console, "progress", seen.append)
+    for overrides, want in ((["law.max_trials=4"], "/≤4 trials done"),
+                            ([], "/≤25 trials done")):
+        spec = load_spec("search_spaces/scaling_d1_d2_law.yaml",
+                         [f"results={tmp_path}", *overrides])
+        cb = ResultsCallback(spec, build_plan(spec), tmp_path / "p", flush_s=1e9)
+        trial = SimpleNamespace(trial_id="t0", config={}, status="TERMINATED")
+        cb.done.add("t0")
+        cb._progress([trial], trial)
+        cb.sink.close()
+        assert seen[-1].startswith("1" + want), seen[-1]
+    grid = load_spec("search_spaces/scaling_d1_d2.yaml", [f"results={tmp_path}"])
+    cb = ResultsCallback(grid, build_plan(grid), tmp_path / "g", flush_s=1e9)
+    cb._progress([], None)
+    cb.sink.close()
+    assert seen[-1].startswith("0/25 trials done")
+
+
 def test_ledger_pays_parents_once_and_stable_runs_once_per_branch():
     c = _candidates(branches=True)
     a, b = c[0], c[1]  # same parent (D1 = 0.5e9), D2 = 0.5e9 and 1e9
