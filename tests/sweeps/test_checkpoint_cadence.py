@@ -16,19 +16,12 @@ from sweeps.plan import build_plan, disk_estimate
 from sweeps.run import main
 from sweeps.spec import CheckpointSpec, parse_spec
 from sweeps.trainable import CheckpointCadence, TrialReporter
+from tests.sweeps.tiny import tiny_base
 
-BASE = {
-    "model": {"preset": "debug"},
-    "moe": {"num_experts": 4, "top_k": 2},
-    "data": {"source": "synthetic", "synthetic_vocab": 32, "seq_len": 32},
-    "batch": {"global_batch": 8, "micro_batch": 4},
-    "optim": {"lr": 3e-3},
-    "schedule": {"kind": "wsd", "warmup_steps": 2},
-    "eval": {"every_steps": 2, "batches": 2},
-    "tokens": 2048,
-    "parent": {"tokens": 2048, "seed": 0},
-    "upcycle": {"method": "dense_to_moe"},
-}
+BASE = tiny_base(moe={"num_experts": 4, "top_k": 2},
+                 data={"source": "synthetic", "synthetic_vocab": 32, "seq_len": 32},
+                 batch={"global_batch": 8, "micro_batch": 4},
+                 parent={"tokens": 2048, "seed": 0}, upcycle={"method": "dense_to_moe"})
 
 
 def spec(**over):

@@ -11,22 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.sweeps.tiny import tiny_base
+
 HEALTHY = [{"order": "softmax_topk", "aux_coef": 1.0e-2},
            {"order": "softmax_topk", "aux_coef": 1.0e-1}]
 PLANTED = {"order": "softmax_topk", "aux_coef": 0.0, "init_std": 1.0}
 SPEC = {
     "sweep": "prune_e2e",
-    "base": {
-        "model": {"preset": "debug"},
-        "moe": {"num_experts": 4, "top_k": 1, "router": HEALTHY[0]},
-        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
-                 "seq_len": 32},
-        "batch": {"global_batch": 8, "micro_batch": 8},
-        "optim": {"lr": 3e-3},
-        "schedule": {"kind": "wsd", "warmup_steps": 2},
-        "eval": {"every_steps": 2, "batches": 2},
-        "tokens": 2048,  # 8 steps: evals at 0, 2, 4, 6, 8
-    },
+    "base": tiny_base(moe={"num_experts": 4, "top_k": 1, "router": HEALTHY[0]}),
     "search": {"moe.router": {"grid": [*HEALTHY, PLANTED]}},
     # ASHA's only rung is the last eval: it composes with the stopper without pruning anyone
     "scheduler": {"kind": "asha", "grace_period": 5, "reduction_factor": 2},

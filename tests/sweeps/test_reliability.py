@@ -22,6 +22,7 @@ import yaml
 from moe_core.errors import UpcycleError
 from sweeps.results import summarize
 from sweeps.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
+from tests.sweeps.tiny import tiny_base
 
 SENTINEL = "sentinel-wandb-key-7f3a9c0e5d"
 RESULTS_FILE_NAME = "results.parquet"
@@ -90,16 +91,7 @@ def test_summary_is_honest_about_unfinished_trials():
 
 SPEC = {
     "sweep": "rel",
-    "base": {
-        "model": {"preset": "debug"},
-        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
-                 "seq_len": 32},
-        "batch": {"global_batch": 8, "micro_batch": 8},
-        "schedule": {"kind": "wsd", "warmup_steps": 2},
-        "eval": {"every_steps": 2, "batches": 2},
-        "tokens": 2048,
-        "moe": {"num_experts": 4, "top_k": 2},
-    },
+    "base": tiny_base(moe={"num_experts": 4, "top_k": 2}),
     "search": {"optim.lr": {"grid": [1e-3, 2e-3, 3e-3]}},
     "logging": {"wandb": {"mode": "offline"}},
     "max_concurrent": 1,

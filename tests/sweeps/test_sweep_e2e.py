@@ -11,21 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.sweeps.tiny import tiny_base
+
 SPEC = {
     "sweep": "e2e",
-    "base": {
-        "model": {"preset": "debug"},
-        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
-                 "seq_len": 32},
-        "batch": {"global_batch": 8, "micro_batch": 8},
-        "optim": {"lr": 3e-3},
-        "schedule": {"kind": "wsd", "warmup_steps": 2},
-        "eval": {"every_steps": 2, "batches": 2},
-        "tokens": 2048,
-        "parent": {"tokens": 2048, "seed": 0},
-        "moe": {"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
-        "upcycle": {"method": "dense_to_moe"},
-    },
+    "base": tiny_base(
+        parent={"tokens": 2048, "seed": 0},
+        moe={"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
+        upcycle={"method": "dense_to_moe"}),
     "search": {"upcycle.lr_policy": {"grid": [
         {"policy": "constant"}, {"policy": "reset", "peak": 1e-3},
         {"policy": "reset", "peak": 3e-3}, {"policy": "ratio", "ratio": 0.5}]}},
