@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU figure issue #10 asks for, in steps that each fit one 10-minute device call.
 #
-#   bash bench/gpu_session.sh STEP [STEP ...]      STEP: tests | layer | step | step64 | all
+#   bash bench/gpu_session.sh STEP [STEP ...]      STEP: tests | layer | loss | step | step64 | all
 #
 # tests   pytest -m gpu tests (the CUDA tier: resume/branch bit-exactness, fp32 router and
 #         buffers under bf16, a two-trial Ray sweep on one GPU)                   ~5 min
 # layer   bench/moe_layer.py --device cuda: ours vs dense-active vs DeepSpeed-MoE, TFLOP/s ~3 min
-# step    bench/train_step.py eager, then --compile: MFU of 0.1B dense and E8 top-2      ~6 min
-# step64  bench/train_step.py --compile --activation-checkpointing at micro-batch 64     ~4 min
+# loss    bench/lm_loss.py: LM head + loss, plain vs chunked (time, peak memory)        ~1 min
+# step    bench/train_step.py eager, --compile, --compile --chunked-loss: MFU of 0.1B dense
+#         and E8 top-2                                                                   ~8 min
+# step64  bench/train_step.py at micro-batch 64 (the "E8 top-2 fits 64" target): --compile
+#         --chunked-loss, then with --activation-checkpointing as well                   ~6 min
 #
 # On a device machine without the project's packages, build the archive here first
 # (bash ../shared/gpu/pack.sh) and carry .gpu; this script unpacks it when it is there. Logs and
@@ -38,18 +41,23 @@ step() {
   case $1 in
     tests)  run tests 420 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider ;;
     layer)  run layer 300 "$PY" bench/moe_layer.py --device cuda ;;
-    step)   run step_eager 240 "$PY" bench/train_step.py
-            run step_compile 300 "$PY" bench/train_step.py --compile ;;
-    step64) run step64 300 "$PY" bench/train_step.py --compile --activation-checkpointing \
-              --batch 64 --micro 64 ;;
-    all)    step tests; step layer; step step; step step64 ;;
-    *)      echo "unknown step $1 (tests | layer | step | step64 | all)" >&2; return 2 ;;
+    loss)   run loss 120 "$PY" bench/lm_loss.py --device cuda ;;
+    step)   run step_eager 150 "$PY" bench/train_step.py
+            run step_compile 180 "$PY" bench/train_step.py --compile
+            run step_compile_chunked 180 "$PY" bench/train_step.py --compile --chunked-loss ;;
+    step64) run step64 180 "$PY" bench/train_step.py --compile --chunked-loss \
+              --batch 64 --micro 64
+            run step64_ckpt 180 "$PY" bench/train_step.py --compile --chunked-loss \
+              --activation-checkpointing --batch 64 --micro 64 ;;
+    all)    step tests; step layer; step loss; step step; step step64 ;;
+    *)      echo "unknown step $1" >&2; return 2 ;;
   esac
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,14p "$0"; exit 2; }
+[[ $# -gt 0 ]] || { sed -n 2,18p "$0"; exit 2; }
 for s in "$@"; do
-  [[ $s =~ ^(tests|layer|step|step64|all)$ ]] || { echo "unknown step $s (tests | layer | step | step64 | all)" >&2; exit 2; }
+  [[ $s =~ ^(tests|layer|loss|step|step64|all)$ ]] ||
+    { echo "unknown step $s (tests | layer | loss | step | step64 | all)" >&2; exit 2; }
 done
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
   --format=csv,noheader | tee -a "$OUT/session.log"

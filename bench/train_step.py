@@ -14,11 +14,12 @@ causal mask). ``mfu_6n`` counts 6·N_active alone. On CUDA the data are random t
 
     python bench/train_step.py [--steps 20] [--presets debug,15M] [--peak-tflops 989]
                                [--seq S] [--batch B] [--micro M] [--vocab V]
-                               [--compile] [--activation-checkpointing]
+                               [--compile] [--activation-checkpointing] [--chunked-loss]
 
 ``--compile`` sets ``model.compile: true`` (regional torch.compile of each block; the first
 steps, which compile, are warm-up and not timed) and ``--activation-checkpointing`` sets
-``model.activation_checkpointing: true``, for both models; both are recorded in the JSON line,
+``model.activation_checkpointing: true`` and ``--chunked-loss`` ``model.chunked_loss: true``
+(moe_core.loss), for both models; all are recorded in the JSON line,
 and each row's ``compiled`` says whether compilation stayed on or fell back to eager.
 Ends with one JSON line (``mfu`` per model on CUDA).
 """
@@ -118,8 +119,11 @@ def main() -> None:
                     help="model.compile: true (regional torch.compile of each block)")
     ap.add_argument("--activation-checkpointing", action="store_true",
                     help="model.activation_checkpointing: true (recompute blocks in backward)")
+    ap.add_argument("--chunked-loss", action="store_true",
+                    help="model.chunked_loss: true (LM head + loss without the logits)")
     args = ap.parse_args()
-    speed = {"compile": args.compile, "activation_checkpointing": args.activation_checkpointing}
+    speed = {"compile": args.compile, "activation_checkpointing": args.activation_checkpointing,
+             "chunked_loss": args.chunked_loss}
     os.environ.setdefault("WANDB_MODE", "disabled")
     cuda = torch.cuda.is_available()
     presets = (args.presets or ("0.1B" if cuda else "debug,15M")).split(",")

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
+from moe_core.loss import linear_cross_entropy
 from moe_core.moe.layer import MoELayer
 from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, checkpointed, rope_cache
 
@@ -78,8 +79,9 @@ class Block(nn.Module):
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor
-    """[B, S, V]"""
+    logits: torch.Tensor | None
+    """[B, S, V]; None when the loss was computed without them (``chunked_loss`` with
+    targets)."""
     aux_loss: torch.Tensor
     """Weighted sum of all router losses (aux + z-loss), a scalar; 0 for a dense model."""
     loss: torch.Tensor | None = None
@@ -107,6 +109,9 @@ class Transformer(FixedDtypeBuffers):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.activation_checkpointing = False
         """Recompute each block's activations in the backward (``enable_speedups``)."""
+        self.chunked_loss = False
+        """With targets, LM head + cross-entropy in token chunks without the logits
+        (``moe_core.loss``; ``enable_speedups``)."""
         self._compiled: list[Any] | None = None  # one compiled callable per block, unregistered
         self.compile_key = "model.compile"
         self.reset_parameters()
@@ -140,13 +145,16 @@ class Transformer(FixedDtypeBuffers):
         return [m.update_balancing() for m in self.moe_layers()]
 
     def enable_speedups(self, *, compile: bool = False, activation_checkpointing: bool = False,
-                        backend: str = "inductor", key: str = "model.compile") -> bool:
-        """Regional ``torch.compile`` (each block separately, not the whole model) and activation
-        checkpointing per block; returns whether compilation is on. Parameters, buffers and the
+                        chunked_loss: bool = False, backend: str = "inductor",
+                        key: str = "model.compile") -> bool:
+        """Regional ``torch.compile`` (each block separately, not the whole model), activation
+        checkpointing per block and the chunked LM-head loss (``moe_core.loss``); returns
+        whether compilation is on. Parameters, buffers and the
         state dict are unchanged (the compiled callables are not submodules). If ``torch.compile``
         fails, now or at a block's first call (no C compiler, an unsupported op), one warning
         naming ``key`` is logged and the model runs eager."""
         self.activation_checkpointing = activation_checkpointing
+        self.chunked_loss = chunked_loss
         self._compiled, self.compile_key = None, key
         if compile:
             try:
@@ -197,10 +205,13 @@ class Transformer(FixedDtypeBuffers):
             x, a = checkpointed(self._block, i, x) if ckpt else self._block(i, x)
             if a is not None:
                 aux = aux + a
-        logits = self.lm_head(self.norm(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        h, logits, loss = self.norm(x), None, None
+        if targets is not None and self.chunked_loss:
+            loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten())
+        else:
+            logits = self.lm_head(h)
+            if targets is not None:
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         stats = [m.last_stats for m in self.moe_layers() if m.last_stats is not None]
         return ModelOutput(logits=logits, aux_loss=aux, loss=loss, router_stats=stats)
 

@@ -42,7 +42,13 @@ class ModelSpec:
     ``torch.utils.checkpoint``): less memory for larger micro-batches, ~1/3 more compute.
     The MoE balancing counters still count each forward once."""
 
-    EXECUTION_KEYS = ("compile", "activation_checkpointing")
+    chunked_loss: bool = False
+    """LM head + cross-entropy over chunks of tokens, gradients formed in the forward
+    (``moe_core.loss``): the [tokens, vocab] logits and their fp32 copies are never
+    materialised (about 10 GiB at 32k vocabulary and 32 × 1,024 tokens). The loss and
+    gradients agree with the plain path to rounding, not bit for bit."""
+
+    EXECUTION_KEYS = ("compile", "activation_checkpointing", "chunked_loss")
     """Options that change how fast a run computes and what memory it takes, not what it
     computes: left out of a parent's identity (``runner.parent_key``)."""
 
@@ -53,7 +59,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         preset(self.preset)
-        for key in ("compile", "activation_checkpointing"):
+        for key in self.EXECUTION_KEYS:
             v = getattr(self, key)
             _check(isinstance(v, bool), f"model.{key}={v!r} must be true or false")
 

@@ -132,7 +132,8 @@ class Trainer:
             model = model.to(self.dtype)
         self.reference = parent_reference_mlp(self.parent, model)  # on the model's device
         model.enable_speedups(compile=cfg.model.compile,
-                              activation_checkpointing=cfg.model.activation_checkpointing)
+                              activation_checkpointing=cfg.model.activation_checkpointing,
+                              chunked_loss=cfg.model.chunked_loss)
         return model
 
     def _restore(self, resume: Checkpoint | None) -> int:

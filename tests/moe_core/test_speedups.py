@@ -257,7 +257,7 @@ def test_non_compile_errors_are_not_swallowed():
 
 # ---- the config keys -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("key", ["compile", "activation_checkpointing"])
+@pytest.mark.parametrize("key", ["compile", "activation_checkpointing", "chunked_loss"])
 def test_keys_validated_with_their_yaml_name(key):
     with pytest.raises(ConfigError, match=rf"model\.{key}='yes' must be true or false"):
         train_config_from_dict({"model": {key: "yes"}})
@@ -267,7 +267,7 @@ def test_keys_validated_with_their_yaml_name(key):
 
 
 def test_execution_keys_leave_the_parent_identity_alone():
-    a, b = ModelSpec(), ModelSpec(compile=True, activation_checkpointing=True)
+    a, b = ModelSpec(), ModelSpec(compile=True, activation_checkpointing=True, chunked_loss=True)
     assert a.identity() == b.identity() == {"preset": "debug", "max_seq_len": None}
 
 
