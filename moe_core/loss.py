@@ -13,9 +13,10 @@ once, in the forward.
 
 Loss: mean over targets ≠ ``ignore_index`` of logsumexp(z) − z_target (z = h·Wᵀ in fp32), the same
 as ``F.cross_entropy(logits.float(), targets)``. Gradients: (softmax(z) − onehot) / n, cast to
-the compute dtype, times W (hidden states) and times h summed over chunks in fp32 (weight). The
-plain path sums the weight gradient inside one GEMM, so results agree to rounding, not bit for
-bit (``tests/moe_core/test_loss.py``).
+the compute dtype, times W (hidden states) and times h summed over chunks in fp32 (weight; each
+chunk's product from an fp32-output GEMM where the backend has one, CUDA, else rounded to the
+compute dtype first). The plain path sums the weight gradient inside one GEMM, so results agree
+to rounding, not bit for bit (``tests/moe_core/test_loss.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,26 @@ import torch
 CHUNK_ELEMENTS = 1 << 26
 """Logit elements per chunk (chunk tokens = this // vocab, at least 1): 256 MiB of fp32 logits
 (and as much for their softmax) at any vocabulary."""
+
+
+_MM_OUT_F32: dict[str, bool] = {}
+"""Per device type: whether ``torch.mm(..., out_dtype=torch.float32)`` works (CUDA in recent
+torch; not on CPU)."""
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in fp32: for bf16/fp16 operands, an fp32-output GEMM where the backend has one (no
+    rounding of the product to 8 mantissa bits before it is summed over chunks), else the
+    product in the operands' dtype, then fp32."""
+    kind = a.device.type
+    if a.dtype != torch.float32 and _MM_OUT_F32.get(kind, True):
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _MM_OUT_F32[kind] = True
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_OUT_F32[kind] = False
+    return (a @ b).float()
 
 
 def _chunk_tokens(vocab: int, chunk_tokens: int | None) -> int:
@@ -62,7 +83,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[s:s + chunk] = g @ weight
             if grad_w is not None:
-                grad_w += (g.t() @ hc).float()
+                grad_w += _mm_f32(g.t(), hc)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return total * inv_n
