@@ -9,7 +9,6 @@ from moe_core import build_model
 from moe_core.config import MoEConfig
 from moe_core.loss import linear_cross_entropy
 from moe_core.presets import model_config
-from moe_core.train import Trainer, train_config_from_dict
 
 
 def reference(h, w, t, dtype=torch.float64):
@@ -115,21 +114,3 @@ def test_model_chunked_loss_matches_the_plain_path(moe, tied, monkeypatch):
     for n in ga:
         assert rel(gb[n], ga[n]) < 1e-5, n
     assert m(tok).logits is not None  # without targets: logits as always
-
-
-def test_trainer_with_chunked_loss(tmp_path):
-    def cfg(chunked):
-        return train_config_from_dict({
-            "model": {"preset": "debug", "chunked_loss": chunked},
-            "moe": {"num_experts": 4, "top_k": 2},
-            "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 20_000,
-                     "seq_len": 16, "cache_dir": str(tmp_path / "cache")},
-            "batch": {"global_batch": 4, "micro_batch": 2},
-            "eval": {"every_steps": 100, "batches": 1}, "tokens": 3 * 4 * 16,
-        })
-    runs = []
-    for chunked in (False, True):
-        t = Trainer(cfg(chunked))
-        assert t.model.chunked_loss is chunked
-        runs.append([t.step().train_loss for _ in range(3)] + [t.evaluate()["val_loss"]])
-    assert runs[0] == pytest.approx(runs[1], rel=1e-5)

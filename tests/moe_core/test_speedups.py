@@ -271,21 +271,34 @@ def test_execution_keys_leave_the_parent_identity_alone():
     assert a.identity() == b.identity() == {"preset": "debug", "max_seq_len": None}
 
 
+def trainer_cfg(tmp_path, **model):
+    """A 3-step E4 top-2 run (loss-free bias on) with ``model.*`` options."""
+    return train_config_from_dict({
+        "model": {"preset": "debug", **model},
+        "moe": {"num_experts": 4, "top_k": 2, "router": {"loss_free_rate": 1e-2}},
+        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 20_000,
+                 "seq_len": 16, "cache_dir": str(tmp_path / "cache")},
+        "batch": {"global_batch": 4, "micro_batch": 2},
+        "eval": {"every_steps": 100, "batches": 1}, "tokens": 3 * 4 * 16,
+    })
+
+
 def test_trainer_with_checkpointing_trains_bit_identically(tmp_path):
-    def cfg(ckpt):
-        return train_config_from_dict({
-            "model": {"preset": "debug", "activation_checkpointing": ckpt},
-            "moe": {"num_experts": 4, "top_k": 2, "router": {"loss_free_rate": 1e-2}},
-            "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 20_000,
-                     "seq_len": 16, "cache_dir": str(tmp_path / "cache")},
-            "batch": {"global_batch": 4, "micro_batch": 2},
-            "eval": {"every_steps": 100, "batches": 1}, "tokens": 3 * 4 * 16,
-        })
     runs = []
     for ckpt in (False, True):
-        t = Trainer(cfg(ckpt))
+        t = Trainer(trainer_cfg(tmp_path, activation_checkpointing=ckpt))
         assert t.model.activation_checkpointing is ckpt
         losses = [t.step().train_loss for _ in range(3)]
         runs.append((losses, [m.expert_bias.clone() for m in t.model.moe_layers()]))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_trainer_with_chunked_loss(tmp_path):
+    """``model.chunked_loss`` trains to the plain path's losses up to rounding (moe_core.loss)."""
+    runs = []
+    for chunked in (False, True):
+        t = Trainer(trainer_cfg(tmp_path, chunked_loss=chunked))
+        assert t.model.chunked_loss is chunked
+        runs.append([t.step().train_loss for _ in range(3)] + [t.evaluate()["val_loss"]])
+    assert runs[0] == pytest.approx(runs[1], rel=1e-5)
