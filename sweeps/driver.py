@@ -24,7 +24,13 @@ from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, RungMetricASHA
-from sweeps.law_search import LawSearcher, candidates_from_plan, read_law_state
+from sweeps.law_search import (
+    LawSearcher,
+    candidates_from_plan,
+    describe_outcome,
+    outcome,
+    read_law_state,
+)
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.results import (
@@ -459,6 +465,11 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                         results=str(spec.results_dir / RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
+    state = read_law_state(results_dir) if law else None
+    if state is not None:
+        summary["law"] = outcome(spec.law, state, len(candidates_from_plan(spec, plan)))
     write_summary(results_dir, summary)
     console.print_ranked(spec, finals, summary)
+    if state is not None:
+        console.progress(describe_outcome(spec.law, summary["law"]))
     return summary

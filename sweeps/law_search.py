@@ -48,6 +48,7 @@ from moe_core.params import count_params
 from moe_core.scaling.crossing import sign_changes
 from moe_core.scaling.fit import fit
 from moe_core.scaling.laws import Points, get_law
+from sweeps import console
 from sweeps.plan import extends_stable
 from sweeps.spec import get_dotted, iter_grid
 
@@ -233,6 +234,9 @@ class LawDesign:
                 if not self.finished:
                     self.queue = self.propose(self.cfg.batch)
         if not self.queue or self.issued >= self.max_trials:
+            if self.finished and not self.pending and self.observed and \
+                    sorted(self.observed) != list(self._fit_on):
+                self.refit()  # the last trials' losses enter the final estimate
             return None
         i = self.queue.pop(0)
         self.pending.add(i)
@@ -561,6 +565,8 @@ class LawSearcher(Searcher):
         self.state_dir = Path(state_dir) if state_dir else None
         if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
             self._load_json(self.state_dir / STATE_FILE)
+        self._shown = len(self.design.history)
+        """Refits already announced (one progress line each)."""
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         self._metric = metric or self._metric
@@ -571,6 +577,7 @@ class LawSearcher(Searcher):
         if trial_id in self.trials:  # asked again for a trial it already placed
             return dict(self.design.candidates[self.trials[trial_id]].point)
         i = self.design.take()
+        self._announce()
         if i is None:
             self._persist()
             return Searcher.FINISHED if self.design.finished and not self.design.pending \
@@ -587,6 +594,12 @@ class LawSearcher(Searcher):
         loss = None if error or not result else result.get(self._metric)
         self.design.observe(i, loss if isinstance(loss, (int, float)) else None)
         self._persist()
+
+    def _announce(self) -> None:
+        """A progress line per new refit (the searcher runs in the sweep's driver)."""
+        for h in self.design.history[self._shown:]:
+            console.progress(describe_refit(self.design.cfg, h, self.design.narrow))
+        self._shown = len(self.design.history)
 
     # ---- state: Tune's save/restore and our own file -------------------------------------
 
@@ -621,3 +634,68 @@ def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
     """The searcher's state file in a results directory (None when absent)."""
     path = Path(results_dir) / STATE_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def _target_name(cfg) -> str:
+    return {"dstar": "D*", "alpha3": "alpha3"}.get(cfg.target, "ln L at " + ", ".join(
+        f"{k}={v:.3g}" for k, v in cfg.loss_at))
+
+
+def _num(cfg, v: float | None) -> str:
+    if v is None:
+        return "inf" if cfg.target == "dstar" else "-"
+    return f"{v:.3f}" if cfg.target == "alpha3" else f"{v:.4g}"
+
+
+def describe_refit(cfg, h: Mapping[str, Any], narrow: int) -> str:
+    """One progress line for a refit (an entry of ``LawDesign.history``)."""
+    lo, hi = h["ci"]
+    w = h["rel_width"]
+    goal = "" if cfg.ci_width is None else (
+        f"; stops at <= {cfg.ci_width:g} on {CONFIRM} refits in a row ({narrow}/{CONFIRM})")
+    return (f"law refit after {h['trials']} trials ({h['flops']:.3g} FLOPs): "
+            f"{_target_name(cfg)} = {_num(cfg, h['value'])}, {cfg.ci:.0%} interval "
+            f"[{_num(cfg, lo)}, {_num(cfg, hi)}], relative width "
+            f"{'unbounded' if w is None else format(w, '.3g')}{goal}")
+
+
+def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:
+    """How a law search ended (or stands), from its state: why it stopped, its last refit, and
+    what it spent (the sweep's summary ``law`` entry)."""
+    d = state["design"]
+    issued = len(d["observed"]) + len(d["failed"]) + len(d["pending"])
+    cap = min(cfg.max_trials or n_candidates, n_candidates)
+    last = d["history"][-1] if d["history"] else None
+    if int(d.get("narrow", 0)) >= CONFIRM:
+        stop = "narrow"  # the interval was narrow enough on CONFIRM refits in a row
+    elif d["pending"] or d["queue"]:
+        stop = None  # still running (an interrupted sweep)
+    elif issued >= cap:
+        stop = "max_trials"
+    else:
+        stop = "exhausted"
+    return {"target": cfg.target, "ci": cfg.ci, "ci_width": cfg.ci_width, "stop": stop,
+            "trials": issued, "max_trials": cap, "failed": len(d["failed"]),
+            "refits": len(d["history"]), "flops": float(d["spent"]),
+            "estimate": None if last is None else {k: last[k] for k in
+                                                   ("value", "ci", "rel_width", "trials")}}
+
+
+def describe_outcome(cfg, out: Mapping[str, Any]) -> str:
+    """The closing line of a law sweep."""
+    why = {"narrow": f"its interval was <= {cfg.ci_width:g} wide on {CONFIRM} refits in a row"
+           if cfg.ci_width is not None else "narrow",
+           "max_trials": f"max_trials ({out['max_trials']}) reached"
+           + ("" if cfg.ci_width is None else
+              f" before the interval was <= {cfg.ci_width:g} wide on {CONFIRM} refits in a row"),
+           "exhausted": "no candidate left",
+           None: "not finished (--resume continues it)"}[out["stop"]]
+    e = out["estimate"]
+    if e is None:
+        return f"law search: no refit yet after {out['trials']} trials; {why}"
+    lo, hi = e["ci"]
+    w = e["rel_width"]
+    return (f"law search: {_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
+            f"[{_num(cfg, lo)}, {_num(cfg, hi)}] (relative width "
+            f"{'unbounded' if w is None else format(w, '.3g')}) from {e['trials']} trials; "
+            f"{out['trials']} run, {out['flops']:.3g} FLOPs; stopped: {why}")

@@ -206,3 +206,5 @@ def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
     assert not (st.parent / "step_00000006").exists()
     summary = json.loads((tmp_path / "r" / "law" / "summary.json").read_text())
     assert summary["tokens_saved_by_branches"] == 3 * 256 and summary["complete"]
+    assert summary["law"]["stop"] == "max_trials" and summary["law"]["trials"] == 2
+    assert summary["law"]["estimate"] is None  # two trials never reach a refit

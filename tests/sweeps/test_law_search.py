@@ -240,6 +240,42 @@ def test_searcher_finishes_and_reports_failures():
         s.on_trial_complete(f"t{k}", None if k == 0 else {"val_loss": study.loss(
             {"D1": r["parent.tokens"], "D2": r["tokens"]})}, error=k == 0)
     assert len(got) == 7 and s.design.failed and math.isfinite(s.design.spent)
+    # the last trials' losses enter the final estimate (a refit after the last one ended)
+    assert s.design.estimate.n_trials == len(s.design.observed) == 6
+
+
+def test_searcher_announces_refits_and_its_outcome(monkeypatch):
+    """A progress line per refit (in the sweep's driver), and the summary's ``law`` entry: why
+    it stopped, its final interval, what it spent."""
+    from sweeps import console
+    from sweeps.law_search import describe_outcome, outcome
+
+    lines = []
+    monkeypatch.setattr(console, "progress", lines.append)
+    study = SimulatedStudy(sigma=0.003, seed=6)
+    for width, cap, stop in ((None, 8, "max_trials"), (50.0, 30, "narrow")):
+        cfg = _block(study, ci_width=width, max_trials=cap, bootstrap=20)
+        s = LawSearcher(cfg, _candidates())
+        lines.clear()
+        for k in range(40):
+            r = s.suggest(f"t{k}")
+            if r == LawSearcher.FINISHED:
+                break
+            s.on_trial_complete(f"t{k}", {"val_loss": study.loss(
+                {"D1": r["parent.tokens"], "D2": r["tokens"]})})
+        hist = s.design.history
+        assert len(lines) == len(hist) >= 1
+        assert all(ln.startswith(f"law refit after {h['trials']} trials") and "D* = " in ln
+                   for ln, h in zip(lines, hist))
+        out = outcome(cfg, {"design": s.design.state()}, len(_candidates()))
+        assert out["stop"] == stop and out["refits"] == len(hist)
+        assert out["estimate"]["trials"] == len(s.design.observed) == out["trials"]
+        assert out["flops"] == s.design.spent
+        text = describe_outcome(cfg, out)
+        assert text.startswith("law search: D* = ") and (
+            "max_trials (8) reached" in text if stop == "max_trials" else
+            "<= 50 wide on 2 refits in a row" in text)
+    assert "(2/2)" in lines[-1]  # the refit that stopped it says so
 
 
 @pytest.mark.distributed
