@@ -6,15 +6,10 @@ the stable run once per group; a law sweep's results equal the grid's with branc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 
-import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 import sweeps.parents as parents
 from moe_core.errors import DivergenceError
@@ -24,6 +19,7 @@ from sweeps.law_search import Ledger, candidates_from_plan
 from sweeps.plan import build_plan, extends_stable, on_demand_starts
 from sweeps.spec import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC
+from tests.sweeps.tiny import run_sweep_cli
 
 LAW = {"law": "chinchilla", "target": {"loss_at": {"N": 8, "D": 1536}},
        # the law's N is any positive config key here: two trials never reach a refit
@@ -164,17 +160,6 @@ def test_crash_mid_extension_keeps_a_consistent_manifest(tmp_path, monkeypatch):
     assert parents.extend_stable(trials[1536], None, out) is not None  # before the divergence
 
 
-def _sweep(tmp_path, name, spec):
-    """Run one sweep (``python -m sweeps.run``) and return its rows."""
-    f = tmp_path / f"{name}.yaml"
-    f.write_text(yaml.safe_dump(dict(spec, sweep=name, results=str(tmp_path / "r"))))
-    env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return pq.read_table(tmp_path / "r" / name / "results.parquet").to_pylist()
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
@@ -183,7 +168,7 @@ def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
     2048's 6), and every row equals the same points run as a grid with WSD branches."""
     law = {**SPEC, "algorithm": "law", "law": LAW, "max_concurrent": 2}
     grid = {**SPEC, "search": {"tokens": {"grid": [1024, 1536]}}}
-    lr, gr = _sweep(tmp_path, "law", law), _sweep(tmp_path, "grid", grid)
+    lr, gr = run_sweep_cli(tmp_path, "law", law), run_sweep_cli(tmp_path, "grid", grid)
 
     def curves(rows):
         out = {}

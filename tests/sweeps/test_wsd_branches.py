@@ -1,16 +1,12 @@
 """Token-budget grids run as WSD decay branches of one shared stable run, with results equal
 (bit for bit on CPU) to training each budget on its own."""
 
-import os
-import subprocess
-import sys
 
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from sweeps.plan import build_plan
 from sweeps.spec import parse_spec
+from tests.sweeps.tiny import run_sweep_cli
 
 SPEC = {
     "sweep": "dgrid",
@@ -62,14 +58,7 @@ def test_plan_is_built_once_and_typed():
 
 
 def _run(tmp_path, name, branches):
-    spec = dict(SPEC, sweep=name, wsd_branches=branches, results=str(tmp_path / "r"))
-    f = tmp_path / f"{name}.yaml"
-    f.write_text(yaml.safe_dump(spec))
-    env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return pq.read_table(tmp_path / "r" / name / "results.parquet").to_pylist()
+    return run_sweep_cli(tmp_path, name, dict(SPEC, wsd_branches=branches))
 
 
 @pytest.mark.slow
