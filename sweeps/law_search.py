@@ -637,7 +637,7 @@ def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _target_name(cfg) -> str:
-    return {"dstar": "D*", "alpha3": "alpha3"}.get(cfg.target, "ln L at " + ", ".join(
+    return {"dstar": "D*", "alpha3": "alpha3"}.get(cfg.target, "L at " + ", ".join(
         f"{k}={v:.3g}" for k, v in cfg.loss_at))
 
 
@@ -647,16 +647,21 @@ def _num(cfg, v: float | None) -> str:
     return f"{v:.3f}" if cfg.target == "alpha3" else f"{v:.4g}"
 
 
+def _estimate_text(cfg, e: Mapping[str, Any]) -> str:
+    """"D* = …, 90% interval […, …], relative width …" of an estimate (``Estimate.to_dict``)."""
+    lo, hi = e["ci"]
+    w = e["rel_width"]
+    return (f"{_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
+            f"[{_num(cfg, lo)}, {_num(cfg, hi)}], relative width "
+            f"{'unbounded' if w is None else format(w, '.3g')}")
+
+
 def describe_refit(cfg, h: Mapping[str, Any], narrow: int) -> str:
     """One progress line for a refit (an entry of ``LawDesign.history``)."""
-    lo, hi = h["ci"]
-    w = h["rel_width"]
     goal = "" if cfg.ci_width is None else (
         f"; stops at <= {cfg.ci_width:g} on {CONFIRM} refits in a row ({narrow}/{CONFIRM})")
     return (f"law refit after {h['trials']} trials ({h['flops']:.3g} FLOPs): "
-            f"{_target_name(cfg)} = {_num(cfg, h['value'])}, {cfg.ci:.0%} interval "
-            f"[{_num(cfg, lo)}, {_num(cfg, hi)}], relative width "
-            f"{'unbounded' if w is None else format(w, '.3g')}{goal}")
+            f"{_estimate_text(cfg, h)}{goal}")
 
 
 def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:
@@ -693,9 +698,5 @@ def describe_outcome(cfg, out: Mapping[str, Any]) -> str:
     e = out["estimate"]
     if e is None:
         return f"law search: no refit yet after {out['trials']} trials; {why}"
-    lo, hi = e["ci"]
-    w = e["rel_width"]
-    return (f"law search: {_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
-            f"[{_num(cfg, lo)}, {_num(cfg, hi)}] (relative width "
-            f"{'unbounded' if w is None else format(w, '.3g')}) from {e['trials']} trials; "
+    return (f"law search: {_estimate_text(cfg, e)} from {e['trials']} trials; "
             f"{out['trials']} run, {out['flops']:.3g} FLOPs; stopped: {why}")
