@@ -673,9 +673,6 @@ def _export(raw: dict[str, Any]) -> str | None:
     v = raw.get("export")
     if v is not None and v not in EXPORTS:
         raise _err(f"export={shown(v)} is not known; use hf, or leave it out")
-    if v is not None and isinstance(raw.get("resources"), dict) and \
-            raw["resources"].get("ranks", 1) not in (1, None):
-        raise _err("export: hf writes single-rank trials' models; set resources.ranks: 1")
     return v
 
 

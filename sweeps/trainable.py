@@ -227,7 +227,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
                         reporter.report(reporter.row(m))
                 resume_from = Path(st.checkpoints[t.config.tokens])
         if spec.resources.ranks > 1:
-            run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor)
+            run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor,
+                           export_dir)
             return
         trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
                           out_dir=work / "ckpt", callbacks=(reporter,),
@@ -236,7 +237,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         try:
             trainer.fit()
             if export_dir is not None:
-                save_moe(trainer.model, None, Path(export_dir) / trial_id)
+                save_moe(trainer.full_model_state(), trainer.model.config,
+                         Path(export_dir) / trial_id)
         except DivergenceError as e:
             reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         del trainer
@@ -271,14 +273,23 @@ def _train_worker(box: dict[str, Any]) -> None:
         trainer.fit()
     except DivergenceError as e:  # every rank sees the same all-reduced loss
         reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
+        return
+    if box.get("export_dir") is not None:  # every rank gathers its experts; rank 0 writes
+        state = trainer.full_model_state()
+        if rank == 0:
+            save_moe(state, trainer.model.config,
+                     Path(box["export_dir"]) / box["static"]["trial_id"])
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
                    static: dict[str, Any], resume_from: Path | None,
-                   predictor: tuple[str, Calibration] | None = None) -> None:
+                   predictor: tuple[str, Calibration] | None = None,
+                   export_dir: str | None = None) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
     across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
-    the trial's resources (the Tune trial itself reserves none)."""
+    the trial's resources (the Tune trial itself reserves none). With ``export_dir`` the
+    finished model's expert shards are gathered and rank 0 writes it as a Hugging Face folder
+    in ``<trial_id>/``."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -293,7 +304,7 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
                            "static": static,
                            "resume": str(resume_from) if resume_from else None,
                            "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint,
-                           "predictor": predictor},
+                           "predictor": predictor, "export_dir": export_dir},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker={"CPU": r.cpus,

@@ -63,6 +63,23 @@ class Checkpoint:
         name = self.meta["files"].get(f"model_rank{rank}", self.meta["files"].get("model"))
         return load_file(str(self.path / name))
 
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model: an expert-parallel checkpoint's per-rank shards joined, each expert
+        weight ([E/ep, ·, ·] on each rank) concatenated in expert order (rank r holds expert
+        slice r mod ep, ``parallel.expert_parallel_ranks``); a one-file model as it is."""
+        files = self.meta["files"]
+        if "model" in files:
+            return self.model_state()
+        world = int(self.meta.get("world_size", 1))
+        ep = int((self.meta.get("config") or {}).get("optim", {}).get("expert_parallel") or
+                 world)
+        shards = [self.model_state(r) for r in range(ep)]
+        out = dict(shards[0])
+        for k, v in shards[0].items():
+            if v.ndim == 3 and k.rsplit(".", 1)[-1] in ("w_gate", "w_up", "w_down"):
+                out[k] = torch.cat([s[k] for s in shards])
+        return out
+
     def optimizer_state(self, rank: int = 0) -> dict[str, Any] | None:
         name = self.meta["files"].get(f"optim_rank{rank}")
         if name is None:

@@ -3,6 +3,7 @@ the optimizer and its state, and the collectives the loop needs."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ import torch
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
 from moe_core.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -78,7 +81,10 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> d
         "train_batch_size": cfg.batch.global_batch,
         "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
         "gradient_accumulation_steps": gas,
-        "gradient_clipping": cfg.optim.grad_clip,
+        # at ZeRO 0 the loop clips (clip_gradients): DeepSpeed's ZeRO-0 norms are wrong for
+        # MoE (the bf16 wrapper leaves expert gradients out; the fp32 path averages per-rank
+        # norms of different experts under expert parallelism)
+        "gradient_clipping": 0.0 if clips_in_loop(cfg) else cfg.optim.grad_clip,
         "zero_optimization": {"stage": cfg.optim.zero_stage},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -86,6 +92,45 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> d
     if dtype == torch.bfloat16:
         ds["bf16"] = {"enabled": True}
     return ds
+
+
+def clips_in_loop(cfg: TrainConfig) -> bool:
+    """Whether the training loop clips gradients itself (``clip_gradients``, ZeRO 0) rather
+    than DeepSpeed (ZeRO 1/2, whose gradients live in its partitions)."""
+    return cfg.optim.zero_stage == 0 and cfg.optim.grad_clip > 0
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float,
+                   ep_group: Any = None) -> torch.Tensor:
+    """Clip every gradient by the global L2 norm over the whole model, each expert counted
+    once (000 Table 4: clip 1.0); returns that norm. Call after the gradients are reduced
+    (DeepSpeed's backward at an accumulation boundary) and before the optimizer step.
+
+    Expert gradients (``allreduce=False``) differ across the expert-parallel ranks of
+    ``ep_group``, so their squared norm is summed over it; every other gradient is the same on
+    all ranks after the data-parallel reduction and counts once. This replaces DeepSpeed
+    0.19.8's ZeRO-0 clipping, which is wrong for MoE models: ``FP16_UnfusedOptimizer`` (bf16)
+    leaves expert gradients out of the norm, and ``clip_grad_norm_`` (fp32) averages per-rank
+    norms that cover different experts (deepspeedai/DeepSpeed#8475, #8613). On one expert rank
+    the arithmetic is ``clip_grad_norm_``'s step for step, so fp32 single-rank runs are
+    unchanged bit for bit. In bf16 the scaled gradients are rounded to bf16 once more."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norms = [p.grad.detach().float().norm(2.0) for p in params]
+    if ep_group is None:
+        total = torch.stack(norms).pow(2.0).sum().float()
+    else:
+        expert = [getattr(p, "allreduce", True) is False for p in params]
+        zero = torch.zeros((), device=norms[0].device)
+        shared = sum((n.pow(2.0) for n, e in zip(norms, expert) if not e), zero)
+        experts = sum((n.pow(2.0) for n, e in zip(norms, expert) if e), zero)
+        torch.distributed.all_reduce(experts, group=ep_group)
+        total = shared + experts
+    total = total.pow(0.5)
+    coef = torch.tensor([float(max_norm)], device=total.device) / (total + 1e-6)
+    coef = torch.min(torch.tensor([1.0], device=coef.device), coef)
+    for p in params:
+        p.grad.mul_(coef.to(p.grad.device))
+    return total
 
 
 def set_lr(optimizer: Any, lr: float) -> None:
@@ -139,11 +184,42 @@ def sync_balancing(model: Transformer, world: int) -> None:
         torch.distributed.all_reduce(m.drop_accum)
 
 
+def full_state_dict(model: Any) -> dict[str, Any]:
+    """The whole model's state dict, on every rank: each expert-parallel layer's expert
+    weights (``w_gate``, ``w_up``, ``w_down``, sliced by ``MoELayer.shard_experts``) are
+    all-gathered over the layer's expert-parallel group and put back in expert order, so the
+    result loads into an unsharded model of the same config. A collective: every rank of each
+    expert-parallel group calls it. Single-rank layers pass through unchanged."""
+    dist = torch.distributed
+    state = dict(model.state_dict())
+    for name, m in model.named_modules():
+        n = getattr(m, "ep_size", 1)
+        if n == 1:
+            continue
+        dev = m.w_gate.device
+        ranks = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(n)]
+        dist.all_gather(ranks, torch.tensor([m.ep_rank], device=dev), group=m.ep_group)
+        order = [int(r) for r in torch.cat(ranks).tolist()]
+        if sorted(order) != list(range(n)):
+            raise RuntimeError(f"{name}: expert ranks {order} of one group are not 0..{n - 1}")
+        for w in ("w_gate", "w_up", "w_down"):
+            local = getattr(m, w).detach().contiguous()
+            parts = [torch.empty_like(local) for _ in range(n)]
+            dist.all_gather(parts, local, group=m.ep_group)
+            by_rank = dict(zip(order, parts))
+            state[f"{name}.{w}" if name else w] = torch.cat([by_rank[r] for r in range(n)])
+    return state
+
+
 def build_engine(model: Transformer, cfg: TrainConfig, world: int, dtype: torch.dtype,
                  peak: float) -> tuple[Any, Any]:
     """AdamW (000 Table 4) in the DeepSpeed engine; returns (engine, DeepSpeed optimizer)."""
     import deepspeed
 
+    if cfg.moe is not None and cfg.optim.grad_clip > 0 and not clips_in_loop(cfg):
+        log.warning("optim.zero_stage=%d with MoE: DeepSpeed clips gradients by a norm that is "
+                    "off for expert gradients (measured 4%% on one rank); optim.zero_stage=0 "
+                    "clips by the exact global norm", cfg.optim.zero_stage)
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.optim.weight_decay), lr=peak, betas=tuple(cfg.optim.betas),
         eps=cfg.optim.eps,

@@ -98,11 +98,14 @@ def build_initial_model(
 
 
 def initial_optimizer_state(parent: ParentState | None, expansion: ExpansionMap | None,
-                            model: Transformer, optimizer: Any) -> dict[str, Any] | None:
+                            model: Transformer, optimizer: Any,
+                            ep: tuple[int, int] = (0, 1)) -> dict[str, Any] | None:
     """The AdamW state a run starts from: the parent's, its expert moments gathered with the
     experts, when experts were replicated at τ (003 §3: training continues through the
-    transition); None (a fresh AdamW) otherwise. Needs the parent's state in torch's format
-    (fp32, ZeRO 0); any other format starts afresh, with a warning."""
+    transition); None (a fresh AdamW) otherwise. ``ep`` = (expert-parallel rank, size): a
+    rank holding a slice of the experts gets the same slice of their moments. Needs the
+    parent's state in torch's format (fp32, ZeRO 0); any other format starts afresh, with a
+    warning."""
     if parent is None or expansion is None or parent.optimizer_state is None:
         return None
     state = parent.optimizer_state
@@ -112,5 +115,12 @@ def initial_optimizer_state(parent: ParentState | None, expansion: ExpansionMap 
         log.warning("the parent's optimizer state is not a torch state_dict (%s); the expanded "
                     "run starts with a fresh AdamW", type(optimizer).__name__)
         return None
-    return upcycle.expand_optimizer_state(
-        state, expansion, param_names=upcycle.optimizer_param_names(model, inner))
+    names = upcycle.optimizer_param_names(model, inner)
+    out = upcycle.expand_optimizer_state(state, expansion, param_names=names)
+    if ep[1] > 1:
+        out = upcycle.shard_optimizer_state(out, names, *ep)
+    # the groups keep this run's identity: DeepSpeed names an expert group after its
+    # expert-parallel size (ep_size_1 in the parent, ep_size_2 on 2 expert ranks)
+    for g, mine in zip(out["param_groups"], inner.param_groups):
+        g.update({k: mine[k] for k in ("name", "moe") if k in mine})
+    return out

@@ -85,6 +85,9 @@ class Trainer:
         self.plan = run_schedule(cfg, parent, phase)
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
                                                        self.plan.peak)
+        self.clip_in_loop = eng.clips_in_loop(cfg)
+        self.ep_group = next((m.ep_group for m in self.model.moe_layers()), None) \
+            if self.ep > 1 else None
         self.start = self._restore(resume)
         self.step_count = self.start
         self.fresh = resume is None
@@ -148,10 +151,8 @@ class Trainer:
             if rng is not None:
                 torch.set_rng_state(rng)
             return resume.step
-        state = None
-        if self.ep == 1:  # an expert-parallel shard holds other experts than the full map
-            state = initial_optimizer_state(self.parent, self.expansion, self.model,
-                                            self.optimizer)
+        state = initial_optimizer_state(self.parent, self.expansion, self.model,
+                                        self.optimizer, ep=(self.rank % self.ep, self.ep))
         if state is not None:
             eng.load_optimizer(self.optimizer, state, self.rank, self.world)
         return 0
@@ -180,6 +181,8 @@ class Trainer:
             x, y = self.batcher.batch(step - 1, micro)
             out = self.engine(x.to(self.device), y.to(self.device))
             self.engine.backward(out.loss + out.aux_loss)
+            if micro == self.gas - 1 and self.clip_in_loop:  # gradients now reduced
+                eng.clip_gradients(self.model, self.cfg.optim.grad_clip, self.ep_group)
             self.engine.step()
             ce_sum += float(out.loss.detach())
             aux_sum += float(out.aux_loss.detach())
@@ -294,6 +297,11 @@ class Trainer:
     def model_state_numpy(self) -> dict[str, Any]:
         """The model's state as fp32 numpy arrays (what Ray's object store shares zero-copy)."""
         return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()}
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on every rank, expert-parallel shards gathered in expert
+        order (a collective on more than one expert rank), e.g. for ``moe_core.hf.save_moe``."""
+        return self.model.state_dict() if self.ep == 1 else eng.full_state_dict(self.model)
 
     def parent_state(self) -> ParentState:
         """This run as the parent of others: final weights, optimizer state and LR facts."""

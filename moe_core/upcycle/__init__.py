@@ -15,7 +15,11 @@ from moe_core.upcycle.dense import (
     router_init,
 )
 from moe_core.upcycle.experts import ExpansionMap, expand_experts, expand_experts_state
-from moe_core.upcycle.optim import expand_optimizer_state, optimizer_param_names
+from moe_core.upcycle.optim import (
+    expand_optimizer_state,
+    optimizer_param_names,
+    shard_optimizer_state,
+)
 from moe_core.upcycle.perturb import (
     ExpertWeights,
     Perturbation,
@@ -59,5 +63,6 @@ __all__ = [
     "routed_output_scale",
     "router_init",
     "scale_copy",
+    "shard_optimizer_state",
     "utility_scores",
 ]

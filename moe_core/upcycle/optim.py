@@ -21,6 +21,9 @@ from moe_core.errors import ConfigError
 from moe_core.upcycle.experts import ExpansionMap
 
 _EXPERT_PARAM = re.compile(r"(?:^|\.)blocks\.(\d+)\.mlp\.(w_gate|w_up|w_down|router\.weight)$")
+_SHARDED_PARAM = re.compile(r"(?:^|\.)blocks\.\d+\.mlp\.(w_gate|w_up|w_down)$")
+"""Expert weights an expert-parallel rank holds a slice of (``MoELayer.shard_experts``); the
+router stays whole on every rank."""
 
 
 def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -89,3 +92,35 @@ def expand_optimizer_state(
         out["state"] = state
         return out
     return {name: _expand_entry(name, entry, emap) for name, entry in opt_state.items()}
+
+
+def shard_optimizer_state(opt_state: Mapping[str, Any], param_names: Sequence[str],
+                          ep_rank: int, ep_size: int) -> dict[str, Any]:
+    """The part of a whole-model torch optimizer ``state_dict`` that expert-parallel rank
+    ``ep_rank`` of ``ep_size`` holds: every per-expert tensor of ``w_gate``, ``w_up`` and
+    ``w_down`` ([E, ·, ·]; a dense layer's 2-D weights of the same names are not experts) cut
+    to the rank's consecutive slice of experts along dim 0, as
+    ``MoELayer.shard_experts`` cuts the weights; everything else (the router, scalars such as
+    ``step``) copied whole. ``param_names`` names each parameter id in order
+    (:func:`optimizer_param_names`). Returns a new dict; the input is not modified."""
+    ids = [pid for g in opt_state["param_groups"] for pid in g["params"]]
+    if len(param_names) != len(ids):
+        raise ConfigError(f"shard_optimizer_state: {len(param_names)} parameter names for "
+                          f"{len(ids)} parameter ids; use optimizer_param_names(model, opt)")
+    name_of = dict(zip(ids, param_names))
+
+    def cut(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.ndim == 3:  # [E, ., .]; a dense layer's is 2-D
+            E = v.shape[0]
+            if E % ep_size:
+                raise ConfigError(f"{E} experts do not split over {ep_size} expert ranks")
+            n = E // ep_size
+            return v[ep_rank * n:(ep_rank + 1) * n].clone()
+        return copy.deepcopy(v)
+
+    state = {pid: ({k: cut(v) for k, v in entry.items()}
+                   if _SHARDED_PARAM.search(name_of[pid]) else copy.deepcopy(entry))
+             for pid, entry in opt_state["state"].items()}
+    out = {k: copy.deepcopy(v) for k, v in opt_state.items() if k != "state"}
+    out["state"] = state
+    return out

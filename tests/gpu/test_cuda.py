@@ -173,6 +173,27 @@ def test_buffers_stay_fp32_after_bf16_cast_and_in_the_trainer(tmp_path):
         assert m.expert_bias.abs().max() > 0  # the loss-free updates landed
 
 
+def test_bf16_clipping_on_cuda_counts_expert_gradients(tmp_path):
+    """The bf16 ZeRO-0 wrapper DeepSpeed hands back on CUDA leaves expert gradients out of its
+    clipping norm; the loop's clipping scales every gradient by clip / global norm."""
+    from moe_core.train import Trainer
+
+    def grads(clip):
+        t = Trainer(small_cfg(tmp_path, "bf16", optim={"lr": 3e-3, "dtype": "bf16",
+                                                       "grad_clip": clip}))
+        seen = []
+        t.optimizer.optimizer.register_step_pre_hook(lambda opt, a, k: seen.append(
+            [p.grad.detach().float().clone() for g in opt.param_groups for p in g["params"]]))
+        t.step()
+        return seen[0]
+
+    free = grads(0.0)
+    norm = math.sqrt(sum(float(g.pow(2).sum()) for g in free))
+    clipped = grads(norm / 4)
+    for a, b in zip(free, clipped):
+        assert torch.allclose(b, a * (norm / 4) / (norm + 1e-6), rtol=2 ** -8, atol=1e-12)
+
+
 def test_chunked_loss_on_cuda_in_bf16(tmp_path):
     """``model.chunked_loss`` on CUDA: the LM-head loss and gradients in bf16 are as close to an
     fp64 reference as the plain bf16 path's, and a bf16 Trainer with it is deterministic and

@@ -8,7 +8,12 @@ import torch
 from moe_core import build_model
 from moe_core.config import ModelConfig, MoEConfig
 from moe_core.errors import ConfigError
-from moe_core.upcycle import expand_experts, expand_optimizer_state, optimizer_param_names
+from moe_core.upcycle import (
+    expand_experts,
+    expand_optimizer_state,
+    optimizer_param_names,
+    shard_optimizer_state,
+)
 
 EXPERT_KEYS = ("w_gate", "w_up", "w_down", "router.weight")
 
@@ -115,3 +120,33 @@ def test_torch_state_needs_names():
     _, emap = expand_experts(m, 2, return_map=True)
     with pytest.raises(ConfigError, match="needs param_names"):
         expand_optimizer_state(opt.state_dict(), emap)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_shard_optimizer_state_cuts_expert_moments_like_the_weights(rank):
+    """An expert-parallel rank gets its slice of each expert weight's moments (the slice
+    ``MoELayer.shard_experts`` keeps of the weights); the router, the dense layer's 2-D
+    ``w_gate`` and the step counts stay whole, and the result loads into an AdamW over the
+    sharded model."""
+    m, opt = trained()
+    names = optimizer_param_names(m, opt)
+    full = opt.state_dict()
+    got = shard_optimizer_state(full, names, rank, 2)
+    shard = build_model(m.config)
+    shard.load_state_dict(m.state_dict())
+    for layer in shard.moe_layers():
+        layer.shard_experts(rank, 2)
+    for pid, n in enumerate(names):
+        for k, v in full["state"][pid].items():
+            expert = n.startswith("blocks.1.mlp.w_") and v.ndim == 3  # E = 4: 2 per rank
+            want = v[2 * rank:2 * rank + 2] if expert else v
+            assert torch.equal(got["state"][pid][k], want), (n, k)
+            assert got["state"][pid][k].shape == (v.shape if k == "step" else
+                                                  dict(shard.named_parameters())[n].shape)
+    assert got["state"][names.index("blocks.0.mlp.w_gate")]["exp_avg"].ndim == 2  # dense: whole
+    decay = [p for p in shard.parameters() if p.ndim >= 2]
+    no_decay = [p for p in shard.parameters() if p.ndim < 2]
+    sharded = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+    sharded.load_state_dict(got)
+    assert full["state"][names.index("blocks.1.mlp.w_gate")]["exp_avg"].shape[0] == 4  # not cut

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
+from moe_core.hf import load_moe
+from moe_core.train.checkpoint import load_checkpoint
 from tests.sweeps.tiny import tiny_base
 
 SPEC = {
@@ -139,7 +142,9 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
 @pytest.mark.distributed
 def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     """2 trials × 2 gloo ranks: each trial is a Ray Train TorchTrainer inside a Tune trial,
-    experts sharded across its ranks; every rank's shard lands in one checkpoint directory."""
+    experts sharded across its ranks; every rank's shard lands in one checkpoint directory, and
+    ``export: hf`` writes the whole model (its shards gathered), equal to the last
+    checkpoint's shards joined in expert order."""
     base = dict(SPEC["base"])
     base.pop("parent")
     base.pop("upcycle")
@@ -147,7 +152,7 @@ def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     base["tokens"] = 1536
     spec = _write(tmp_path, base=base, resources={"cpus": 1, "ranks": 2},
                   search={"moe.router.order": {"grid": ["softmax_topk", "topk_softmax"]}},
-                  logging={"wandb": {"enabled": False}})
+                  logging={"wandb": {"enabled": False}}, export="hf")
     out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec)], env=_env(tmp_path),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -161,3 +166,8 @@ def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     for t in trials:
         files = {p.name for p in (ck / t / "step_00000006").iterdir()}
         assert {"model_rank0.safetensors", "model_rank1.safetensors", "meta.json"} <= files
+        joined = load_checkpoint(ck / t / "step_00000006").full_model_state()
+        _, exported = load_moe(tmp_path / "results" / "e2e" / "export" / t)
+        assert "blocks.0.mlp.w_gate" in exported  # the weights (buffers are not exported)
+        for k, v in exported.items():
+            assert torch.equal(v, joined[k].float()), (t, k)
