@@ -1,12 +1,19 @@
 """python -m moe_core.hf upcycle SRC_DIR OUT_DIR --experts 8 --top-k 2 [--granularity G]
        [--router topk_softmax|softmax_topk] [--shared N]
+python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe]
 
-Upcycles a local Hugging Face Llama / Mistral / Qwen2 checkpoint into an MoE with the project's
-dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight scaling), writes it as a
-Mixtral or Qwen2-MoE checkpoint (``moe_core.hf.save_moe``) in the source's dtype with its
-tokenizer files, and prints the function-preservation error it measured on a few random token
-batches: our MoE vs our dense model, and (unless --no-verify) transformers' load of OUT_DIR vs
-our dense model. Ends with one JSON line. No network.
+``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 checkpoint into an MoE with
+the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight scaling),
+writes it as a Mixtral or Qwen2-MoE checkpoint (``moe_core.hf.save_moe``) in the source's dtype
+with its tokenizer files, and prints the function-preservation error it measured on a few
+random token batches: our MoE vs our dense model, and (unless --no-verify) transformers' load of
+OUT_DIR vs our dense model.
+
+``export`` writes one of this project's training checkpoints (a trial's ``step_…`` folder; an
+expert-parallel one's per-rank shards are joined, ``Checkpoint.full_model_state``) as a Hugging
+Face folder, and (unless --no-verify) prints transformers' logits error against ours.
+
+Each ends with one JSON line. No network.
 """
 
 from __future__ import annotations
@@ -88,6 +95,39 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def export(args: argparse.Namespace) -> dict[str, Any]:
+    from moe_core.train.checkpoint import load_checkpoint  # noqa: PLC0415 (export only)
+    from moe_core.train.config import train_config_from_dict  # noqa: PLC0415
+
+    ck = load_checkpoint(args.checkpoint)
+    if not isinstance(ck.meta.get("config"), dict):
+        raise UpcycleError(f"{args.checkpoint}: its meta.json holds no training config")
+    state = ck.full_model_state()
+    cfg = train_config_from_dict(ck.meta["config"]).model_config(
+        vocab_size=int(state["tok_emb.weight"].shape[0]))
+    out = Path(args.out)
+    arch = save_moe(state, cfg, out, arch=args.arch)
+    res: dict[str, Any] = {"architecture": arch, "out": str(out), "checkpoint":
+                           str(args.checkpoint), "step": ck.step,
+                           "ranks": int(ck.meta.get("world_size", 1))}
+    print(f"wrote {arch} to {out} (step {ck.step}, {res['ranks']} rank(s))")
+    if not args.no_verify:
+        import transformers  # noqa: PLC0415 (verification only)
+
+        batches = _batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
+                           args.seed)
+        ours = build_model(cfg)
+        ours.load_state_dict({k: v.float() for k, v in state.items()})
+        ref = _logits(ours, batches)
+        del ours
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+        res["transformers_vs_ours"] = max(rel_err(a, b)
+                                          for a, b in zip(_logits(hf, batches), ref))
+        print(f"max |Δlogits| / max |logits|, transformers vs ours over {len(batches)} "
+              f"batches: {res['transformers_vs_ours']:.3e}")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.hf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,9 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-verify", action="store_true",
                     help="skip loading the result with transformers")
     up.add_argument("--debug", action="store_true", help="show tracebacks")
+    ex = sub.add_parser("export", help="a training checkpoint -> HF checkpoint")
+    ex.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
+                    help="a checkpoint folder (meta.json and its model file or rank shards)")
+    ex.add_argument("out", metavar="OUT_DIR", help="where the HF checkpoint is written")
+    ex.add_argument("--arch", choices=("mixtral", "qwen2_moe"), default=None,
+                    help="force the HF architecture of an MoE (default: Mixtral where exact)")
+    ex.add_argument("--seed", type=int, default=0, help="batch seed of the check")
+    ex.add_argument("--batches", type=int, default=4, help="batches the error is measured on")
+    ex.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
+    ex.add_argument("--no-verify", action="store_true",
+                    help="skip loading the result with transformers")
+    ex.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
     try:
-        res = upcycle(args)
+        res = upcycle(args) if args.command == "upcycle" else export(args)
     except UpcycleError as e:
         if args.debug:
             raise

@@ -61,4 +61,3 @@ def expert_parallel_ranks(world_size: int, rank: int, ep_size: int) -> tuple[int
     """(ep_rank, ep_size) of ``rank`` with DeepSpeed's default layout (EP groups are
     consecutive ranks)."""
     return rank % ep_size, ep_size
-

@@ -186,6 +186,14 @@ def test_expand_experts_on_two_expert_ranks_continues_the_parent_adamw(tau_paren
     assert joined.keys() == saved["full"].keys()
     for k, v in joined.items():
         assert torch.equal(v, saved["full"][k]), k
+    # the export command joins the same shards from disk
+    from moe_core.hf import load_moe
+    from moe_core.hf.__main__ import main
+
+    assert main(["export", str(ck.path), str(tau_parent / "cli-hf"), "--no-verify"]) == 0
+    _, from_disk = load_moe(tau_parent / "cli-hf")
+    for k, v in from_disk.items():
+        assert torch.equal(v, saved["full"][k]), k
     hf = transformers.AutoModelForCausalLM.from_pretrained(tau_parent / "w2.json-hf")
     with torch.no_grad():
         theirs = hf(saved["x"]).logits

@@ -217,6 +217,34 @@ def test_cli_upcycle_prints_the_measured_error(tmp_path, capsys):
     assert "Mixtral has no shared expert" in capsys.readouterr().err
 
 
+def test_cli_export_writes_a_training_checkpoint(tmp_path, capsys):
+    """``export`` turns a Trainer checkpoint into an HF folder that transformers reads with our
+    logits; a folder that is not a checkpoint is one error line, exit 2."""
+    from moe_core.hf.__main__ import main
+    from moe_core.train import Trainer, train_config_from_dict
+
+    cfg = train_config_from_dict({
+        "name": "x", "seed": 0, "model": {"preset": "debug"},
+        "moe": {"num_experts": 4, "top_k": 2, "router": {"order": "softmax_topk",
+                                                          "renormalize": True}},
+        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 20_000,
+                 "seq_len": 32, "cache_dir": str(tmp_path / "cache")},
+        "batch": {"global_batch": 4, "micro_batch": 4}, "optim": {"lr": 3e-3},
+        "eval": {"every_steps": 2, "batches": 1}, "tokens": 2 * 4 * 32})
+    t = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[2])
+    t.fit()
+    assert main(["export", str(tmp_path / "ck" / "step_00000002"), str(tmp_path / "hf"),
+                 "--batches", "2", "--seq-len", "16"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["architecture"] == "MixtralForCausalLM" and res["step"] == 2
+    assert res["ranks"] == 1 and res["transformers_vs_ours"] < TOL
+    _, state = load_moe(tmp_path / "hf")
+    for k, v in state.items():
+        assert torch.equal(v, t.model.state_dict()[k]), k
+    assert main(["export", str(tmp_path / "cache"), str(tmp_path / "no")]) == 2
+    assert "is not a checkpoint" in capsys.readouterr().err
+
+
 def test_tokenizer_loads_through_tokenizers(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
