@@ -27,12 +27,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, cache: str, ep: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     from moe_core.train import train, train_config_from_dict
 
-    cfg = dict(CFG)
+    cfg = dict(CFG, batch={"global_batch": 8, "micro_batch": 2},
+               optim=dict(CFG["optim"], expert_parallel=ep))
     cfg["data"] = dict(CFG["data"], cache_dir=cache)
     res = train(train_config_from_dict(cfg))
     layer_experts = [res.params["expert_parallel"], res.params["local_experts"]]
@@ -42,30 +43,37 @@ def _worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
                                  for m in res.curve], "experts": layer_experts}, f)
 
 
-def _run(world: int, tmp_path) -> list:
-    out = tmp_path / f"w{world}.json"
-    mp.start_processes(_worker, args=(world, _port(), str(tmp_path / "cache"), str(out)),
+def _run(world: int, ep: int, d) -> list:
+    out = d / f"w{world}-ep{ep}.json"
+    mp.start_processes(_worker, args=(world, _port(), str(d / "cache"), ep, str(out)),
                        nprocs=world, start_method="spawn")
     data = json.loads(out.read_text())
-    assert data["experts"] == [world, 4 // world]  # experts really are sharded
+    assert data["experts"] == [ep, 4 // ep]  # experts really are sharded
     return data["curve"]
+
+
+@pytest.fixture(scope="module")
+def single_rank(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ep")
+    return d, _run(1, 1, d)
 
 
 @pytest.mark.distributed
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo multiprocess test on Linux")
-def test_two_rank_expert_parallel_matches_single_rank(tmp_path):
-    single = _run(1, tmp_path)
-    ep2 = _run(2, tmp_path)
-    assert [s[0] for s in single] == [e[0] for e in ep2] == list(range(7))
-    # The same math in another summation order (an expert's gradient is one matmul over both
-    # ranks' tokens instead of one per micro-batch) differs by float rounding, which Adam's
-    # early normalised steps and top-K's discrete choices amplify over time: the first steps
-    # agree to 1e-4, the later ones stay close.
-    for (step, v1, t1), (_, v2, t2) in zip(single, ep2):
-        tol = 1e-4 if step <= 3 else 1e-3
-        assert abs(v1 - v2) <= tol, (step, v1, v2)
+@pytest.mark.parametrize("world,ep", [(2, 2), pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_expert_parallel_layouts_match_single_rank(single_rank, world, ep):
+    """2 expert ranks, and 2 expert ranks × 2 data-parallel replicas, train the single-rank
+    curve (loss-free balancing on). The same math in another summation order differs by float
+    rounding only: measured ≤ 3.6e-7 over 7 evaluations. With DeepSpeed's own clipping (it
+    averages per-rank norms of different experts) the 2-rank curve was 1.4e-5 off by the
+    fourth evaluation, and this test used to allow 1e-4, then 1e-3."""
+    d, single = single_rank
+    layout = _run(world, ep, d)
+    assert [s[0] for s in single] == [e[0] for e in layout] == list(range(7))
+    for (step, v1, t1), (_, v2, t2) in zip(single, layout):
+        assert abs(v1 - v2) <= 2e-6, (step, v1, v2)
         if t1 is not None and t1 == t1:
-            assert abs(t1 - t2) <= tol, (step, t1, t2)
+            assert abs(t1 - t2) <= 2e-6, (step, t1, t2)
 
 
 # ---- expand_experts on expert-parallel ranks: the parent's moments, and the gathered export ----
