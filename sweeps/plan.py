@@ -260,14 +260,16 @@ def _branchable(cfg: TrainConfig) -> bool:
 def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, BranchGroup]:
     """Groups of two or more distinct budgets with the same config otherwise (WSD, no
     constant-LR policy)."""
-    if not spec.wsd_branches or spec.resources.ranks > 1:
-        # a stable run trains on one rank, and a checkpoint resumes only on as many ranks as
-        # wrote it: multi-rank trials train each budget on its own. algorithm=law has the same
-        # groups, but trains no stable run up front: its trials extend it on demand
+    if not spec.wsd_branches:
+        # algorithm=law has the same groups, but trains no stable run up front: its trials
+        # extend it on demand
         return {}
     members: dict[str, list[TrialPlan]] = {}
     for t in trials:
-        if _branchable(t.config):
+        # a stable run trains on one rank; a multi-rank branch re-cuts its checkpoint for its
+        # ranks, which ZeRO 1/2 partitions do not allow: those train each budget on its own
+        if _branchable(t.config) and (spec.resources.ranks == 1 or
+                                      t.config.optim.zero_stage == 0):
             members.setdefault(t.stable_key, []).append(t)
     groups = {}
     for key, ts in members.items():

@@ -31,6 +31,8 @@ from moe_core.errors import UpcycleError, one_line
 from moe_core.hf.load import load_dense, read_config
 from moe_core.hf.save import save_moe
 from moe_core.model import build_model
+from moe_core.train.checkpoint import load_checkpoint
+from moe_core.train.config import train_config_from_dict
 from moe_core.upcycle import dense_to_moe_state
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -96,9 +98,6 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def export(args: argparse.Namespace) -> dict[str, Any]:
-    from moe_core.train.checkpoint import load_checkpoint  # noqa: PLC0415 (export only)
-    from moe_core.train.config import train_config_from_dict  # noqa: PLC0415
-
     ck = load_checkpoint(args.checkpoint)
     if not isinstance(ck.meta.get("config"), dict):
         raise UpcycleError(f"{args.checkpoint}: its meta.json holds no training config")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import moe_core.train.engine as eng
+from moe_core import upcycle
 from moe_core.data import TokenBatcher, load_dataset
 from moe_core.errors import ConfigError, DivergenceError
 from moe_core.params import count_params
@@ -120,13 +121,9 @@ class Trainer:
         self.ep, layer_cls = eng.expert_parallel_layer(cfg, self.world)
         model, self.expansion = build_initial_model(cfg, self.vocab_size, self.parent, calib,
                                                     layer_cls)
-        if resume is not None:
-            if resume.meta.get("world_size", 1) != self.world:
-                raise ConfigError(
-                    f"checkpoint {resume.path} was written by {resume.meta.get('world_size')} "
-                    f"ranks; resume it with the same number of ranks (now {self.world})"
-                )
-            model.load_state_dict(resume.model_state(self.rank))  # full or this rank's shard
+        if resume is not None:  # an expert-parallel checkpoint's shards joined, then re-cut
+            _check_reshard(resume, cfg, self.world)
+            model.load_state_dict(resume.full_model_state())
         if self.ep > 1:
             for m in model.moe_layers():
                 m.shard_experts(self.rank % self.ep, self.ep)
@@ -144,10 +141,12 @@ class Trainer:
         experts were replicated from its parent's, the parent's AdamW state expanded with them
         (003 §3); else a fresh AdamW."""
         if resume is not None:
-            opt_state = resume.optimizer_state(self.rank)
+            old_world = int(resume.meta.get("world_size", 1))
+            opt_state = (resume.optimizer_state(self.rank) if old_world == self.world else
+                         self._resharded_optimizer_state(resume, old_world))
             if opt_state is not None:
                 eng.load_optimizer(self.optimizer, opt_state, self.rank, self.world)
-            rng = resume.rng_state(self.rank)
+            rng = resume.rng_state(self.rank % old_world)
             if rng is not None:
                 torch.set_rng_state(rng)
             return resume.step
@@ -156,6 +155,24 @@ class Trainer:
         if state is not None:
             eng.load_optimizer(self.optimizer, state, self.rank, self.world)
         return 0
+
+    def _resharded_optimizer_state(self, resume: Checkpoint, old_world: int
+                                   ) -> dict[str, Any] | None:
+        """The optimizer state of a ZeRO-0 checkpoint written by another number of ranks: the
+        old expert ranks' states joined, then cut to this rank's experts."""
+        old_ep = _expert_ranks(resume.meta, old_world) if self.model.moe_layers() else 1
+        states = [resume.optimizer_state(r) for r in range(old_ep)]
+        if any(st is None for st in states):
+            return None
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        names = upcycle.optimizer_param_names(self.model, self.optimizer)
+        state = upcycle.join_optimizer_states(states, names)
+        if self.ep > 1:
+            state = upcycle.shard_optimizer_state(state, names, self.rank % self.ep, self.ep)
+        groups = (state[upcycle.WRAPPED] if upcycle.WRAPPED in state else state)["param_groups"]
+        for g, mine in zip(groups, inner.param_groups):  # this run's expert-group names
+            g.update({k: mine[k] for k in ("name", "moe") if k in mine})
+        return state
 
     def _new_result(self) -> TrainResult:
         pc = count_params(self.model.config)
@@ -311,6 +328,23 @@ class Trainer:
             tokens=self.step_count * self.cfg.tokens_per_step,
             optimizer_state=self.optimizer.state_dict(), val_loss=self.result.val_loss,
         )
+
+
+def _expert_ranks(meta: dict[str, Any], world: int) -> int:
+    """The expert-parallel degree a checkpoint was written with."""
+    return int((meta.get("config") or {}).get("optim", {}).get("expert_parallel") or world)
+
+
+def _check_reshard(resume: Checkpoint, cfg: TrainConfig, world: int) -> None:
+    """A checkpoint resumes on another number of ranks only at ZeRO 0 (the expert shards and
+    optimizer moments are re-cut); ZeRO 1/2 partitions are tied to their rank count."""
+    old = int(resume.meta.get("world_size", 1))
+    old_zero = int((resume.meta.get("config") or {}).get("optim", {}).get("zero_stage", 0))
+    if old != world and (old_zero or cfg.optim.zero_stage):
+        raise ConfigError(
+            f"checkpoint {resume.path} was written by {old} ranks at optim.zero_stage="
+            f"{old_zero}; at ZeRO 1/2 resume it with the same number of ranks (now {world}), "
+            "or train at optim.zero_stage=0, whose checkpoints resume on any number")
 
 
 def train(cfg: TrainConfig, **kwargs: Any) -> TrainResult:

@@ -16,7 +16,9 @@ from moe_core.upcycle.dense import (
 )
 from moe_core.upcycle.experts import ExpansionMap, expand_experts, expand_experts_state
 from moe_core.upcycle.optim import (
+    WRAPPED,
     expand_optimizer_state,
+    join_optimizer_states,
     optimizer_param_names,
     shard_optimizer_state,
 )
@@ -40,6 +42,7 @@ from moe_core.upcycle.utility import (
 )
 
 __all__ = [
+    "WRAPPED",
     "STRATEGIES",
     "ExpansionMap",
     "ExpertStats",
@@ -58,6 +61,7 @@ __all__ = [
     "expert_stats",
     "granularity_of",
     "interpolate",
+    "join_optimizer_states",
     "optimizer_param_names",
     "replication_counts",
     "routed_output_scale",

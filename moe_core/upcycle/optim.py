@@ -26,12 +26,16 @@ _SHARDED_PARAM = re.compile(r"(?:^|\.)blocks\.\d+\.mlp\.(w_gate|w_up|w_down)$")
 router stays whole on every rank."""
 
 
-def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def optimizer_param_names(model: torch.nn.Module, optimizer: Any) -> list[str]:
     """Names of the optimizer's parameters in the order of its state_dict ids (param groups in
-    order, parameters in order within each group)."""
+    order, parameters in order within each group). DeepSpeed's fp16/bf16 ZeRO-0 wrappers hold
+    the model's parameters in ``fp16_groups`` (their torch optimizer holds fp32 copies), in the
+    same order."""
     names = {id(p): n for n, p in model.named_parameters()}
+    groups = getattr(optimizer, "fp16_groups", None) or [g["params"] for g in
+                                                         optimizer.param_groups]
     try:
-        return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+        return [names[id(p)] for g in groups for p in g]
     except KeyError:
         raise ConfigError("optimizer holds a parameter that is not in the model") from None
 
@@ -94,33 +98,69 @@ def expand_optimizer_state(
     return {name: _expand_entry(name, entry, emap) for name, entry in opt_state.items()}
 
 
-def shard_optimizer_state(opt_state: Mapping[str, Any], param_names: Sequence[str],
-                          ep_rank: int, ep_size: int) -> dict[str, Any]:
-    """The part of a whole-model torch optimizer ``state_dict`` that expert-parallel rank
-    ``ep_rank`` of ``ep_size`` holds: every per-expert tensor of ``w_gate``, ``w_up`` and
-    ``w_down`` ([E, ·, ·]; a dense layer's 2-D weights of the same names are not experts) cut
-    to the rank's consecutive slice of experts along dim 0, as
-    ``MoELayer.shard_experts`` cuts the weights; everything else (the router, scalars such as
-    ``step``) copied whole. ``param_names`` names each parameter id in order
-    (:func:`optimizer_param_names`). Returns a new dict; the input is not modified."""
-    ids = [pid for g in opt_state["param_groups"] for pid in g["params"]]
+WRAPPED = "optimizer_state_dict"
+"""Key under which DeepSpeed's fp16/bf16 ZeRO-0 wrappers (``FP16_UnfusedOptimizer``,
+``FP16_Optimizer``) keep the torch optimizer's state dict; their ``fp32_groups`` (master
+weights, one list per parameter group) come in the same parameter order."""
+
+
+def _per_rank_experts(states: Sequence[Mapping[str, Any]], param_names: Sequence[str],
+                      fn: Any) -> dict[str, Any]:
+    """``states[0]`` with every per-expert tensor (an [E, ·, ·] moment or fp32 master of an
+    expert weight, :data:`_SHARDED_PARAM`) replaced by ``fn(the same tensor in each state)``;
+    the rest copied from ``states[0]``. A torch ``state_dict`` or a DeepSpeed ZeRO-0 wrapper's
+    (its torch state and its ``fp32_groups``)."""
+    first = states[0]
+    if WRAPPED in first:  # DeepSpeed's fp16/bf16 wrapper around a torch optimizer
+        out = {k: copy.deepcopy(v) for k, v in first.items() if k not in (WRAPPED, "fp32_groups")}
+        out[WRAPPED] = _per_rank_experts([st[WRAPPED] for st in states], param_names, fn)
+        if "fp32_groups" in first:
+            flat = iter(param_names)
+            out["fp32_groups"] = [
+                [fn([st["fp32_groups"][g][j] for st in states])
+                 if _SHARDED_PARAM.search(next(flat)) and t.ndim == 3 else t.clone()
+                 for j, t in enumerate(group)]
+                for g, group in enumerate(first["fp32_groups"])]
+        return out
+    ids = [pid for g in first["param_groups"] for pid in g["params"]]
     if len(param_names) != len(ids):
-        raise ConfigError(f"shard_optimizer_state: {len(param_names)} parameter names for "
+        raise ConfigError(f"optimizer state: {len(param_names)} parameter names for "
                           f"{len(ids)} parameter ids; use optimizer_param_names(model, opt)")
     name_of = dict(zip(ids, param_names))
-
-    def cut(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.ndim == 3:  # [E, ., .]; a dense layer's is 2-D
-            E = v.shape[0]
-            if E % ep_size:
-                raise ConfigError(f"{E} experts do not split over {ep_size} expert ranks")
-            n = E // ep_size
-            return v[ep_rank * n:(ep_rank + 1) * n].clone()
-        return copy.deepcopy(v)
-
-    state = {pid: ({k: cut(v) for k, v in entry.items()}
-                   if _SHARDED_PARAM.search(name_of[pid]) else copy.deepcopy(entry))
-             for pid, entry in opt_state["state"].items()}
-    out = {k: copy.deepcopy(v) for k, v in opt_state.items() if k != "state"}
+    state = {}
+    for pid, entry in first["state"].items():
+        expert = _SHARDED_PARAM.search(name_of[pid]) is not None
+        state[pid] = {k: fn([st["state"][pid][k] for st in states])
+                      if expert and isinstance(v, torch.Tensor) and v.ndim == 3
+                      else copy.deepcopy(v) for k, v in entry.items()}
+    out = {k: copy.deepcopy(v) for k, v in first.items() if k != "state"}
     out["state"] = state
     return out
+
+
+def shard_optimizer_state(opt_state: Mapping[str, Any], param_names: Sequence[str],
+                          ep_rank: int, ep_size: int) -> dict[str, Any]:
+    """The part of a whole-model optimizer state that expert-parallel rank ``ep_rank`` of
+    ``ep_size`` holds: every per-expert tensor of ``w_gate``, ``w_up`` and ``w_down`` ([E, ·, ·];
+    a dense layer's 2-D weights of the same names are not experts) cut to the rank's
+    consecutive slice of experts along dim 0, as ``MoELayer.shard_experts`` cuts the weights;
+    everything else (the router, scalars such as ``step``) copied whole. A torch
+    ``state_dict`` or a DeepSpeed ZeRO-0 fp16/bf16 wrapper's; ``param_names`` names each
+    parameter in order (:func:`optimizer_param_names`). The input is not modified."""
+
+    def cut(vs: list[torch.Tensor]) -> torch.Tensor:
+        E = vs[0].shape[0]
+        if E % ep_size:
+            raise ConfigError(f"{E} experts do not split over {ep_size} expert ranks")
+        n = E // ep_size
+        return vs[0][ep_rank * n:(ep_rank + 1) * n].clone()
+
+    return _per_rank_experts([opt_state], param_names, cut)
+
+
+def join_optimizer_states(states: Sequence[Mapping[str, Any]], param_names: Sequence[str]
+                          ) -> dict[str, Any]:
+    """The whole-model optimizer state from the states of expert-parallel ranks 0 … ep−1 (in
+    that order): each per-expert tensor concatenated along dim 0, everything else from rank 0
+    (the inverse of :func:`shard_optimizer_state`). The inputs are not modified."""
+    return _per_rank_experts(states, param_names, lambda vs: torch.cat(vs))

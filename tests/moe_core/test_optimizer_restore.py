@@ -110,3 +110,44 @@ def test_bf16_branch_equals_single_run(tmp_path, bf16):
     br, s_br = fit(cfg, resume_from=stable.checkpoints[s], phase=Phase.decay(s, n))
     assert br.val_loss == single.val_loss
     assert _equal(s_br, s_single)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_optimizer_state_cuts_into_expert_shards_and_joins_back(tmp_path, monkeypatch, wrapped):
+    """``shard_optimizer_state`` then ``join_optimizer_states`` give back the whole state, for
+    torch's format (fp32) and for DeepSpeed's bf16 ZeRO-0 wrapper's (its torch state and its
+    fp32 master weights): what a checkpoint re-cut for another number of ranks goes through."""
+    from moe_core.upcycle import (
+        WRAPPED,
+        join_optimizer_states,
+        optimizer_param_names,
+        shard_optimizer_state,
+    )
+
+    if wrapped:
+        monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+    t = Trainer(small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2}))
+    t.step()
+    whole = t.optimizer.state_dict()
+    assert (WRAPPED in whole) == wrapped and type(t.optimizer) is (
+        FP16_UnfusedOptimizer if wrapped else torch.optim.AdamW)
+    names = optimizer_param_names(t.model, t.optimizer)
+    parts = [shard_optimizer_state(whole, names, r, 2) for r in range(2)]
+    torch_part = parts[1][WRAPPED] if wrapped else parts[1]
+    i = names.index("blocks.0.mlp.w_up")
+    assert torch_part["state"][i]["exp_avg"].shape[0] == 2  # 4 experts, 2 per rank
+    if wrapped:
+        flat = [m for g in parts[1]["fp32_groups"] for m in g]
+        assert flat[i].shape[0] == 2 and flat[i].dtype == torch.float32
+    back = join_optimizer_states(parts, names)
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+
+    assert same(back, whole)

@@ -43,6 +43,16 @@ def test_plan_groups_budgets():
     assert off.branch_groups == {} and off.tokens_saved_by_branches == 0
 
 
+def test_multi_rank_trials_branch_at_zero_0_only():
+    """A stable run trains on one rank; a multi-rank branch re-cuts its checkpoint for its
+    ranks (``moe_core.train``), which ZeRO 1/2 partitions do not allow."""
+    multi = dict(SPEC, resources={"ranks": 2},
+                 base=dict(SPEC["base"], batch={"global_batch": 8, "micro_batch": 4}))
+    assert len(build_plan(parse_spec(multi)).branch_groups) == 1
+    zero1 = dict(multi, base=dict(multi["base"], optim={"lr": 3e-3, "zero_stage": 1}))
+    assert build_plan(parse_spec(zero1)).branch_groups == {}
+
+
 def test_plan_is_built_once_and_typed():
     """Every grid trial carries its TrainConfig; sampled points are planned on demand."""
     spec = parse_spec(dict(SPEC, num_samples=2))
