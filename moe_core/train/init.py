@@ -104,23 +104,29 @@ def initial_optimizer_state(parent: ParentState | None, expansion: ExpansionMap 
     experts, when experts were replicated at τ (003 §3: training continues through the
     transition); None (a fresh AdamW) otherwise. ``ep`` = (expert-parallel rank, size): a
     rank holding a slice of the experts gets the same slice of their moments. Needs the
-    parent's state in torch's format (fp32, ZeRO 0); any other format starts afresh, with a
-    warning."""
+    parent's state in the format of this run's optimizer at ZeRO 0 (torch's in fp32,
+    DeepSpeed's bf16 wrapper's, fp32 masters included, in bf16); any other starts afresh, with
+    a warning."""
     if parent is None or expansion is None or parent.optimizer_state is None:
         return None
     state = parent.optimizer_state
     inner = getattr(optimizer, "optimizer", optimizer)
-    if not ({"state", "param_groups"} <= set(state) and
-            isinstance(inner, torch.optim.Optimizer)):
-        log.warning("the parent's optimizer state is not a torch state_dict (%s); the expanded "
-                    "run starts with a fresh AdamW", type(optimizer).__name__)
+    wrapped = upcycle.WRAPPED in state  # DeepSpeed's bf16/fp16 ZeRO-0 wrapper: fp32 masters
+    torch_format = {"state", "param_groups"} <= set(state[upcycle.WRAPPED] if wrapped else state)
+    if not (torch_format and isinstance(inner, torch.optim.Optimizer) and
+            wrapped == hasattr(optimizer, "fp32_groups")):
+        log.warning("the parent's optimizer state (%s) does not fit this run's optimizer (%s); "
+                    "the expanded run starts with a fresh AdamW",
+                    "DeepSpeed wrapper" if wrapped else "torch" if torch_format else "other",
+                    type(optimizer).__name__)
         return None
-    names = upcycle.optimizer_param_names(model, inner)
+    names = upcycle.optimizer_param_names(model, optimizer)
     out = upcycle.expand_optimizer_state(state, expansion, param_names=names)
     if ep[1] > 1:
         out = upcycle.shard_optimizer_state(out, names, *ep)
     # the groups keep this run's identity: DeepSpeed names an expert group after its
     # expert-parallel size (ep_size_1 in the parent, ep_size_2 on 2 expert ranks)
-    for g, mine in zip(out["param_groups"], inner.param_groups):
+    for g, mine in zip((out[upcycle.WRAPPED] if wrapped else out)["param_groups"],
+                       inner.param_groups):
         g.update({k: mine[k] for k in ("name", "moe") if k in mine})
     return out

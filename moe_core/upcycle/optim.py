@@ -80,8 +80,18 @@ def expand_optimizer_state(
     carry a wrapper prefix (``module.``). Returns a new dict; the input is not modified. The
     expanded model's parameters come in the same order as the source's, so a torch state dict
     keeps its ids and loads into an optimizer built over ``new_model.parameters()`` in the same
-    grouping.
+    grouping. A DeepSpeed fp16/bf16 ZeRO-0 wrapper's state (:data:`WRAPPED`) expands its torch
+    state and its fp32 master weights (``fp32_groups``, the same parameter order) alike.
     """
+    if WRAPPED in opt_state:
+        out = {k: copy.deepcopy(v) for k, v in opt_state.items()
+               if k not in (WRAPPED, "fp32_groups")}
+        out[WRAPPED] = expand_optimizer_state(opt_state[WRAPPED], emap, param_names=param_names)
+        if "fp32_groups" in opt_state:
+            names = iter(param_names or ())
+            out["fp32_groups"] = [[_expand_entry(next(names), t, emap) for t in group]
+                                  for group in opt_state["fp32_groups"]]
+        return out
     if "state" in opt_state and "param_groups" in opt_state:
         ids = [pid for g in opt_state["param_groups"] for pid in g["params"]]
         if param_names is None or len(param_names) != len(ids):

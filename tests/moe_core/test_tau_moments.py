@@ -81,3 +81,35 @@ def test_first_step_equals_adamw_from_the_expanded_moments(parent_and_child):
     w = "blocks.0.mlp.w_gate"
     assert not torch.allclose(dict(fresh.model.named_parameters())[w],
                               dict(t.model.named_parameters())[w], atol=1e-6)
+
+
+def test_bf16_child_continues_the_bf16_parents_moments_and_fp32_masters(tmp_path, monkeypatch):
+    """In bf16 (DeepSpeed's ZeRO-0 wrapper, as on CUDA) the parent's state is the wrapper's:
+    its AdamW moments and its fp32 master weights are expanded with the experts, so replicas
+    start from their source's moments and from its fp32 (not bf16-rounded) weights. Before,
+    such a run started with a fresh AdamW."""
+    from moe_core.train import engine as eng
+    from moe_core.upcycle import WRAPPED
+
+    monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+    pt = Trainer(_cfg(tmp_path, moe={"num_experts": 2, "top_k": 2}))
+    pt.fit()
+    parent = pt.parent_state()
+    assert WRAPPED in parent.optimizer_state
+    child = _cfg(tmp_path, parent={"tokens": 8 * 32 * 6, "moe": {"num_experts": 2, "top_k": 2}},
+                 upcycle={"method": "expand_experts", "factor": 2,
+                          "lr_policy": {"policy": "constant"}})
+    t = Trainer(child, parent=parent)
+    got = t.optimizer.state_dict()
+    names = optimizer_param_names(t.model, t.optimizer)
+    i = names.index("blocks.0.mlp.w_gate")
+    src = t.expansion.index(0)
+    p_inner = parent.optimizer_state[WRAPPED]["state"][i]
+    assert torch.equal(got[WRAPPED]["state"][i]["exp_avg"], p_inner["exp_avg"][src])
+    assert float(got[WRAPPED]["state"][i]["step"]) == float(p_inner["step"])
+    masters = [m for g in got["fp32_groups"] for m in g]
+    p_masters = [m for g in parent.optimizer_state["fp32_groups"] for m in g]
+    assert masters[i].dtype == torch.float32
+    assert torch.equal(masters[i], p_masters[i][src])
+    # the fp32 masters carry more than the bf16 weights do
+    assert not torch.equal(masters[i], masters[i].bfloat16().float())
