@@ -144,13 +144,6 @@ def test_disk_estimate_by_hand():
     assert line.startswith("disk (estimate): checkpoint ") and "parents' cache" in line
 
 
-def test_multi_rank_specs_do_not_branch():
-    """A stable run trains on one rank and a checkpoint resumes only on as many ranks as
-    wrote it."""
-    assert build_plan(spec()).branch_groups
-    assert build_plan(spec(resources={"cpus": 1, "ranks": 2})).branch_groups == {}
-
-
 def test_dry_run_prints_the_disk_line(tmp_path, capsys):
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"sweep": "t", "base": BASE,
