@@ -321,7 +321,14 @@ class Trainer:
         return self.model.state_dict() if self.ep == 1 else eng.full_state_dict(self.model)
 
     def parent_state(self) -> ParentState:
-        """This run as the parent of others: final weights, optimizer state and LR facts."""
+        """This run as the parent of others: final weights, optimizer state and LR facts.
+        One rank's: an expert-parallel run's ranks each hold a slice of the experts and of
+        their moments (its checkpoint holds them all: resume a child from it instead)."""
+        if self.ep > 1:
+            raise ConfigError(
+                f"parent_state of a run on {self.ep} expert-parallel ranks would hold one "
+                "rank's experts; train parents on one rank, or start the child from this "
+                "run's checkpoint")
         return ParentState(
             model_state=self.model_state_numpy(), model_config=self.model.config,
             peak_lr=self.plan.peak, final_lr=self.lr,

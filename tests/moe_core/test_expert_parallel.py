@@ -128,6 +128,13 @@ def _tau_worker(rank: int, world: int, port: int, cache: str, parent_file: str,
             torch.equal(mine["exp_avg_sq"], pstate[i]["exp_avg_sq"][src]) and \
             float(mine["step"]) == float(pstate[i]["step"])
     res = t.fit()
+    from moe_core.errors import ConfigError
+
+    try:  # one rank's experts must not pass for a parent
+        t.parent_state()
+        refused = False
+    except ConfigError:
+        refused = True
     full = t.full_model_state()  # a collective: every rank gathers
     x, _ = t.batcher.batch(0, 0)
     with torch.no_grad():
@@ -137,7 +144,7 @@ def _tau_worker(rank: int, world: int, port: int, cache: str, parent_file: str,
         torch.save({"logits": logits, "x": x, "full": full}, f"{out}-logits.pt")
         with open(out, "w") as f:
             json.dump({"curve": [[m["step"], m["val_loss"]] for m in res.curve],
-                       "moments_ok": bool(moments_ok),
+                       "moments_ok": bool(moments_ok), "parent_refused": refused,
                        "local_experts": res.params["local_experts"]}, f)
 
 
@@ -186,6 +193,7 @@ def test_expand_experts_on_two_expert_ranks_continues_the_parent_adamw(tau_paren
 
     one, two = _run_tau(1, tau_parent), _run_tau(2, tau_parent)
     assert one["moments_ok"] and two["moments_ok"]
+    assert not one["parent_refused"] and two["parent_refused"]
     assert one["local_experts"] == 4 and two["local_experts"] == 2
     assert [s for s, _ in one["curve"]] == [s for s, _ in two["curve"]] == list(range(5))
     for (step, v1), (_, v2) in zip(one["curve"], two["curve"]):
