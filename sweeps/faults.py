@@ -1,7 +1,8 @@
 """Fault injection for the fault-tolerance tests, kept out of the production path.
 
 ``UPCYCLE_SWEEPS_FAIL_ONCE_AFTER=N`` in the driver's environment makes every trial raise once,
-right after its N-th report; a marker file ``.failed-<trial>`` in the parent cache records that
+right after its N-th report (a multi-rank trial: its rank 0, so Ray Train restarts the worker
+group from its checkpoint); a marker file ``.failed-<trial>`` in the parent cache records that
 it did, so the restarted trial runs through, and ``.resumed-<trial>`` holds the step of the
 restarted trial's first report (the eval after the checkpoint it resumed from; 0 if it had
 none). The driver swaps this in for ``tune.report`` only when the variable is set; the
@@ -11,6 +12,7 @@ trainable and its reporter know nothing of it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,19 @@ FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
 
 
 class FailOnceReport:
-    """``tune.report`` that raises once per trial after ``after`` reports."""
+    """``report`` (``tune.report``; in a multi-rank trial rank 0's ``ray.train.report``, which
+    takes the whole worker group down) that raises once per trial after ``after`` reports."""
 
-    def __init__(self, after: int, marker_dir: str | Path):
+    def __init__(self, after: int, marker_dir: str | Path, report: Any = None,
+                 trial_id: Callable[[], str] | None = None):
         self.after, self.marker_dir = after, Path(marker_dir)
+        self.report = report or tune.report
+        self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
         self.counts: dict[str, int] = {}
 
     def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
-        tune.report(metrics, checkpoint=checkpoint)
-        trial = tune.get_context().get_trial_id()
+        self.report(metrics, checkpoint=checkpoint)
+        trial = self.trial_id()
         marker = self.marker_dir / f".failed-{trial}"
         if marker.exists():  # the restarted trial
             resumed = self.marker_dir / f".resumed-{trial}"
@@ -42,7 +48,11 @@ class FailOnceReport:
             raise RuntimeError(f"injected failure after {self.counts[trial]} reports (test hook)")
 
 
-def report_function(marker_dir: str | Path) -> Any:
-    """``tune.report``, or the failing one when the test variable is set."""
+def report_function(marker_dir: str | Path, report: Any = None,
+                    trial_id: Callable[[], str] | None = None) -> Any:
+    """``report`` (default ``tune.report``), or the failing one when the test variable is set
+    (``trial_id`` names the trial where Tune's context does not: a Ray Train worker)."""
     after = os.environ.get(FAIL_ONCE_ENV)
-    return FailOnceReport(int(after), marker_dir) if after else tune.report
+    if not after:
+        return report or tune.report
+    return FailOnceReport(int(after), marker_dir, report, trial_id)

@@ -32,6 +32,7 @@ from moe_core.predict import Calibration, Curve, predict_final
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
+from sweeps import faults
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, knob_columns
@@ -262,7 +263,9 @@ def _train_worker(box: dict[str, Any]) -> None:
     if ck is not None:
         resume = ck.path
     pred = box.get("predictor")
-    reporter = TrialReporter(box["static"], ray.train.report, ray.train.Checkpoint,
+    report = ray.train.report if rank else faults.report_function(
+        box["cache_dir"], ray.train.report, lambda: box["static"]["trial_id"])
+    reporter = TrialReporter(box["static"], report, ray.train.Checkpoint,
                              attach=rank == 0, predictor=None if pred is None else
                              PostDecayPredictor.for_trial(*pred, t, parent))
     trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),

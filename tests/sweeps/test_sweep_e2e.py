@@ -144,7 +144,10 @@ def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     """2 trials × 2 gloo ranks: each trial is a Ray Train TorchTrainer inside a Tune trial,
     experts sharded across its ranks; every rank's shard lands in one checkpoint directory, and
     ``export: hf`` writes the whole model (its shards gathered), equal to the last
-    checkpoint's shards joined in expert order."""
+    checkpoint's shards joined in expert order. Each trial's rank 0 raises once after its 3rd
+    report (step 4, with a checkpoint): Ray Train restarts the worker group from that
+    expert-parallel checkpoint (which failed to load before the Trainer joined its shards)
+    and the curve is complete, no step twice."""
     base = dict(SPEC["base"])
     base.pop("parent")
     base.pop("upcycle")
@@ -153,12 +156,16 @@ def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     spec = _write(tmp_path, base=base, resources={"cpus": 1, "ranks": 2},
                   search={"moe.router.order": {"grid": ["softmax_topk", "topk_softmax"]}},
                   logging={"wandb": {"enabled": False}}, export="hf")
-    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec)], env=_env(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec)],
+                         env=_env(tmp_path, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3"),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _rows(tmp_path)
     trials = {r["trial_id"] for r in rows}
     assert len(trials) == 2
+    markers = tmp_path / "results" / "e2e" / "parents"
+    assert len(list(markers.glob(".failed-*"))) == 2
+    assert sorted(p.read_text() for p in markers.glob(".resumed-*")) == ["6", "6"]
     for t in trials:
         assert sorted(r["step"] for r in rows if r["trial_id"] == t) == [0, 2, 4, 6]
     assert {r["ranks"] for r in rows} == {2} and {r["status"] for r in rows} == {"ok"}
