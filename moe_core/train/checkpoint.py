@@ -63,17 +63,29 @@ class Checkpoint:
         name = self.meta["files"].get(f"model_rank{rank}", self.meta["files"].get("model"))
         return load_file(str(self.path / name))
 
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that wrote it."""
+        return int(self.meta.get("world_size", 1))
+
+    @property
+    def optim(self) -> dict[str, Any]:
+        """The ``optim`` block of the training config it was written with."""
+        return (self.meta.get("config") or {}).get("optim") or {}
+
+    @property
+    def expert_ranks(self) -> int:
+        """The expert-parallel degree it was written with (``optim.expert_parallel``, 0 = all
+        ranks); rank r holds expert slice r mod this (``parallel.expert_parallel_ranks``)."""
+        return int(self.optim.get("expert_parallel") or self.world_size)
+
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The whole model: an expert-parallel checkpoint's per-rank shards joined, each expert
-        weight ([E/ep, ·, ·] on each rank) concatenated in expert order (rank r holds expert
-        slice r mod ep, ``parallel.expert_parallel_ranks``); a one-file model as it is."""
-        files = self.meta["files"]
-        if "model" in files:
+        weight ([E/ep, ·, ·] on each rank) concatenated in expert order; a one-file model as
+        it is."""
+        if "model" in self.meta["files"]:
             return self.model_state()
-        world = int(self.meta.get("world_size", 1))
-        ep = int((self.meta.get("config") or {}).get("optim", {}).get("expert_parallel") or
-                 world)
-        shards = [self.model_state(r) for r in range(ep)]
+        shards = [self.model_state(r) for r in range(self.expert_ranks)]
         out = dict(shards[0])
         for k, v in shards[0].items():
             if v.ndim == 3 and k.rsplit(".", 1)[-1] in ("w_gate", "w_up", "w_down"):

@@ -141,9 +141,9 @@ class Trainer:
         experts were replicated from its parent's, the parent's AdamW state expanded with them
         (003 §3); else a fresh AdamW."""
         if resume is not None:
-            old_world = int(resume.meta.get("world_size", 1))
+            old_world = resume.world_size
             opt_state = (resume.optimizer_state(self.rank) if old_world == self.world else
-                         self._resharded_optimizer_state(resume, old_world))
+                         self._resharded_optimizer_state(resume))
             if opt_state is not None:
                 eng.load_optimizer(self.optimizer, opt_state, self.rank, self.world)
             rng = resume.rng_state(self.rank % old_world)
@@ -156,11 +156,10 @@ class Trainer:
             eng.load_optimizer(self.optimizer, state, self.rank, self.world)
         return 0
 
-    def _resharded_optimizer_state(self, resume: Checkpoint, old_world: int
-                                   ) -> dict[str, Any] | None:
+    def _resharded_optimizer_state(self, resume: Checkpoint) -> dict[str, Any] | None:
         """The optimizer state of a ZeRO-0 checkpoint written by another number of ranks: the
         old expert ranks' states joined, then cut to this rank's experts."""
-        old_ep = _expert_ranks(resume.meta, old_world) if self.model.moe_layers() else 1
+        old_ep = resume.expert_ranks if self.model.moe_layers() else 1
         states = [resume.optimizer_state(r) for r in range(old_ep)]
         if any(st is None for st in states):
             return None
@@ -337,16 +336,11 @@ class Trainer:
         )
 
 
-def _expert_ranks(meta: dict[str, Any], world: int) -> int:
-    """The expert-parallel degree a checkpoint was written with."""
-    return int((meta.get("config") or {}).get("optim", {}).get("expert_parallel") or world)
-
-
 def _check_reshard(resume: Checkpoint, cfg: TrainConfig, world: int) -> None:
     """A checkpoint resumes on another number of ranks only at ZeRO 0 (the expert shards and
     optimizer moments are re-cut); ZeRO 1/2 partitions are tied to their rank count."""
-    old = int(resume.meta.get("world_size", 1))
-    old_zero = int((resume.meta.get("config") or {}).get("optim", {}).get("zero_stage", 0))
+    old = resume.world_size
+    old_zero = int(resume.optim.get("zero_stage", 0))
     if old != world and (old_zero or cfg.optim.zero_stage):
         raise ConfigError(
             f"checkpoint {resume.path} was written by {old} ranks at optim.zero_stage="
