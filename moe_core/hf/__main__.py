@@ -127,6 +127,18 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
+    """The options both commands take: the architecture and the logits check."""
+    p.add_argument("--arch", choices=("mixtral", "qwen2_moe"), default=None,
+                   help="force the HF architecture of an MoE (default: Mixtral where exact)")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--batches", type=int, default=4, help="batches the error is measured on")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip loading the result with transformers")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.hf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,26 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--router", choices=("topk_softmax", "softmax_topk"),
                     default="topk_softmax", help="routing order (default topk_softmax)")
     up.add_argument("--shared", type=int, default=0, help="shared experts (width d_ff/G each)")
-    up.add_argument("--arch", choices=("mixtral", "qwen2_moe"), default=None,
-                    help="force the HF architecture (default: Mixtral where exact)")
-    up.add_argument("--seed", type=int, default=0, help="router init and batch seed")
-    up.add_argument("--batches", type=int, default=4, help="batches the error is measured on")
-    up.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
-    up.add_argument("--no-verify", action="store_true",
-                    help="skip loading the result with transformers")
-    up.add_argument("--debug", action="store_true", help="show tracebacks")
+    _common_args(up, seed_help="router init and batch seed")
     ex = sub.add_parser("export", help="a training checkpoint -> HF checkpoint")
     ex.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                     help="a checkpoint folder (meta.json and its model file or rank shards)")
     ex.add_argument("out", metavar="OUT_DIR", help="where the HF checkpoint is written")
-    ex.add_argument("--arch", choices=("mixtral", "qwen2_moe"), default=None,
-                    help="force the HF architecture of an MoE (default: Mixtral where exact)")
-    ex.add_argument("--seed", type=int, default=0, help="batch seed of the check")
-    ex.add_argument("--batches", type=int, default=4, help="batches the error is measured on")
-    ex.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
-    ex.add_argument("--no-verify", action="store_true",
-                    help="skip loading the result with transformers")
-    ex.add_argument("--debug", action="store_true", help="show tracebacks")
+    _common_args(ex, seed_help="batch seed of the check")
     args = ap.parse_args(argv)
     try:
         res = upcycle(args) if args.command == "upcycle" else export(args)

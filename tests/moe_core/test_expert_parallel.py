@@ -81,19 +81,11 @@ def test_expert_parallel_layouts_match_single_rank(single_rank, world, ep, zero)
 
 # ---- expand_experts on expert-parallel ranks: the parent's moments, and the gathered export ----
 
-CHILD = {
-    "name": "ep-tau", "seed": 0, "model": {"preset": "debug"},
-    "moe": {"num_experts": 4, "top_k": 2},
-    "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60_000,
-             "seq_len": 32},
-    "batch": {"global_batch": 8, "micro_batch": 4},
-    "optim": {"lr": 3e-3},
-    "schedule": {"kind": "constant", "warmup_steps": 0},
-    "eval": {"every_steps": 1, "batches": 2},
-    "tokens": 4 * 8 * 32,
-    "parent": {"tokens": 6 * 8 * 32, "moe": {"num_experts": 2, "top_k": 2}},
-    "upcycle": {"method": "expand_experts", "factor": 2, "lr_policy": {"policy": "constant"}},
-}
+CHILD = dict(  # CFG's run without loss-free balancing (no HF form), as an expand_experts child
+    CFG, name="ep-tau", moe={"num_experts": 4, "top_k": 2},
+    schedule={"kind": "constant", "warmup_steps": 0}, tokens=4 * 8 * 32,
+    parent={"tokens": 6 * 8 * 32, "moe": {"num_experts": 2, "top_k": 2}},
+    upcycle={"method": "expand_experts", "factor": 2, "lr_policy": {"policy": "constant"}})
 
 
 def _tau_worker(rank: int, world: int, port: int, cache: str, parent_file: str,
