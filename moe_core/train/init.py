@@ -124,9 +124,15 @@ def initial_optimizer_state(parent: ParentState | None, expansion: ExpansionMap 
     out = upcycle.expand_optimizer_state(state, expansion, param_names=names)
     if ep[1] > 1:
         out = upcycle.shard_optimizer_state(out, names, *ep)
-    # the groups keep this run's identity: DeepSpeed names an expert group after its
-    # expert-parallel size (ep_size_1 in the parent, ep_size_2 on 2 expert ranks)
-    for g, mine in zip((out[upcycle.WRAPPED] if wrapped else out)["param_groups"],
-                       inner.param_groups):
+    return with_own_groups(out, optimizer)
+
+
+def with_own_groups(state: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+    """``state`` (built for another expert-parallel layout) with ``optimizer``'s own group
+    identity: DeepSpeed names an expert group after its expert-parallel size (``ep_size_1`` in
+    a 1-rank parent, ``ep_size_2`` on 2 expert ranks). Modifies and returns ``state``."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    groups = (state[upcycle.WRAPPED] if upcycle.WRAPPED in state else state)["param_groups"]
+    for g, mine in zip(groups, inner.param_groups):
         g.update({k: mine[k] for k in ("name", "moe") if k in mine})
-    return out
+    return state

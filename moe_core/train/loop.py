@@ -32,6 +32,7 @@ from moe_core.train.init import (
     build_initial_model,
     initial_optimizer_state,
     needs_calibration,
+    with_own_groups,
 )
 
 
@@ -163,15 +164,11 @@ class Trainer:
         states = [resume.optimizer_state(r) for r in range(old_ep)]
         if any(st is None for st in states):
             return None
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
         names = upcycle.optimizer_param_names(self.model, self.optimizer)
         state = upcycle.join_optimizer_states(states, names)
         if self.ep > 1:
             state = upcycle.shard_optimizer_state(state, names, self.rank % self.ep, self.ep)
-        groups = (state[upcycle.WRAPPED] if upcycle.WRAPPED in state else state)["param_groups"]
-        for g, mine in zip(groups, inner.param_groups):  # this run's expert-group names
-            g.update({k: mine[k] for k in ("name", "moe") if k in mine})
-        return state
+        return with_own_groups(state, self.optimizer)
 
     def _new_result(self) -> TrainResult:
         pc = count_params(self.model.config)
