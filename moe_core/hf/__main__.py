@@ -108,7 +108,7 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     arch = save_moe(state, cfg, out, arch=args.arch)
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "checkpoint":
                            str(args.checkpoint), "step": ck.step,
-                           "ranks": int(ck.meta.get("world_size", 1))}
+                           "ranks": ck.world_size}
     print(f"wrote {arch} to {out} (step {ck.step}, {res['ranks']} rank(s))")
     if not args.no_verify:
         import transformers  # noqa: PLC0415 (verification only)

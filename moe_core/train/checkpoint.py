@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from moe_core.errors import CheckpointError
 from moe_core.fsio import publish_dir
+from moe_core.upcycle.optim import is_expert_shard
 
 META = "meta.json"
 
@@ -88,7 +89,7 @@ class Checkpoint:
         shards = [self.model_state(r) for r in range(self.expert_ranks)]
         out = dict(shards[0])
         for k, v in shards[0].items():
-            if v.ndim == 3 and k.rsplit(".", 1)[-1] in ("w_gate", "w_up", "w_down"):
+            if is_expert_shard(k, v):
                 out[k] = torch.cat([s[k] for s in shards])
         return out
 

@@ -22,8 +22,14 @@ from moe_core.upcycle.experts import ExpansionMap
 
 _EXPERT_PARAM = re.compile(r"(?:^|\.)blocks\.(\d+)\.mlp\.(w_gate|w_up|w_down|router\.weight)$")
 _SHARDED_PARAM = re.compile(r"(?:^|\.)blocks\.\d+\.mlp\.(w_gate|w_up|w_down)$")
-"""Expert weights an expert-parallel rank holds a slice of (``MoELayer.shard_experts``); the
-router stays whole on every rank."""
+
+
+def is_expert_shard(name: str, t: Any) -> bool:
+    """Whether ``t`` (a weight named ``name``, or its moment or fp32 master) is one an
+    expert-parallel rank holds a slice of (``MoELayer.shard_experts``): an MoE layer's
+    [E, ·, ·] ``w_gate``/``w_up``/``w_down``. A dense layer's 2-D weights of the same names are
+    whole, and so is the router."""
+    return isinstance(t, torch.Tensor) and t.ndim == 3 and _SHARDED_PARAM.search(name) is not None
 
 
 def optimizer_param_names(model: torch.nn.Module, optimizer: Any) -> list[str]:
@@ -128,7 +134,7 @@ def _per_rank_experts(states: Sequence[Mapping[str, Any]], param_names: Sequence
             flat = iter(param_names)
             out["fp32_groups"] = [
                 [fn([st["fp32_groups"][g][j] for st in states])
-                 if _SHARDED_PARAM.search(next(flat)) and t.ndim == 3 else t.clone()
+                 if is_expert_shard(next(flat), t) else t.clone()
                  for j, t in enumerate(group)]
                 for g, group in enumerate(first["fp32_groups"])]
         return out
@@ -139,10 +145,9 @@ def _per_rank_experts(states: Sequence[Mapping[str, Any]], param_names: Sequence
     name_of = dict(zip(ids, param_names))
     state = {}
     for pid, entry in first["state"].items():
-        expert = _SHARDED_PARAM.search(name_of[pid]) is not None
         state[pid] = {k: fn([st["state"][pid][k] for st in states])
-                      if expert and isinstance(v, torch.Tensor) and v.ndim == 3
-                      else copy.deepcopy(v) for k, v in entry.items()}
+                      if is_expert_shard(name_of[pid], v) else copy.deepcopy(v)
+                      for k, v in entry.items()}
     out = {k: copy.deepcopy(v) for k, v in first.items() if k != "state"}
     out["state"] = state
     return out
