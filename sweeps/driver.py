@@ -23,7 +23,7 @@ from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
 from sweeps.curves import load_calibration
-from sweeps.health import HealthStopper, RungMetricASHA
+from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law_search import (
     LawSearcher,
     candidates_from_plan,
@@ -84,8 +84,18 @@ class ResultsCallback(tune.Callback):
         self.done = self.sink.trial_ids("ok") | self.sink.trial_ids("pruned")
         for r in list(self.sink.rows.values()):
             self._track_best(r)
+        if self.health is not None:  # unfinished trials' streaks over a prune threshold
+            for t in self.sink.trial_ids() - self.done:
+                self.health.restore(t, self.sink.rows_of(t).values())
         self.started = time.time()
         self._loaded = True
+
+    def setup(self, stop: Any = None, **info: Any) -> None:
+        """Tune's start (fresh or resumed), before any trial reports: ``stop`` is the stopper
+        Tune will ask, so the rows recorded before a resume seed that object's streaks."""
+        if isinstance(stop, HealthStopper):
+            self.health = stop
+        self._ensure_loaded()
 
     def _track_best(self, row: dict[str, Any]) -> None:
         m = row.get(self.spec.metric)
@@ -229,15 +239,13 @@ def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path |
 def scheduler(spec: SweepSpec):
     if spec.scheduler != "asha":
         return None
-    from ray.tune.schedulers import ASHAScheduler
-
     base = spec.base_config
     max_t = spec.asha.max_t or (base.steps // base.eval.every_steps + 2)
     kw = dict(time_attr="training_iteration", max_t=max_t, grace_period=spec.asha.grace_period,
               reduction_factor=spec.asha.reduction_factor)
     if spec.asha.rung_metric is not None:  # rungs compare the prediction, not the metric
         return RungMetricASHA(metric=spec.asha.rung_metric, mode=spec.mode, **kw)
-    return ASHAScheduler(**kw)
+    return ResumableASHA(**kw)
 
 
 def check_address(address: str | None, timeout_s: float = 5.0) -> None:

@@ -138,10 +138,18 @@ def rule_value(name: str, row: Mapping[str, Any]) -> float | None:
     return float(v)
 
 
-def check(prune: PruneConfig, state: dict[str, list[float]],
+def check(prune: PruneConfig, state: dict[str, list[tuple[int, float]]],
           row: Mapping[str, Any]) -> Verdict | None:
-    """Feed one reported row; ``state`` (rule name → the current run of values over the
-    threshold) is updated in place. Returns the first rule that fires, else None."""
+    """Feed one reported row; ``state`` (rule name → the current run of (step, value) over the
+    threshold) is updated in place. Returns the first rule that fires, else None.
+
+    A row at a step the run has already passed is a replay (a trial restarted from its last
+    checkpoint re-reports the evals after it): the curve is rewritten from that step on, so
+    the runs forget every value at or after it first and a replayed eval never counts twice."""
+    step = int(row.get("step") or 0)
+    for run in state.values():
+        while run and run[-1][0] >= step:
+            run.pop()
     tokens = row.get("tokens") or 0
     for name, rule in prune.rules:
         if tokens < rule.after_tokens:
@@ -151,10 +159,11 @@ def check(prune: PruneConfig, state: dict[str, list[float]],
             continue
         run = state.setdefault(name, [])
         if v > rule.above:
-            run.append(v)
+            run.append((step, v))
         else:
             run.clear()
         if len(run) >= rule.for_evals:
-            return Verdict(name, RULE_METRICS[name], tuple(run[-rule.for_evals:]),
-                           float(rule.above), int(row.get("step") or 0), int(tokens))
+            return Verdict(name, RULE_METRICS[name],
+                           tuple(x for _, x in run[-rule.for_evals:]),
+                           float(rule.above), step, int(tokens))
     return None

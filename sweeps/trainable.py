@@ -18,7 +18,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,12 @@ class TrialReporter(Callback):
     def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
         self.report(self.row(metrics), checkpoint)
 
+    def on_resume(self, evals: Sequence[tuple[int, float]]) -> None:
+        """A restarted trial (or a branch) predicts from its whole curve, not just the evals
+        after the checkpoint it resumed from."""
+        if self.predictor is not None:
+            self.predictor.seed(evals)
+
     def report(self, row: dict[str, Any], checkpoint: Path | None = None) -> None:
         ckpt = None
         if checkpoint is not None and self.attach:
@@ -108,6 +114,17 @@ class PostDecayPredictor:
         s = plan.schedule
         start = s.decay_start if s.kind == "wsd" and s.decay_steps > 0 else plan.end_step
         return cls(method, cal, lrs, start, t.config.tokens_per_step)
+
+    def seed(self, evals: Sequence[tuple[int, float]]) -> None:
+        """The evals reported before a resume (``Callback.on_resume``), without predicting:
+        they replace what this predictor holds from their first step on."""
+        if not evals:
+            return
+        c, first = self.curve, min(int(s) for s, _ in evals)
+        old = [(s, v) for s, v in zip(c.steps, c.losses, strict=True) if s < first]
+        merged = sorted({int(s): float(v) for s, v in [*old, *evals]}.items())
+        self.curve = Curve(tuple(s for s, _ in merged), tuple(v for _, v in merged),
+                           c.lrs, c.decay_start, c.tokens_per_step)
 
     def observe(self, step: int, loss: float) -> float:
         c = self.curve

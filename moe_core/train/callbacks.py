@@ -3,7 +3,7 @@ state a run starts from, and the run's result. Nothing here imports Ray or W&B."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,11 @@ class Callback:
 
     def on_checkpoint(self, step: int, path: Path) -> None:  # noqa: B027
         """After a checkpoint directory was written (after that step's ``on_eval``)."""
+
+    def on_resume(self, evals: Sequence[tuple[int, float]]) -> None:  # noqa: B027
+        """Once, when the run resumes from a checkpoint, before any step: the (step, validation
+        loss) of every eval its lineage reported up to that checkpoint (a WSD branch: its
+        stable run's), oldest first; empty for a checkpoint that predates the record."""
 
     def should_stop(self) -> bool:
         """Return True to end the run after the current step (e.g. an ASHA stop)."""

@@ -44,6 +44,15 @@ class StepOutput:
     lr: float
 
 
+def lineage_evals(resume: Checkpoint | None) -> tuple[tuple[int, float], ...]:
+    """The (step, validation loss) pairs a checkpoint's meta records (``Trainer.evals``; none
+    in a checkpoint written before they were recorded); a null loss reads as NaN."""
+    if resume is None:
+        return ()
+    return tuple((int(s), math.nan if v is None else float(v))
+                 for s, v in resume.meta.get("evals") or ())
+
+
 class Trainer:
     """One training run.
 
@@ -83,6 +92,9 @@ class Trainer:
         # the loss jump at the transition tau (first eval minus the parent's final loss) is
         # carried by every later eval, across resumes, through the checkpoint's meta
         self.transition_jump = resume.meta.get("transition_jump") if resume is not None else None
+        # the lineage's evals up to the checkpoint (a branch: its stable run's), so a reporter
+        # that predicts from the whole curve (sweeps' predicted_final) survives a restart
+        self.history = lineage_evals(resume)
         self.model = self._setup_model(resume)
         self.plan = run_schedule(cfg, parent, phase)
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
@@ -96,6 +108,9 @@ class Trainer:
         self.lr = self.plan.lr(self.start) if self.start < self.plan.schedule.total_steps else 0.0
         self.train_loss = self.aux_loss = math.nan
         self.result = self._new_result()
+        if resume is not None:
+            for cb in self.callbacks:
+                cb.on_resume(self.history)
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -240,13 +255,21 @@ class Trainer:
             optimizer_state=self.optimizer.state_dict(),
             meta={"step": step, "tokens": step * cfg.tokens_per_step, "lr": self.lr,
                   "peak_lr": self.plan.peak, "wall_s": self.elapsed(),
-                  "transition_jump": self.transition_jump,
+                  "transition_jump": self.transition_jump, "evals": self.evals(),
                   "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
             rank=self.rank, world_size=self.world,
             barrier=eng.barrier if self.world > 1 else None, per_rank_model=self.ep > 1,
         )
         self.result.checkpoints[step] = str(path)
         return path
+
+    def evals(self) -> list[tuple[int, float | None]]:
+        """(step, validation loss) of every eval of the run's lineage so far, oldest first (a
+        non-finite loss as None, so the checkpoint's meta stays valid JSON)."""
+        mine = [(int(m["step"]), float(m["val_loss"])) for m in self.result.curve]
+        first = mine[0][0] if mine else math.inf
+        return [(s, v if v is not None and math.isfinite(v) else None)
+                for s, v in [*(h for h in self.history if h[0] < first), *mine]]
 
     def fit(self, until: int | None = None) -> TrainResult:
         """Train to the phase's last step (or to ``until``): an eval every

@@ -9,12 +9,15 @@ import pytest
 from moe_core.errors import ConfigError
 from moe_core.predict import Calibration, predict_final
 from moe_core.schedules import Phase, run_schedule
+from moe_core.train import Trainer
 from moe_core.train.callbacks import ParentState
+from moe_core.train.checkpoint import load_checkpoint
 from sweeps.curves import curves_from_rows, load_calibration
 from sweeps.plan import build_plan
 from sweeps.results import config_columns, write_rows
 from sweeps.spec import parse_spec
-from sweeps.trainable import PostDecayPredictor
+from sweeps.trainable import PostDecayPredictor, TrialReporter
+from tests.sweeps.tiny import tiny_base
 
 SPEC = {
     "sweep": "pf",
@@ -63,3 +66,39 @@ def test_live_prediction_equals_the_one_rebuilt_from_rows(method, tmp_path):
     write_rows(tmp_path / "results.parquet", [dict(r, status="running") for r in rows])
     with pytest.raises(ConfigError, match="holds no finished trial"):
         load_calibration(tmp_path)
+
+
+def test_a_restarted_trial_predicts_from_its_whole_curve(tmp_path):
+    """A trial restarted from its checkpoint (a failure, a resumed sweep) reports the same
+    ``predicted_final`` as the run that never stopped: the checkpoint records the lineage's
+    evals (``Trainer.evals``) and the Trainer hands them to the reporter's predictor
+    (``Callback.on_resume``). Without them the predictor sees only the evals after the
+    checkpoint and predicts otherwise."""
+    base = tiny_base(moe={"num_experts": 4, "top_k": 2}, tokens=8 * 32 * 16)
+    spec = parse_spec({"sweep": "pfr", "base": base, "search": {"seed": {"grid": [0]}}})
+    t = build_plan(spec).trials[0]
+
+    def run(resume=None, checkpoint_steps=()):
+        rows = []
+        rep = TrialReporter({"N2": 1}, lambda row, checkpoint=None: rows.append(row), None, attach=False,
+                            predictor=PostDecayPredictor.for_trial("branch_gain", CAL, t, None))
+        tr = Trainer(t.config, resume_from=resume, out_dir=tmp_path / "ck",
+                     checkpoint_steps=checkpoint_steps, callbacks=(rep,))
+        tr.fit()
+        return tr, rows
+
+    full, rows = run(checkpoint_steps=(8,))
+    assert [r["step"] for r in rows] == list(range(0, 17, 2))
+    ck = load_checkpoint(tmp_path / "ck" / "step_00000008")
+    assert ck.meta["evals"] == [[r["step"], r["val_loss"]] for r in rows[:5]]
+    again, replayed = run(resume=tmp_path / "ck" / "step_00000008", checkpoint_steps=(12,))
+    assert [r["step"] for r in replayed] == [10, 12, 14, 16]
+    assert [r["val_loss"] for r in replayed] == [r["val_loss"] for r in rows[5:]]
+    assert [r["predicted_final"] for r in replayed] == [r["predicted_final"]
+                                                       for r in rows[5:]]
+    # a checkpoint of the resumed run records the whole lineage, not just its own evals
+    assert [s for s, _ in load_checkpoint(tmp_path / "ck" / "step_00000012").meta["evals"]] \
+        == list(range(0, 13, 2))
+    blind = PostDecayPredictor.for_trial("branch_gain", CAL, t, None)
+    assert [blind.observe(r["step"], r["val_loss"]) for r in replayed][0] != \
+        replayed[0]["predicted_final"]

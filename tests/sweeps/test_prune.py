@@ -1,17 +1,23 @@
 """Health rules (sweeps.prune, sweeps.health): parsing, firing on synthetic router statistics,
-a pruned trial's rows, the summary, analysis leaving pruned trials out, ASHA's rung metric."""
+a pruned trial's rows, the summary, analysis leaving pruned trials out, ASHA's rung metric;
+the stopper's streaks and ASHA's rungs across a trial's restart and a sweep's resume."""
 
 from __future__ import annotations
+
+import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from ray.tune.schedulers import ASHAScheduler
 
 from analysis.data import load_points, ok_trials
 from moe_core.errors import SearchSpaceError
-from sweeps.driver import scheduler
-from sweeps.health import HealthStopper, RungMetricASHA
+from sweeps.driver import ResultsCallback, scheduler
+from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
+from sweeps.plan import build_plan
 from sweeps.prune import PruneConfig, check, parse_prune
 from sweeps.results import PRUNE_COLUMNS, SCHEMA_VERSION, read_rows, read_table, summarize
 from sweeps.sink import ResultsSink
@@ -178,9 +184,6 @@ def test_a_trial_asha_stops_before_its_last_step_is_pruned_not_ok(tmp_path):
     trial that reached its last step stays ok."""
     from types import SimpleNamespace
 
-    from sweeps.driver import ResultsCallback
-    from sweeps.plan import build_plan
-
     spec = parse_spec({
         "sweep": "asha_stop", "results": str(tmp_path),
         "base": {"model": {"preset": "debug"}, "data": {"source": "synthetic"},
@@ -209,3 +212,91 @@ def test_a_trial_asha_stops_before_its_last_step_is_pruned_not_ok(tmp_path):
     assert stopped["prune_value"] == pytest.approx(4.96)
     assert stopped["reason"].startswith(f"stopped by ASHA at step 4 of {end}")
     assert {r["status"] for (t, _), r in rows.items() if t == "t1"} == {"ok"}
+
+
+def test_a_replayed_eval_never_counts_twice():
+    """A trial restarted from its last checkpoint re-reports the evals after it: the streak is
+    rewound to the replayed step, so 2 evals over the threshold replayed once are still 2."""
+    p = parse_prune({"max_load_fraction": {"above": 0.5, "for_evals": 3}})
+    state: dict = {}
+    for step, v in [(0, 0.2), (2, 0.9), (4, 0.8)]:
+        assert check(p, state, _row(step, **{"router.max_load": v})) is None
+    assert check(p, state, _row(4, **{"router.max_load": 0.8})) is None  # replayed: still 2
+    assert check(p, state, _row(2, **{"router.max_load": 0.9})) is None  # from further back
+    assert check(p, state, _row(4, **{"router.max_load": 0.8})) is None
+    v = check(p, state, _row(6, **{"router.max_load": 0.7}))
+    assert (v.values, v.step) == ((0.9, 0.8, 0.7), 6)
+    # a replay may differ from the first report (nondeterministic kernels): the new value wins
+    state = {}
+    for step, v in [(2, 0.9), (4, 0.8), (4, 0.3), (6, 0.7), (8, 0.7)]:
+        assert check(p, state, _row(step, **{"router.max_load": v})) is None
+
+
+def test_a_resumed_sweep_keeps_each_unfinished_trials_streak(tmp_path):
+    """``--resume``: Tune restores the stopper as it was pickled at the sweep's start (empty);
+    the results callback's ``setup`` replays the recorded rows of every unfinished trial into
+    the stopper Tune hands it, so a streak that began before the crash ends where it would
+    have without one."""
+    rules = {"max_load_fraction": {"above": 0.5, "for_evals": 3}}
+    sp = parse_spec({"sweep": "s", "base": {"model": {"preset": "debug"}},
+                     "search": {"seed": {"grid": [0, 1]}}, "prune": rules,
+                     "results": str(tmp_path)})
+    res = tmp_path / "s"
+    sink = ResultsSink(res, flush_s=1e9)
+    for t, loads in (("a", [0.2, 0.9, 0.8]), ("done", [0.9, 0.9])):
+        for step, v in enumerate(loads):
+            sink.add({"sweep": "s", "trial_id": t, "step": step, "tokens": step * 10,
+                      "val_loss": 2.0, "status": "running", "router.max_load": v})
+    sink.mark("done", "ok")
+    sink.close()
+
+    stopper = HealthStopper(parse_prune(rules))
+    cb = ResultsCallback(sp, build_plan(sp), res, flush_s=1e9, health=None)
+    cb.setup(stop=stopper)
+    assert cb.health is stopper and "done" not in stopper.state
+    assert not stopper("a", _row(2, **{"router.max_load": 0.8}))  # the checkpoint's replay
+    assert stopper("a", _row(3, **{"router.max_load": 0.7}))
+    assert stopper.verdict("a").values == (0.9, 0.8, 0.7)
+    cb.sink.close()
+    # rows that already fire (the driver died between the stopper's decision and Tune's): the
+    # trial stops at its first row after the resume, with the verdict of the recorded rows
+    s2 = HealthStopper(parse_prune(rules))
+    v = s2.restore("b", [_row(i, **{"router.max_load": 0.9}) for i in (2, 1, 0)])
+    assert v is not None and v.step == 2 and s2("b", _row(1))
+
+
+def test_asha_rungs_survive_a_resume(tmp_path):
+    """Tune restores the scheduler as pickled at the sweep's start and hands it every restored
+    trial (``on_trial_add``); ``ResumableASHA`` then replays each trial's ``result.json`` into
+    its rungs. The rungs equal those of the scheduler that never stopped, and a trial going on
+    after the resume is stopped where it would have been; Ray's own ASHA lets it through."""
+    kw = dict(time_attr="training_iteration", metric="val_loss", mode="min", max_t=10,
+              grace_period=1, reduction_factor=2)
+    curves = {"a": [2.0, 1.8, 1.7, 1.6], "b": [1.9, 1.7, 1.6, 1.5], "c": [1.8, 1.6, 1.55]}
+    live = ResumableASHA(**kw)
+    trials = {}
+    for tid, losses in curves.items():
+        (tmp_path / tid).mkdir()
+        trials[tid] = SimpleNamespace(trial_id=tid, path=str(tmp_path / tid))
+        live.on_trial_add(None, trials[tid])
+        with open(tmp_path / tid / "result.json", "w") as f:
+            for it, v in enumerate(losses, 1):
+                res = {"training_iteration": it, "val_loss": v}
+                assert live.on_trial_result(None, trials[tid], res) == "CONTINUE"
+                f.write(json.dumps(res) + "\n")
+        f = tmp_path / tid / "result.json"
+        f.write_text(f.read_text() + '{"training_iteration": 9, "val_lo')  # cut by a kill
+    restored, plain = ResumableASHA(**kw), ASHAScheduler(**kw)
+    for tid in curves:
+        restored.on_trial_add(None, trials[tid])
+        plain.on_trial_add(None, trials[tid])
+    assert restored._brackets[0]._rungs == live._brackets[0]._rungs
+    assert all(not rec for _, rec in plain._brackets[0]._rungs)
+    nxt = {"training_iteration": 4, "val_loss": 1.7}  # c goes on: worse than a and b at 4
+    assert live.on_trial_result(None, trials["c"], nxt) == "STOP"
+    assert restored.on_trial_result(None, trials["c"], nxt) == "STOP"
+    assert plain.on_trial_result(None, trials["c"], nxt) == "CONTINUE"
+    new = SimpleNamespace(trial_id="d", path=str(tmp_path / "d"))  # no folder yet
+    restored.on_trial_add(None, new)
+    assert restored.on_trial_result(None, new, {"training_iteration": 1, "val_loss": 3.0}) == \
+        "STOP"
