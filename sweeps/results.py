@@ -103,6 +103,13 @@ _TYPES = {c.name: c.type for c in COLUMNS}
 STATIC_COLUMNS = frozenset(c.name for c in COLUMNS if c.static)
 
 
+def json_safe(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row with every non-finite float as None (null in JSON, the WAL and Tune's records;
+    a missing value in Parquet): ``NaN``/``Infinity`` are not JSON."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in row.items()}
+
+
 def is_static(column: str) -> bool:
     """Configuration rather than a metric: W&B takes these as run config, not curves."""
     if column in _TYPES:

@@ -12,7 +12,6 @@ order: ``results.parquet`` (if it is readable at all), the log, and Tune's own t
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -29,6 +28,7 @@ from sweeps.results import (
     PRUNE_COLUMNS,
     RESULTS_FILE,
     concat_tables,
+    json_safe,
     read_rows,
     rows_table,
     write_table,
@@ -47,10 +47,6 @@ def row_from_result(result: dict[str, Any], trial_id: str) -> dict[str, Any]:
 
 def _key(row: dict[str, Any]) -> RowKey:
     return str(row["trial_id"]), int(row.get("step") or 0)
-
-
-def _json_safe(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 @dataclass
@@ -185,7 +181,7 @@ class ResultsSink:
 
     def add(self, row: dict[str, Any]) -> None:
         """Record a row: durable (logged) when this returns."""
-        row = {k: _json_safe(v) for k, v in row.items()}
+        row = json_safe(row)
         with self._lock:
             self._put(row)
             self._append({"row": row})

@@ -35,12 +35,8 @@ from moe_core.train.loop import Trainer
 from sweeps import faults
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
-from sweeps.results import config_columns, knob_columns
+from sweeps.results import config_columns, json_safe, knob_columns
 from sweeps.spec import CheckpointSpec, SweepSpec
-
-
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
 class TrialReporter(Callback):
@@ -68,7 +64,7 @@ class TrialReporter(Callback):
         out["status"] = "running"
         if self.predictor is not None:
             out["predicted_final"] = self.predictor.observe(m["step"], m["val_loss"])
-        return _clean(out)
+        return json_safe(out)
 
     def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
         self.report(self.row(metrics), checkpoint)
@@ -94,7 +90,7 @@ class TrialReporter(Callback):
         row = dict(self.static)
         row.update(status="diverged", reason=str(e), step=e.step, tokens=e.step *
                    tokens_per_step, wall_s=wall_s, val_loss=None, train_loss=None)
-        self._report(_clean(row), checkpoint=None)
+        self._report(json_safe(row), checkpoint=None)
 
 
 class PostDecayPredictor:

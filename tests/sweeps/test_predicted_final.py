@@ -80,7 +80,8 @@ def test_a_restarted_trial_predicts_from_its_whole_curve(tmp_path):
 
     def run(resume=None, checkpoint_steps=()):
         rows = []
-        rep = TrialReporter({"N2": 1}, lambda row, checkpoint=None: rows.append(row), None, attach=False,
+        rep = TrialReporter({"N2": 1}, lambda row, checkpoint=None: rows.append(row), None,
+                            attach=False,
                             predictor=PostDecayPredictor.for_trial("branch_gain", CAL, t, None))
         tr = Trainer(t.config, resume_from=resume, out_dir=tmp_path / "ck",
                      checkpoint_steps=checkpoint_steps, callbacks=(rep,))

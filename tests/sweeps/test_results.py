@@ -1,5 +1,8 @@
 """Parquet results: schema, atomic writes, mixed types, final rows, config flattening."""
 
+import json
+import math
+
 import pandas as pd
 import pyarrow.dataset as ds
 
@@ -9,6 +12,7 @@ from sweeps.results import (
     decode_value,
     final_rows,
     format_knob,
+    json_safe,
     knob_columns,
     read_rows,
     write_rows,
@@ -117,3 +121,10 @@ def test_columns_null_in_every_row_are_still_typed(tmp_path):
     t = pds.dataset([str(tmp_path / d / "results.parquet") for d in "xy"]).to_table()
     assert t.num_rows == 2 and t.schema.field("moe.router.logit_norm_lambda").type == pa.float64()
     assert t.schema.field("router.max_load").type == pa.float64()
+
+
+def test_json_safe_nulls_every_non_finite_float():
+    row = {"a": math.nan, "b": math.inf, "c": -math.inf, "d": 1.5, "e": 3, "f": "x", "g": None}
+    out = json_safe(row)
+    assert out == {"a": None, "b": None, "c": None, "d": 1.5, "e": 3, "f": "x", "g": None}
+    json.dumps(out, allow_nan=False)  # valid JSON
