@@ -163,11 +163,43 @@ class MoEConfig:
         return (layer_idx + 1) % self.interleave == 0
 
 
+RopeKind = Literal["linear", "llama3"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RopeScaling:
+    """RoPE frequency scaling of a long-context checkpoint (Hugging Face ``rope_parameters``):
+    ``linear`` divides every frequency by ``factor`` (position interpolation); ``llama3``
+    (Llama 3.1+) divides the low frequencies by ``factor``, keeps the high ones and blends
+    between them (``moe_core.nn.rope_inv_freq``)."""
+
+    kind: RopeKind
+    factor: float
+    low_freq_factor: float = 1.0
+    """llama3: wavelengths above original_max_position / low_freq_factor are divided."""
+    high_freq_factor: float = 4.0
+    """llama3: wavelengths below original_max_position / high_freq_factor are kept."""
+    original_max_position: int = 8192
+    """llama3: the context length the checkpoint was pretrained at."""
+
+    def __post_init__(self) -> None:
+        _check(self.kind in typing.get_args(RopeKind),
+               f"model.rope_scaling.kind={self.kind!r} must be one of "
+               f"{', '.join(typing.get_args(RopeKind))}")
+        _check(self.factor > 0, f"model.rope_scaling.factor={self.factor} must be > 0")
+        _check(0 < self.low_freq_factor < self.high_freq_factor,
+               f"model.rope_scaling: need 0 < low_freq_factor={self.low_freq_factor} < "
+               f"high_freq_factor={self.high_freq_factor}")
+        _check(self.original_max_position >= 1, "model.rope_scaling.original_max_position="
+               f"{self.original_max_position} must be >= 1")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """A Llama-style decoder (000 §2.1, App. A.2): RMSNorm pre-norm, RoPE, SwiGLU; by default
-    multi-head attention, no biases and untied embeddings. ``n_kv_heads``, ``qkv_bias`` and
-    ``tie_embeddings`` cover Llama/Mistral/Qwen2 checkpoints (``moe_core.hf``)."""
+    multi-head attention, no biases and untied embeddings. ``n_kv_heads``, ``qkv_bias``,
+    ``tie_embeddings``, ``head_dim``, ``qk_norm`` and ``rope_scaling`` cover Llama 2/3.x,
+    Mistral, Qwen2 and Qwen3 checkpoints (``moe_core.hf``)."""
 
     vocab_size: int
     """Tokenizer vocabulary size."""
@@ -194,6 +226,15 @@ class ModelConfig:
     """Share one matrix between the input embedding and the output projection (lm_head)."""
     qkv_bias: bool = False
     """Biases on the query/key/value projections (Qwen2); the output projection has none."""
+    head_dim: int | None = None
+    """Width of one attention head; None = d_model / n_head. Set where a checkpoint decouples
+    it (Qwen3: 16 heads of 128 in a 1,024-wide model); the output projection then maps
+    n_head·head_dim back to d_model."""
+    qk_norm: bool = False
+    """RMSNorm of each query and key head (a weight of head_dim, shared by the heads) before
+    RoPE (Qwen3)."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE frequency scaling of a long-context checkpoint; None = plain RoPE."""
     moe: MoEConfig | None = None
     """None = dense model."""
     name: str = "custom"
@@ -203,15 +244,24 @@ class ModelConfig:
         for key in ("vocab_size", "n_layer", "d_model", "n_head", "max_seq_len"):
             v = getattr(self, key)
             _check(isinstance(v, int) and v >= 1, f"model.{key}={v!r} must be an integer >= 1")
-        _check(
-            self.d_model % self.n_head == 0,
-            f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
-            "pick n_head dividing d_model",
-        )
-        _check(
-            (self.d_model // self.n_head) % 2 == 0,
-            f"model.d_model/model.n_head={self.d_model // self.n_head} must be even for RoPE",
-        )
+        if self.head_dim is None:
+            _check(
+                self.d_model % self.n_head == 0,
+                f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
+                "pick n_head dividing d_model (or set model.head_dim)",
+            )
+            _check(
+                (self.d_model // self.n_head) % 2 == 0,
+                f"model.d_model/model.n_head={self.d_model // self.n_head} must be even for "
+                "RoPE",
+            )
+        else:
+            _check(isinstance(self.head_dim, int) and self.head_dim >= 2
+                   and self.head_dim % 2 == 0,
+                   f"model.head_dim={self.head_dim!r} must be an even integer >= 2 (RoPE "
+                   "rotates pairs), or null for d_model / n_head")
+        _check(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
+               "model.rope_scaling must be a RopeScaling or null")
         _check(
             self.d_ff is None or self.d_ff >= 1, f"model.d_ff={self.d_ff} must be >= 1 or null"
         )
@@ -239,8 +289,9 @@ class ModelConfig:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
+    def resolved_head_dim(self) -> int:
+        """``head_dim``, or d_model / n_head when null."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_head
 
     @property
     def kv_heads(self) -> int:
@@ -250,7 +301,7 @@ class ModelConfig:
     @property
     def qkv_dim(self) -> int:
         """Output width of the fused q/k/v projection: (n_head + 2·kv_heads)·head_dim."""
-        return (self.n_head + 2 * self.kv_heads) * self.head_dim
+        return (self.n_head + 2 * self.kv_heads) * self.resolved_head_dim
 
     @property
     def is_moe(self) -> bool:

@@ -36,12 +36,15 @@ def _is_compile_error(e: BaseException) -> bool:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.head_dim, self.n_kv = cfg.n_head, cfg.head_dim, cfg.kv_heads
+        self.n_head, self.head_dim, self.n_kv = cfg.n_head, cfg.resolved_head_dim, cfg.kv_heads
         self.wqkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
+        # Qwen3: RMSNorm of each query / key head before RoPE
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, S, D = x.shape
+        B, S, _ = x.shape
         H, Hkv, Dh = self.n_head, self.n_kv, self.head_dim
         if Hkv == H:
             q, k, v = self.wqkv(x).view(B, S, 3, H, Dh).unbind(2)
@@ -50,10 +53,12 @@ class Attention(nn.Module):
             q = q.view(B, S, H, Dh)
             k, v = (t.view(B, S, Hkv, 1, Dh).expand(B, S, Hkv, H // Hkv, Dh).reshape(B, S, H, Dh)
                     for t in (k, v))
+        if self.q_norm is not None:  # per head, before RoPE; equal on the GQA-repeated heads
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(B, S, D))
+        return self.wo(y.transpose(1, 2).reshape(B, S, H * Dh))
 
 
 class Block(nn.Module):
@@ -104,7 +109,8 @@ class Transformer(FixedDtypeBuffers):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_cache(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_cache(cfg.max_seq_len, cfg.resolved_head_dim, cfg.rope_theta,
+                              cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.activation_checkpointing = False

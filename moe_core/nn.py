@@ -92,9 +92,27 @@ class SwiGLU(nn.Module):
         return (F.silu(x @ self.w_gate) * (x @ self.w_up)) @ self.w_down
 
 
-def rope_cache(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [S, Dh/2] for rotary embeddings."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: Any = None) -> torch.Tensor:
+    """The Dh/2 rotation frequencies θ^(−2i/Dh) (fp64), with ``scaling`` (a
+    ``moe_core.config.RopeScaling``) applied: ``linear`` divides them all by the factor;
+    ``llama3`` (Llama 3.1's published rule) divides those of wavelength above L/low_freq_factor
+    by it, keeps those below L/high_freq_factor, and blends linearly in 1/wavelength between
+    (L the original context length)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    L, lo, hi = scaling.original_max_position, scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen = 2 * torch.pi / inv
+    smooth = ((L / wavelen - lo) / (hi - lo)).clamp(0.0, 1.0)  # 0 → divided, 1 → kept
+    return (1 - smooth) * inv / scaling.factor + smooth * inv
+
+
+def rope_cache(seq_len: int, head_dim: int, theta: float,
+               scaling: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [S, Dh/2] for rotary embeddings (``rope_inv_freq``'s frequencies)."""
+    inv = rope_inv_freq(head_dim, theta, scaling)
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
     return ang.cos().float(), ang.sin().float()
 

@@ -33,8 +33,9 @@ class ParamCount:
 def count_params(cfg: ModelConfig) -> ParamCount:
     """Count parameters of ``cfg`` exactly as ``build_model(cfg)`` allocates them.
 
-    Per block: attention d·(H + 2·Hkv)·Dh + d² (= 4·d² for multi-head attention) plus the q/k/v
-    biases (H + 2·Hkv)·Dh with ``qkv_bias``, two RMSNorm weights 2·d, and either a SwiGLU MLP
+    Per block: attention d·(H + 2·Hkv)·Dh + H·Dh·d (= 4·d² for multi-head attention) plus the
+    q/k/v biases (H + 2·Hkv)·Dh with ``qkv_bias`` and the q/k norms 2·Dh with ``qk_norm``, two
+    RMSNorm weights 2·d, and either a SwiGLU MLP
     3·d·d_ff or an MoE layer (router E·d, E experts of 3·d·f, shared experts 3·d·S·f). Plus a
     final norm d.
     """
@@ -44,7 +45,9 @@ def count_params(cfg: ModelConfig) -> ParamCount:
     n_moe = 0
     for i in range(cfg.n_layer):
         qkv = cfg.qkv_dim  # 3·d for multi-head attention
-        base = d * qkv + d * d + 2 * d + (qkv if cfg.qkv_bias else 0)
+        hd = cfg.n_head * cfg.resolved_head_dim  # d unless head_dim is decoupled
+        base = d * qkv + hd * d + 2 * d + (qkv if cfg.qkv_bias else 0) + \
+            (2 * cfg.resolved_head_dim if cfg.qk_norm else 0)
         total += base
         active += base
         if cfg.moe is not None and cfg.moe.is_moe_layer(i):

@@ -10,9 +10,12 @@ VOCAB, D, H, LAYERS, FF = 97, 32, 4, 2, 64
 
 
 def tiny_dense(arch: str, path: Path, *, kv_heads: int = 2, tie: bool = False,
-               seed: int = 0) -> Path:
-    """A random ``arch`` (llama, mistral, qwen2) saved with save_pretrained at ``path``. Biases
-    (Qwen2) and norm weights are random too, so the mapping of each is tested."""
+               seed: int = 0, rope: dict | None = None) -> Path:
+    """A random ``arch`` saved with save_pretrained at ``path``: llama, mistral (sliding
+    window), qwen2 (q/k/v biases), qwen3 (q/k norms and a decoupled head_dim: 4 heads of 16 in a
+    32-wide model), llama31 (Llama 3.1's ``llama3`` RoPE scaling, its three frequency bands all
+    populated: 1 kept, 1 blended, 2 divided); ``rope`` replaces the RoPE parameters. Biases and
+    norm weights (the q/k norms too) are random, so the mapping of each is tested."""
     import transformers
 
     torch.manual_seed(seed)
@@ -21,10 +24,20 @@ def tiny_dense(arch: str, path: Path, *, kv_heads: int = 2, tie: bool = False,
               rms_norm_eps=1e-5, tie_word_embeddings=tie,
               rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "llama31": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[arch]
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[arch]
     if arch == "mistral":
         kw["sliding_window"] = 32
+    if arch == "qwen3":
+        kw["head_dim"] = 16
+    if arch == "llama31":  # head_dim 8, θ 500: wavelengths 6.3 (< 32/4), 30, 140, 664 (> 32)
+        kw["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 32}
+    if rope is not None:
+        kw["rope_parameters"] = rope
     model = cls[1](cls[0](**kw))
     with torch.no_grad():
         for n, p in model.named_parameters():

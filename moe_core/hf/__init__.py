@@ -1,5 +1,6 @@
-"""Hugging Face interchange: Llama / Mistral / Qwen2 checkpoints in (``load_dense``, no
-transformers needed), Mixtral / Qwen2-MoE / Llama checkpoints out (``save_moe``), and the
+"""Hugging Face interchange: Llama (2, 3, 3.1+) / Mistral / Qwen2 / Qwen3 checkpoints in
+(``load_dense``, no transformers needed), Mixtral / Qwen2-MoE / Qwen3-MoE / Llama / Qwen3
+checkpoints out (``save_moe``), and the
 one-shot ``python -m moe_core.hf upcycle`` CLI. Nothing here touches the network.
 """
 

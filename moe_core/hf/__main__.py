@@ -1,10 +1,11 @@
 """python -m moe_core.hf upcycle SRC_DIR OUT_DIR --experts 8 --top-k 2 [--granularity G]
        [--router topk_softmax|softmax_topk] [--shared N]
-python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe]
+python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe|qwen3_moe]
 
-``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 checkpoint into an MoE with
-the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight scaling),
-writes it as a Mixtral or Qwen2-MoE checkpoint (``moe_core.hf.save_moe``) in the source's dtype
+``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint into an MoE
+with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight scaling),
+writes it as a Mixtral, Qwen2-MoE or (from Qwen3) Qwen3-MoE checkpoint
+(``moe_core.hf.save_moe``) in the source's dtype
 with its tokenizer files, and prints the function-preservation error it measured on a few
 random token batches: our MoE vs our dense model, and (unless --no-verify) transformers' load of
 OUT_DIR vs our dense model.
@@ -129,8 +130,9 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
 
 def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
     """The options both commands take: the architecture and the logits check."""
-    p.add_argument("--arch", choices=("mixtral", "qwen2_moe"), default=None,
-                   help="force the HF architecture of an MoE (default: Mixtral where exact)")
+    p.add_argument("--arch", choices=("mixtral", "qwen2_moe", "qwen3_moe"), default=None,
+                   help="force the HF architecture of an MoE (default: Mixtral where exact; "
+                        "Qwen3-MoE for q/k norms)")
     p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--batches", type=int, default=4, help="batches the error is measured on")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("upcycle", help="dense HF checkpoint -> HF MoE checkpoint")
-    up.add_argument("src", metavar="SRC_DIR", help="Llama/Mistral/Qwen2 save_pretrained folder")
+    up.add_argument("src", metavar="SRC_DIR",
+                    help="Llama/Mistral/Qwen2/Qwen3 save_pretrained folder")
     up.add_argument("out", metavar="OUT_DIR", help="where the MoE checkpoint is written")
     up.add_argument("--experts", type=int, required=True, help="routed experts E")
     up.add_argument("--top-k", type=int, required=True, help="experts per token K")

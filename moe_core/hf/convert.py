@@ -6,7 +6,9 @@ F dense d_ff, f expert d_ff, E experts):
 * Our linear weights are stored [in, out] for the SwiGLU MLPs and experts (``w_gate`` [D, F])
   and [out, in] for ``nn.Linear`` modules (``wqkv``, ``wo``, ``router``, ``lm_head``); Hugging
   Face stores every projection [out, in].
-* Our fused ``wqkv`` rows are [q (H·Dh) | k (Hkv·Dh) | v (Hkv·Dh)].
+* Our fused ``wqkv`` rows are [q (H·Dh) | k (Hkv·Dh) | v (Hkv·Dh)]; Dh may be decoupled from
+  D / H (``head_dim``, Qwen3), and Qwen3's per-head q/k RMSNorm weights ([Dh]) are permuted
+  like one head's rows.
 * RoPE: ours rotates the pairs (x[2i], x[2i+1]) of each head (Meta's Llama layout), transformers'
   ``rotate_half`` the pairs (x[i], x[i + Dh/2]). The q and k rows (and biases) of every head are
   permuted between the two layouts, as transformers' Meta → HF Llama conversion does; the
@@ -38,7 +40,7 @@ def rope_from_hf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def attn_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, i: int,
                prefix: str) -> dict[str, torch.Tensor]:
     """Block ``i``'s attention and norms under HF names (``prefix`` = ``model.layers.{i}.``)."""
-    H, Hkv, Dh = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    H, Hkv, Dh = cfg.n_head, cfg.kv_heads, cfg.resolved_head_dim
     b = f"blocks.{i}."
     w = state[b + "attn.wqkv.weight"]
     q, k, v = w.split((H * Dh, Hkv * Dh, Hkv * Dh), dim=0)
@@ -56,6 +58,9 @@ def attn_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, i: int,
         out[prefix + "self_attn.q_proj.bias"] = rope_to_hf(qb, H)
         out[prefix + "self_attn.k_proj.bias"] = rope_to_hf(kb, Hkv)
         out[prefix + "self_attn.v_proj.bias"] = vb.contiguous()
+    if cfg.qk_norm:  # a [Dh] weight over one head's dims: permuted as one head's rows
+        for n in ("q_norm", "k_norm"):
+            out[prefix + f"self_attn.{n}.weight"] = rope_to_hf(state[b + f"attn.{n}.weight"], 1)
     return out
 
 
@@ -77,6 +82,9 @@ def attn_from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig, i: int,
         out[b + "attn.wqkv.bias"] = torch.cat([rope_from_hf(hf[a + "q_proj.bias"], H),
                                                rope_from_hf(hf[a + "k_proj.bias"], Hkv),
                                                hf[a + "v_proj.bias"]], 0)
+    if cfg.qk_norm:
+        for n in ("q_norm", "k_norm"):
+            out[b + f"attn.{n}.weight"] = rope_from_hf(hf[a + f"{n}.weight"], 1)
     return out
 
 

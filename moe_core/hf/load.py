@@ -1,9 +1,11 @@
 """Read a Hugging Face ``save_pretrained`` folder (config.json + safetensors) into this project's
 ``ModelConfig`` and state dict, without transformers and without the network.
 
-Dense: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (:func:`load_dense`).
-MoE, as :func:`moe_core.hf.save_moe` writes them: ``MixtralForCausalLM`` and
-``Qwen2MoeForCausalLM`` (:func:`load_moe`). Everything else is refused in one line.
+Dense: ``LlamaForCausalLM`` (Llama 2, 3 and 3.1+ with its ``llama3`` RoPE scaling),
+``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` (q/k norms, a decoupled
+head_dim) (:func:`load_dense`). MoE, as :func:`moe_core.hf.save_moe` writes them:
+``MixtralForCausalLM``, ``Qwen2MoeForCausalLM`` and ``Qwen3MoeForCausalLM`` (:func:`load_moe`).
+Everything else is refused in one line.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from moe_core.config import ModelConfig, MoEConfig, RouterConfig
+from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.model import Transformer
 
-DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM")
+DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+"""``model_type``s whose attention normalises each query and key head (``model.qk_norm``)."""
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -93,14 +97,29 @@ def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch
     return out
 
 
-def _rope_theta(hf: dict[str, Any], arch: str) -> float:
+def _rope(hf: dict[str, Any], arch: str) -> tuple[float, RopeScaling | None]:
+    """RoPE base and scaling of a config (transformers 5's ``rope_parameters`` or 4's
+    ``rope_theta`` + ``rope_scaling``); a scaling with no exact equivalent is refused."""
     rp = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = rp.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
+    src = {**(hf.get("rope_scaling") or {}), **rp}
+    kind = src.get("rope_type") or src.get("type") or "default"
+    theta = float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    if kind not in ("linear", "llama3"):
         raise ConfigError(f"{arch}: rope_type={kind!r} (RoPE scaling) has no equivalent here; "
-                          "only plain RoPE (rope_type 'default') is supported")
-    return float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
+                          "supported: default, linear, llama3")
+    try:
+        if kind == "linear":
+            return theta, RopeScaling(kind="linear", factor=float(src["factor"]))
+        return theta, RopeScaling(
+            kind="llama3", factor=float(src["factor"]),
+            low_freq_factor=float(src["low_freq_factor"]),
+            high_freq_factor=float(src["high_freq_factor"]),
+            original_max_position=int(src["original_max_position_embeddings"]))
+    except KeyError as e:
+        raise ConfigError(f"{arch}: rope_type={kind!r} needs {e.args[0]} in its RoPE "
+                          "parameters") from None
 
 
 def _max_seq_len(hf: dict[str, Any]) -> int:
@@ -108,7 +127,8 @@ def _max_seq_len(hf: dict[str, Any]) -> int:
     sliding-window attention is full causal attention, so logits agree exactly."""
     n = int(hf.get("max_position_embeddings", 2048))
     window = hf.get("sliding_window")
-    if hf.get("model_type") in ("qwen2", "qwen2_moe") and not hf.get("use_sliding_window"):
+    if hf.get("model_type") in ("qwen2", "qwen2_moe", *QK_NORM_TYPES) and \
+            not hf.get("use_sliding_window"):
         window = None
     return min(n, int(window)) if window else n
 
@@ -123,9 +143,8 @@ def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfi
         raise ConfigError(f"{arch}: mlp_bias=true is not supported (the MLPs have no biases)")
     D, H = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_dim = hf.get("head_dim")
-    if head_dim is not None and int(head_dim) * H != D:
-        raise ConfigError(f"{arch}: head_dim={head_dim} × num_attention_heads={H} != "
-                          f"hidden_size={D}; a decoupled head_dim is not supported")
+    head_dim = None if head_dim is None or int(head_dim) * H == D else int(head_dim)
+    theta, scaling = _rope(hf, arch)
     kv = hf.get("num_key_value_heads")
     qkv_bias = {"qwen2": True, "qwen2_moe": True}.get(hf.get("model_type"), False)
     qkv_bias = bool(hf.get("qkv_bias", qkv_bias)) or bool(hf.get("attention_bias", False))
@@ -133,9 +152,10 @@ def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfi
         vocab_size=int(hf["vocab_size"]), n_layer=int(hf["num_hidden_layers"]), d_model=D,
         n_head=H, n_kv_heads=None if kv is None or int(kv) == H else int(kv),
         d_ff=int(hf["intermediate_size"]), max_seq_len=_max_seq_len(hf),
-        init_std=float(hf.get("initializer_range", 0.02)), rope_theta=_rope_theta(hf, arch),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        init_std=float(hf.get("initializer_range", 0.02)), rope_theta=theta,
+        rope_scaling=scaling, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
+        head_dim=head_dim, qk_norm=hf.get("model_type") in QK_NORM_TYPES,
         moe=moe, name=str(hf.get("_name_or_path") or arch),
     )
 
@@ -218,8 +238,8 @@ def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
     Reads config.json and the safetensors (sharded or not) itself: no transformers, no network.
     Tensors are cast to ``dtype`` (fp32 by default; None keeps the checkpoint's). q/k rows are
     permuted to this project's RoPE pair layout (:mod:`moe_core.hf.convert`). Anything without
-    an exact equivalent (another architecture, RoPE scaling, a decoupled head_dim, an o_proj
-    bias, non-SwiGLU MLPs) is refused with one ``ConfigError`` line.
+    an exact equivalent (another architecture, a RoPE scaling other than linear / llama3, an
+    o_proj bias, non-SwiGLU MLPs) is refused with one ``ConfigError`` line.
     """
     hf = read_config(path)
     arch = architecture(hf)
@@ -252,7 +272,12 @@ def _moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
         raise ConfigError(f"{arch}: shared_expert_intermediate_size={shared} is not a multiple "
                           f"of moe_intermediate_size={f}; shared experts here are N of width f")
     n_shared = shared // f
-    return MoEConfig(num_experts=int(hf["num_experts"]), top_k=int(hf["num_experts_per_tok"]),
+    # the Hub's Qwen2/3-MoE configs say num_experts; transformers 5 writes Qwen3-MoE's as
+    # num_local_experts
+    E = hf["num_experts"] if "num_experts" in hf else hf.get("num_local_experts")
+    if E is None:
+        raise ConfigError(f"{arch}: config.json has neither num_experts nor num_local_experts")
+    return MoEConfig(num_experts=int(E), top_k=int(hf["num_experts_per_tok"]),
                      expert_d_ff=f, num_shared_experts=n_shared,
                      interleave=int(hf.get("decoder_sparse_step", 1)),
                      router=RouterConfig(order="softmax_topk",
@@ -260,7 +285,7 @@ def _moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
 
 
 def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str, torch.Tensor]:
-    """Block ``i``'s MoE layer from Mixtral's ``block_sparse_moe`` or Qwen2-MoE's ``mlp``."""
+    """Block ``i``'s MoE layer from Mixtral's ``block_sparse_moe`` or Qwen2/3-MoE's ``mlp``."""
     assert cfg.moe is not None
     E = cfg.moe.num_experts
     b = f"blocks.{i}.mlp."
@@ -272,7 +297,7 @@ def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str,
            b + "aux_coef": torch.tensor(cfg.moe.router.aux_coef)}
     for n, w in zip(names, ("w_gate", "w_up", "w_down")):
         out[b + w] = torch.stack([hf_t[p + f"experts.{e}.{n}.weight"].t() for e in range(E)])
-    if not mixtral:
+    if arch == "Qwen2MoeForCausalLM":
         gate = hf_t[p + "shared_expert_gate.weight"]
         if cfg.moe.num_shared_experts > 0 and bool(gate.any()):
             raise ConfigError(f"{arch}: layer {i} shared_expert_gate is not zero; a gated shared "
@@ -285,8 +310,9 @@ def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str,
 
 def load_moe(path: str | Path, dtype: torch.dtype | None = torch.float32
              ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(ModelConfig, state dict) of a ``MixtralForCausalLM`` or ``Qwen2MoeForCausalLM`` folder
-    in the exact forms :func:`moe_core.hf.save_moe` writes: Qwen2-MoE's shared expert must have
+    """(ModelConfig, state dict) of a ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM`` or
+    ``Qwen3MoeForCausalLM`` folder in the exact forms :func:`moe_core.hf.save_moe` writes (Qwen3-MoE
+    as the Hub stores it: no shared expert): Qwen2-MoE's shared expert must have
     a zero ``shared_expert_gate`` (an always-on shared expert at weight 1/2) or width 0.
     Same rules as :func:`load_dense` otherwise."""
     hf = read_config(path)

@@ -3,7 +3,10 @@
 
 Mapping (exact in floating point unless said otherwise; see the README's architecture table):
 
-* dense → ``LlamaForCausalLM`` (``attention_bias`` = ``model.qkv_bias``, with a zero o_proj bias).
+* dense → ``LlamaForCausalLM`` (``attention_bias`` = ``model.qkv_bias``, with a zero o_proj bias),
+  or ``Qwen3ForCausalLM`` with q/k norms (``model.qk_norm``). A decoupled ``head_dim`` and a
+  linear / llama3 RoPE scaling are written as such to every architecture.
+* an MoE with q/k norms → ``Qwen3MoeForCausalLM`` (Qwen2-MoE's routing, no shared expert).
 * coarse MoE (expert d_ff = d_ff), ``router.order: topk_softmax``, every layer MoE, no shared
   experts, no q/k/v bias → ``MixtralForCausalLM``. Mixtral takes softmax over all E logits, then
   top-K, then divides by the K weights' sum: the softmax over the K selected logits (000 Eq. 15)
@@ -41,8 +44,10 @@ from moe_core.hf.convert import attn_to_hf, dense_mlp_to_hf
 from moe_core.hf.load import INDEX, SINGLE
 from moe_core.upcycle._state import to_torch_state
 
-ARCHS = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-         "qwen2_moe": "Qwen2MoeForCausalLM"}
+ARCHS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+         "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "qwen3_moe": "Qwen3MoeForCausalLM"}
+DENSE = ("llama", "qwen3")
 
 
 def _mixtral_problem(cfg: ModelConfig) -> str | None:
@@ -59,22 +64,39 @@ def _mixtral_problem(cfg: ModelConfig) -> str | None:
         return "granular experts (Mixtral experts are d_ff wide; use qwen2_moe)"
     if cfg.qkv_bias:
         return "model.qkv_bias=true (Mixtral attention has no biases)"
+    if cfg.qk_norm:
+        return "model.qk_norm=true (Mixtral attention has no q/k norms)"
+    return None
+
+
+def _qwen3_moe_problem(cfg: ModelConfig) -> str | None:
+    """Why Qwen3-MoE cannot hold ``cfg`` exactly, or None."""
+    assert cfg.moe is not None
+    if cfg.moe.num_shared_experts:
+        return f"moe.num_shared_experts={cfg.moe.num_shared_experts} (Qwen3-MoE has no shared " \
+               "expert)"
     return None
 
 
 def export_arch(cfg: ModelConfig, state: Mapping[str, torch.Tensor] | None = None,
                 arch: str | None = None) -> str:
-    """The HF ``model_type`` ``cfg`` exports as (``llama``, ``mixtral``, ``qwen2_moe``), or a
-    one-line ``ConfigError`` saying why it has no exact Hugging Face form."""
+    """The HF ``model_type`` ``cfg`` exports as (``llama``, ``qwen3``, ``mixtral``,
+    ``qwen2_moe``, ``qwen3_moe``), or a one-line ``ConfigError`` saying why it has no exact
+    Hugging Face form. q/k norms (Qwen3) export as Qwen3 / Qwen3-MoE, the only ones with them."""
     if arch is not None and arch not in ARCHS:
         raise ConfigError(f"arch={arch!r} is not known; use one of {', '.join(ARCHS)}")
     m = cfg.moe
     if m is None:
-        if arch not in (None, "llama"):
-            raise ConfigError(f"arch={arch!r} needs an MoE model; a dense model exports as llama")
-        return "llama"
-    if arch == "llama":
-        raise ConfigError("arch='llama' is for dense models; this model has model.moe set")
+        want = "qwen3" if cfg.qk_norm else "llama"
+        if arch not in (None, "llama", "qwen3"):
+            raise ConfigError(f"arch={arch!r} needs an MoE model; a dense model exports as {want}")
+        if arch is not None and arch != want:
+            raise ConfigError(f"arch={arch!r} cannot express model.qk_norm={cfg.qk_norm} "
+                              f"(Qwen3 always normalises q/k heads, Llama never); use "
+                              f"arch={want!r}")
+        return want
+    if arch in DENSE:
+        raise ConfigError(f"arch={arch!r} is for dense models; this model has model.moe set")
     r = m.router
     if r.logit_norm_lambda is not None:
         raise ConfigError(f"router.logit_norm_lambda={r.logit_norm_lambda} (gating logit "
@@ -91,11 +113,29 @@ def export_arch(cfg: ModelConfig, state: Mapping[str, torch.Tensor] | None = Non
     if m.capacity_factor is not None:
         raise ConfigError(f"moe.capacity_factor={m.capacity_factor} drops tokens; Mixtral and "
                           "Qwen2-MoE are dropless: set it null to export")
-    why = _mixtral_problem(cfg)
+    return _moe_arch(cfg, arch)
+
+
+def _moe_arch(cfg: ModelConfig, arch: str | None) -> str:
+    """Mixtral where exact, else Qwen2-MoE, except that q/k norms need Qwen3-MoE; an explicit
+    ``arch`` is checked."""
+    why, why3 = _mixtral_problem(cfg), _qwen3_moe_problem(cfg)
     if arch == "mixtral" and why is not None:
-        raise ConfigError(f"arch='mixtral' cannot express {why}; use arch='qwen2_moe'")
+        alt = "qwen3_moe" if cfg.qk_norm else "qwen2_moe"
+        raise ConfigError(f"arch='mixtral' cannot express {why}; use arch='{alt}'")
+    if arch == "qwen2_moe" and cfg.qk_norm:
+        raise ConfigError("arch='qwen2_moe' cannot express model.qk_norm=true (Qwen2-MoE "
+                          "attention has no q/k norms); use arch='qwen3_moe'")
+    if arch == "qwen3_moe" and not cfg.qk_norm:
+        raise ConfigError("arch='qwen3_moe' cannot express model.qk_norm=false (Qwen3-MoE "
+                          "always normalises q/k heads); use arch='qwen2_moe'")
+    if (arch == "qwen3_moe" or (arch is None and cfg.qk_norm)) and why3 is not None:
+        raise ConfigError(f"{'arch=' + repr(arch) if arch else 'model.qk_norm=true (Qwen3-MoE)'}"
+                          f" cannot express {why3}; no Hugging Face MoE has both")
     if arch is not None:
         return arch
+    if cfg.qk_norm:
+        return "qwen3_moe"
     return "mixtral" if why is None else "qwen2_moe"
 
 
@@ -106,15 +146,18 @@ def hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> Any:
     common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
-        max_position_embeddings=cfg.max_seq_len, initializer_range=cfg.init_std,
+        num_key_value_heads=cfg.kv_heads, head_dim=cfg.resolved_head_dim, hidden_act="silu",
+        max_position_embeddings=max_positions(cfg), initializer_range=cfg.init_std,
         rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        rope_parameters=rope_parameters(cfg),
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
         architectures=[ARCHS[arch]], dtype=str(dtype).removeprefix("torch."),
     )
     if arch == "llama":
         return transformers.LlamaConfig(**common, attention_bias=cfg.qkv_bias)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common, attention_bias=cfg.qkv_bias,
+                                        use_sliding_window=False)
     m = cfg.moe
     assert m is not None
     if arch == "mixtral":
@@ -122,13 +165,39 @@ def hf_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> Any:
                                           num_experts_per_tok=m.top_k, sliding_window=None,
                                           router_aux_loss_coef=m.router.aux_coef)
     f = m.resolved_expert_d_ff(cfg.ffn_dim)
-    common.pop("head_dim")  # Qwen2-MoE derives it
+    routed = dict(num_experts=m.num_experts, num_experts_per_tok=m.top_k,
+                  moe_intermediate_size=f,
+                  norm_topk_prob=m.router.order == "topk_softmax" or m.router.renormalize,
+                  decoder_sparse_step=m.interleave, mlp_only_layers=[],
+                  use_sliding_window=False, router_aux_loss_coef=m.router.aux_coef)
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**common, **routed, attention_bias=cfg.qkv_bias)
     return transformers.Qwen2MoeConfig(
-        **common, num_experts=m.num_experts, num_experts_per_tok=m.top_k,
-        moe_intermediate_size=f, shared_expert_intermediate_size=f * m.num_shared_experts,
-        norm_topk_prob=m.router.order == "topk_softmax" or m.router.renormalize,
-        decoder_sparse_step=m.interleave, mlp_only_layers=[], qkv_bias=cfg.qkv_bias,
-        use_sliding_window=False, router_aux_loss_coef=m.router.aux_coef)
+        **common, **routed, shared_expert_intermediate_size=f * m.num_shared_experts,
+        qkv_bias=cfg.qkv_bias)
+
+
+def max_positions(cfg: ModelConfig) -> int:
+    """``max_position_embeddings``: the positions our RoPE table covers, or, under a llama3
+    scaling, the context the scaling was made for (factor × the original), which transformers
+    requires to exceed the original. Informational only: neither RoPE depends on it."""
+    sc = cfg.rope_scaling
+    if sc is not None and sc.kind == "llama3":
+        return max(cfg.max_seq_len, round(sc.factor * sc.original_max_position))
+    return cfg.max_seq_len
+
+
+def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of ``cfg`` (its base and scaling)."""
+    out: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    sc = cfg.rope_scaling
+    if sc is not None:
+        out.update(rope_type=sc.kind, factor=float(sc.factor))
+        if sc.kind == "llama3":
+            out.update(low_freq_factor=float(sc.low_freq_factor),
+                       high_freq_factor=float(sc.high_freq_factor),
+                       original_max_position_embeddings=int(sc.original_max_position))
+    return out
 
 
 def hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, arch: str
@@ -142,7 +211,7 @@ def hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, arch: str
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
         out.update(attn_to_hf(state, cfg, i, p))
-        if arch == "llama" and cfg.qkv_bias:  # Llama's attention_bias also covers o_proj
+        if arch in ("llama", "qwen3", "qwen3_moe") and cfg.qkv_bias:  # attention_bias: o_proj
             out[p + "self_attn.o_proj.bias"] = torch.zeros(cfg.d_model,
                                                            dtype=state["norm.weight"].dtype)
         if cfg.moe is None or not cfg.moe.is_moe_layer(i):
@@ -156,7 +225,7 @@ def hf_state(state: Mapping[str, torch.Tensor], cfg: ModelConfig, arch: str
         for n, w in zip(names, ("w_gate", "w_up", "w_down")):
             for e, t in enumerate(state[b + w].unbind(0)):
                 out[mp + f"experts.{e}.{n}.weight"] = t.t()
-        if not mixtral:
+        if arch == "qwen2_moe":
             sp = mp + "shared_expert."
             if cfg.moe.num_shared_experts:
                 out.update(dense_mlp_to_hf(state, i, sp, src="mlp.shared."))
@@ -203,11 +272,12 @@ def save_moe(model_or_state: Any, cfg: ModelConfig | None, path: str | Path, *,
              ) -> str:
     """Write ``model_or_state`` (a ``Transformer`` or its state dict, torch or numpy) with
     ModelConfig ``cfg`` (None: the model's own) as a Hugging Face folder at ``path``; returns
-    the architecture written (``LlamaForCausalLM``, ``MixtralForCausalLM``,
-    ``Qwen2MoeForCausalLM``). ``arch`` forces ``mixtral`` or ``qwen2_moe`` (default: Mixtral
-    where exact, else Qwen2-MoE; module docstring). ``dtype`` casts floating tensors (default:
-    as stored). ``extra_files`` (name → source path, e.g. the source's tokenizer.json) are copied
-    in. The folder appears atomically; configs with no exact HF form are refused in one line.
+    the architecture written (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``MixtralForCausalLM``,
+    ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``). ``arch`` forces one (default: Mixtral
+    where exact, else Qwen2-MoE; Qwen3 / Qwen3-MoE for q/k norms; module docstring). ``dtype``
+    casts floating tensors (default: as stored). ``extra_files`` (name → source path, e.g. the
+    source's tokenizer.json) are copied in. The folder appears atomically; configs with no
+    exact HF form are refused in one line.
     """
     if isinstance(model_or_state, torch.nn.Module):
         cfg = cfg or model_or_state.config

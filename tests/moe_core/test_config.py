@@ -5,6 +5,7 @@ import pytest
 from moe_core.config import (
     ModelConfig,
     MoEConfig,
+    RopeScaling,
     RouterConfig,
     model_config_from_dict,
     moe_config_from_dict,
@@ -79,6 +80,9 @@ def test_interleave_beyond_layers():
         (dict(d_ff=0), r"model\.d_ff=0"),
         (dict(init_std=0.0), r"model\.init_std"),
         (dict(n_layer=1.5), r"model\.n_layer=1\.5 must be an integer"),
+        (dict(head_dim=7), r"model\.head_dim=7 must be an even integer >= 2"),
+        (dict(n_head=5, head_dim=0), r"model\.head_dim=0 must be an even integer"),
+        (dict(rope_scaling={"kind": "linear"}), r"model\.rope_scaling must be a RopeScaling"),
     ],
 )
 def test_model_rules(kwargs, match):
@@ -105,3 +109,25 @@ def test_from_dict_rejects_unknown_keys_and_nests():
     cfg = model_config_from_dict({"vocab_size": 5, "n_layer": 1, "d_model": 8, "n_head": 2,
                                   "moe": {"num_experts": 2, "top_k": 1}})
     assert cfg.moe.num_experts == 2
+
+
+def test_decoupled_head_dim_and_rope_scaling_from_a_mapping():
+    cfg = model_config_from_dict({"vocab_size": 5, "n_layer": 1, "d_model": 8, "n_head": 3,
+                                  "head_dim": 4, "qk_norm": True,
+                                  "rope_scaling": {"kind": "llama3", "factor": 8}})
+    assert (cfg.resolved_head_dim, cfg.qkv_dim) == (4, 36)  # 3 q + 3 k + 3 v heads of 4
+    assert cfg.rope_scaling == RopeScaling(kind="llama3", factor=8.0)
+    assert model_config_from_dict({"vocab_size": 5, "n_layer": 1, "d_model": 8,
+                                   "n_head": 2}).resolved_head_dim == 4
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(kind="yarn", factor=2.0), r"model\.rope_scaling\.kind='yarn' must be one of linear, "
+                                    r"llama3"),
+    (dict(kind="llama3", factor=8.0, low_freq_factor=4.0),
+     r"need 0 < low_freq_factor=4\.0 < high_freq_factor=4\.0"),
+    (dict(kind="linear", factor=0.0), r"model\.rope_scaling\.factor=0\.0 must be > 0"),
+])
+def test_rope_scaling_rules(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        RopeScaling(**kwargs)

@@ -1,9 +1,12 @@
-"""moe_core.hf against transformers' own Llama / Mistral / Qwen2 / Mixtral / Qwen2-MoE code:
+"""moe_core.hf against transformers' own Llama (2, 3.1) / Mistral / Qwen2 / Qwen3 / Mixtral /
+Qwen2-MoE / Qwen3-MoE code:
 tiny random models built with transformers' config classes, saved to a temporary folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -12,14 +15,17 @@ from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf import load_dense, load_moe, load_tokenizer, save_moe
 from moe_core.model import build_model
+from moe_core.nn import rope_inv_freq
 from moe_core.params import count_params
 from moe_core.upcycle import dense_to_moe_state
 from tests.hf_util import VOCAB, hf_logits, rel_err, tiny_dense
 
 TOL = 1e-5
 TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
-# (name, tie embeddings): Llama with GQA, Mistral (GQA, sliding window), Qwen2 (q/k/v biases)
-ARCHS = [("llama", False), ("mistral", False), ("qwen2", True)]
+# (name, tie embeddings): Llama with GQA, Mistral (GQA, sliding window), Qwen2 (q/k/v biases),
+# Qwen3 (q/k norms, decoupled head_dim), Llama 3.1 (llama3 RoPE scaling)
+ARCHS = [("llama", False), ("mistral", False), ("qwen2", True), ("qwen3", True),
+         ("llama31", False)]
 MOES = {
     "coarse_e8_top2": MoEConfig(num_experts=8, top_k=2, router=RouterConfig(order="topk_softmax")),
     "granular_g2": MoEConfig(num_experts=8, top_k=4, granularity=2,
@@ -55,7 +61,9 @@ def test_import_matches_transformers(dense):
     arch, _, cfg, state, ref = dense
     assert cfg.n_kv_heads == 2 and cfg.n_head == 4  # GQA
     assert cfg.qkv_bias == (arch == "qwen2")
-    assert cfg.rope_theta == 5000.0 and cfg.norm_eps == 1e-5
+    assert cfg.qk_norm == (arch == "qwen3") and cfg.head_dim == (16 if arch == "qwen3" else None)
+    assert cfg.rope_theta == (500.0 if arch == "llama31" else 5000.0) and cfg.norm_eps == 1e-5
+    assert (cfg.rope_scaling is not None) == (arch == "llama31")
     assert rel_err(ours(cfg, state), ref) < TOL
     # every parameter is counted (GQA, biases, tied embeddings)
     assert count_params(cfg).total == sum(p.numel() for p in build_model(cfg).parameters())
@@ -66,23 +74,33 @@ def test_export_matches_ours_and_the_dense_source(dense, name, tmp_path):
     arch, _, cfg, state, ref = dense
     moe_state, moe_cfg = dense_to_moe_state(state, cfg, MOES[name], seed=0)
     mine = ours(moe_cfg, moe_state)
+    if arch == "qwen3" and name == "shared_1":  # q/k norms and a shared expert: no HF MoE
+        _refused(r"model\.qk_norm=true \(Qwen3-MoE\) cannot express moe\.num_shared_experts=1",
+                 save_moe, moe_state, moe_cfg, tmp_path / "moe")
+        return
     written = save_moe(moe_state, moe_cfg, tmp_path / "moe")
-    want = EXPECTED_ARCH[name] if arch != "qwen2" else "Qwen2MoeForCausalLM"  # q/k/v biases
+    want = {"qwen2": "Qwen2MoeForCausalLM",  # q/k/v biases
+            "qwen3": "Qwen3MoeForCausalLM"}.get(arch, EXPECTED_ARCH[name])  # q/k norms
     assert written == want
     assert json.loads((tmp_path / "moe" / "config.json").read_text())["architectures"] == [want]
     theirs = hf_logits(tmp_path / "moe", TOKENS)
     assert rel_err(theirs, mine) < TOL
     assert rel_err(theirs, ref) < TOL  # function preservation, in transformers' MoE code
+    cfg2, state2 = load_moe(tmp_path / "moe")  # and back
+    assert (cfg2.qk_norm, cfg2.head_dim, cfg2.rope_scaling) == (
+        moe_cfg.qk_norm, moe_cfg.head_dim, moe_cfg.rope_scaling)
+    assert rel_err(ours(cfg2, state2), mine) < TOL
 
 
 def test_export_softmax_topk_is_exact_but_not_function_preserving(dense, tmp_path):
     """softmax → top-K without renormalisation: Qwen2-MoE's norm_topk_prob=false is the same
     function (logits match ours), while 004's weight scaling only approximates the dense model
     (random router, not uniform probabilities), so the dense comparison must show a gap."""
-    _, _, cfg, state, ref = dense
+    arch, _, cfg, state, ref = dense
     moe = MoEConfig(num_experts=8, top_k=2, router=RouterConfig(order="softmax_topk"))
     moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
-    assert save_moe(moe_state, moe_cfg, tmp_path / "m") == "Qwen2MoeForCausalLM"
+    assert save_moe(moe_state, moe_cfg, tmp_path / "m") == (
+        "Qwen3MoeForCausalLM" if arch == "qwen3" else "Qwen2MoeForCausalLM")
     theirs = hf_logits(tmp_path / "m", TOKENS)
     assert rel_err(theirs, ours(moe_cfg, moe_state)) < TOL
     assert rel_err(theirs, ref) > 1e-3
@@ -116,15 +134,48 @@ def test_round_trip_after_training(tmp_path):
     assert rel_err(ours(cfg2, state2), trained) < TOL
 
 
-def test_dense_export_round_trip(tmp_path):
-    path = tiny_dense("qwen2", tmp_path / "src")
+@pytest.mark.parametrize("arch, want", [("qwen2", "LlamaForCausalLM"),
+                                        ("qwen3", "Qwen3ForCausalLM")])
+def test_dense_export_round_trip(tmp_path, arch, want):
+    path = tiny_dense(arch, tmp_path / "src")
     cfg, state = load_dense(path)
-    assert save_moe(state, cfg, tmp_path / "out") == "LlamaForCausalLM"
+    assert save_moe(state, cfg, tmp_path / "out") == want
     ref = ours(cfg, state)
     assert rel_err(hf_logits(tmp_path / "out", TOKENS), ref) < TOL
     cfg2, state2 = load_dense(tmp_path / "out")
-    assert cfg2.qkv_bias
+    assert cfg2 == dataclasses.replace(cfg, name=cfg2.name)
     assert rel_err(ours(cfg2, state2), ref) < TOL
+    other = "llama" if arch == "qwen3" else "qwen3"  # Qwen3's q/k norms cannot be switched off
+    _refused(f"arch='{other}' cannot express model.qk_norm={arch == 'qwen3'}", save_moe, state,
+             cfg, tmp_path / "o2", arch=other)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0},
+    {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    {"rope_type": "llama3", "rope_theta": 10.0, "factor": 2.0, "low_freq_factor": 2.0,
+     "high_freq_factor": 3.0, "original_max_position_embeddings": 16},
+], ids=["linear", "llama3", "llama3_other_bands"])
+def test_rope_scaling_equals_transformers(tmp_path, rope):
+    """The frequencies equal transformers' own RoPE initialisers, and a checkpoint with the
+    scaling gives transformers' logits; by hand for the llama3 test model (head_dim 8, θ 500,
+    L 32): wavelength 2π (< L/4) kept, 2π·500^¼ ≈ 29.7 blended, the two longer divided by 8."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path = tiny_dense("llama", tmp_path / "src", rope=rope)
+    cfg, state = load_dense(path)
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(path))
+    theirs, factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_cfg, "cpu")
+    mine = rope_inv_freq(8, cfg.rope_theta, cfg.rope_scaling)
+    assert factor == 1.0 and torch.allclose(mine, theirs.double(), rtol=1e-6, atol=0)
+    assert rel_err(ours(cfg, state), hf_logits(path, TOKENS)) < TOL
+    if rope["rope_type"] == "llama3" and rope["rope_theta"] == 500.0:
+        inv = 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+        s = (32 / (2 * math.pi / inv[1]) - 1) / 3
+        want = torch.stack([inv[0], (1 - s) * inv[1] / 8 + s * inv[1], inv[2] / 8, inv[3] / 8])
+        assert 0 < s < 1 and torch.allclose(mine, want, rtol=1e-12, atol=0)
 
 
 # ---- refusals: one line each ---------------------------------------------------------------
@@ -169,8 +220,11 @@ def test_refuses_a_shape_mismatch_and_a_missing_tensor(tmp_path):
     (path / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": 3}))
     _refused("no tensor 'model.layers.2", load_dense, path)
     (path / "config.json").write_text(json.dumps({**hf, "rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 5e5}}))
-    _refused("rope_type='llama3'", load_dense, path)
+        "rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}}))
+    _refused("rope_type='yarn' .* supported: default, linear, llama3", load_dense, path)
+    (path / "config.json").write_text(json.dumps({**hf, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}))
+    _refused("rope_type='llama3' needs low_freq_factor", load_dense, path)
 
 
 @pytest.mark.parametrize("moe, match", [
@@ -197,6 +251,14 @@ def test_refuses_a_selection_bias_and_what_mixtral_cannot_express(tmp_path):
     moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
     _refused("arch='mixtral' cannot express moe.interleave=2", save_moe, moe_state, moe_cfg,
              tmp_path / "out", arch="mixtral")
+    _refused("arch='qwen3_moe' cannot express model.qk_norm=false", save_moe, moe_state,
+             moe_cfg, tmp_path / "out", arch="qwen3_moe")
+    q_cfg, q_state = load_dense(tiny_dense("qwen3", tmp_path / "q"))
+    coarse = MoEConfig(num_experts=4, top_k=2, router=RouterConfig(order="topk_softmax"))
+    q_moe_state, q_moe_cfg = dense_to_moe_state(q_state, q_cfg, coarse, seed=0)
+    for arch in ("mixtral", "qwen2_moe"):
+        _refused(f"arch='{arch}' cannot express model.qk_norm=true", save_moe, q_moe_state,
+                 q_moe_cfg, tmp_path / "out", arch=arch)
     moe_state["blocks.1.mlp.expert_bias"][0] = 0.25
     _refused("blocks.1.mlp.expert_bias is nonzero", save_moe, moe_state, moe_cfg,
              tmp_path / "out")

@@ -3,6 +3,7 @@ to a temporary folder) is the parent of a sweep; trials export Hugging Face chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,9 +14,11 @@ import pytest
 import torch
 
 from moe_core.errors import ConfigError
-from moe_core.hf import load_dense, load_moe
+from moe_core.hf import load_dense, load_moe, save_moe
 from moe_core.model import build_model
+from moe_core.train import Trainer
 from moe_core.train.config import train_config_from_dict
+from moe_core.train.evaluate import evaluate
 from moe_core.train.runner import parent_key, train_parent
 from tests.hf_util import hf_logits, rel_err, tiny_dense
 
@@ -108,3 +111,32 @@ def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
         m.eval()
         with torch.no_grad():
             assert rel_err(hf_logits(folder, tokens), m(tokens).logits) < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama31"])
+def test_qwen3_and_llama31_parents_upcycle_train_and_export(tmp_path, arch):
+    """A Qwen3 parent (q/k norms, decoupled head_dim) and a Llama 3.1 parent (llama3 RoPE
+    scaling) upcycle in the Trainer on the DeepSpeed engine: the first eval is the dense
+    checkpoint's loss on the same batches (function preservation), two steps train, and the
+    trained MoE exports as Qwen3-MoE / Mixtral with transformers' logits equal to ours."""
+    path = tiny_dense(arch, tmp_path / arch)
+    cfg = cfg_with(path, **{"eval.every_steps": 2, "eval.batches": 2, "tokens": 128})
+    mc = cfg.model_config()
+    assert (mc.qk_norm, mc.head_dim) == ((True, 16) if arch == "qwen3" else (False, None))
+    assert (mc.rope_scaling is not None) == (arch == "llama31")
+    parent, _ = train_parent(cfg, tmp_path / "cache")
+    t = Trainer(cfg, parent=parent)
+    res = t.fit()
+    dense_cfg, dense_state = load_dense(path)
+    dense = build_model(dataclasses.replace(dense_cfg, max_seq_len=16))
+    dense.load_state_dict(dense_state)
+    assert abs(res.initial_val_loss - evaluate(dense, t.val, torch.device("cpu"))["val_loss"]) \
+        < 1e-5
+    assert res.steps == 2 and abs(res.val_loss - res.initial_val_loss) > 1e-4  # it trained
+    want = save_moe(t.full_model_state(), t.model.config, tmp_path / "hf")
+    assert want == ("Qwen3MoeForCausalLM" if arch == "qwen3" else "MixtralForCausalLM")
+    x = t.val[0][0]
+    t.model.eval()
+    with torch.no_grad():
+        mine = t.model(x).logits
+    assert rel_err(hf_logits(tmp_path / "hf", x), mine) < 1e-5
