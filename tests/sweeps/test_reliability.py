@@ -107,9 +107,13 @@ class _Evil:
 @pytest.mark.distributed
 def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
     """SIGTERM mid-sweep: exit 143, summary complete: false; a tampered tuner.pkl is refused
-    without being unpickled; --resume finishes; the sentinel W&B key is nowhere on disk."""
+    without being unpickled; --resume finishes; the sentinel W&B key is nowhere on disk. ASHA
+    (its only rung the last eval) and a health rule that never fires ride along, so the resume
+    goes through ``ResumableASHA``'s replay and the stopper's reseeding in a real restore."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths
-    spec = dict(SPEC, results=str(tmp_path / "results"))
+    spec = dict(SPEC, results=str(tmp_path / "results"),
+                scheduler={"kind": "asha", "grace_period": 5, "reduction_factor": 2},
+                prune={"max_load_fraction": {"above": 0.99, "for_evals": 3}})
     f = tmp_path / "spec.yaml"
     f.write_text(yaml.safe_dump(spec))
     env = dict(os.environ, WANDB_API_KEY=SENTINEL, UPCYCLE_CACHE=str(tmp_path / "cache"),
