@@ -90,11 +90,11 @@ class ResultsCallback(tune.Callback):
         self.started = time.time()
         self._loaded = True
 
-    def setup(self, stop: Any = None, **info: Any) -> None:
-        """Tune's start (fresh or resumed), before any trial reports: ``stop`` is the stopper
-        Tune will ask, so the rows recorded before a resume seed that object's streaks."""
-        if isinstance(stop, HealthStopper):
-            self.health = stop
+    def setup(self, **info: Any) -> None:
+        """Tune's start (fresh or resumed), before any trial reports: the rows recorded before a
+        resume seed the stopper's streaks. Tune restores the stopper and this callback from one
+        pickle (``tuner.pkl``), so ``self.health`` is the very stopper Tune asks (checked on a
+        real restore in ``tests/sweeps/test_reliability.py``)."""
         self._ensure_loaded()
 
     def _track_best(self, row: dict[str, Any]) -> None:

@@ -233,10 +233,10 @@ def test_a_replayed_eval_never_counts_twice():
 
 
 def test_a_resumed_sweep_keeps_each_unfinished_trials_streak(tmp_path):
-    """``--resume``: Tune restores the stopper as it was pickled at the sweep's start (empty);
-    the results callback's ``setup`` replays the recorded rows of every unfinished trial into
-    the stopper Tune hands it, so a streak that began before the crash ends where it would
-    have without one."""
+    """``--resume``: Tune restores the stopper as it was pickled at the sweep's start (empty),
+    in one pickle with the results callback that holds it; the callback's ``setup`` replays the
+    recorded rows of every unfinished trial into it, so a streak that began before the crash
+    ends where it would have without one."""
     rules = {"max_load_fraction": {"above": 0.5, "for_evals": 3}}
     sp = parse_spec({"sweep": "s", "base": {"model": {"preset": "debug"}},
                      "search": {"seed": {"grid": [0, 1]}}, "prune": rules,
@@ -251,9 +251,9 @@ def test_a_resumed_sweep_keeps_each_unfinished_trials_streak(tmp_path):
     sink.close()
 
     stopper = HealthStopper(parse_prune(rules))
-    cb = ResultsCallback(sp, build_plan(sp), res, flush_s=1e9, health=None)
-    cb.setup(stop=stopper)
-    assert cb.health is stopper and "done" not in stopper.state
+    cb = ResultsCallback(sp, build_plan(sp), res, flush_s=1e9, health=stopper)
+    cb.setup(stop={}, num_samples=1)  # what Tune passes: its dict of stop criteria
+    assert "done" not in stopper.state
     assert not stopper("a", _row(2, **{"router.max_load": 0.8}))  # the checkpoint's replay
     assert stopper("a", _row(3, **{"router.max_load": 0.7}))
     assert stopper.verdict("a").values == (0.9, 0.8, 0.7)

@@ -17,9 +17,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import ray.cloudpickle
 import yaml
 
 from moe_core.errors import UpcycleError
+from sweeps.driver import ResultsCallback
+from sweeps.health import HealthStopper
 from sweeps.results import summarize
 from sweeps.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
 from tests.sweeps.tiny import tiny_base
@@ -144,6 +147,10 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
 
         pkl = res / "tune" / "tuner.pkl"
         good = pkl.read_bytes()
+        # the stopper Tune restores is the one the results callback reseeds: one pickle
+        rc = ray.cloudpickle.loads(good)["_run_config"]
+        assert rc.stop is next(c for c in rc.callbacks if isinstance(c, ResultsCallback)).health
+        assert isinstance(rc.stop, HealthStopper)
         pkl.write_bytes(pickle.dumps(_Evil()))
         os.chmod(pkl, 0o666)
         out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f), "--resume"], env=env,
