@@ -14,7 +14,8 @@ def tiny_dense(arch: str, path: Path, *, kv_heads: int = 2, tie: bool = False,
     """A random ``arch`` saved with save_pretrained at ``path``: llama, mistral (sliding
     window), qwen2 (q/k/v biases), qwen3 (q/k norms and a decoupled head_dim: 4 heads of 16 in a
     32-wide model), llama31 (Llama 3.1's ``llama3`` RoPE scaling, its three frequency bands all
-    populated: 1 kept, 1 blended, 2 divided); ``rope`` replaces the RoPE parameters. Biases and
+    populated: 1 kept, 1 blended, 2 divided), phi3 (fused q/k/v and gate/up projections);
+    ``rope`` replaces the RoPE parameters. Biases and
     norm weights (the q/k norms too) are random, so the mapping of each is tested."""
     import transformers
 
@@ -27,11 +28,14 @@ def tiny_dense(arch: str, path: Path, *, kv_heads: int = 2, tie: bool = False,
            "llama31": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[arch]
+           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+           "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[arch]
     if arch == "mistral":
         kw["sliding_window"] = 32
     if arch == "qwen3":
         kw["head_dim"] = 16
+    if arch == "phi3":
+        kw.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if arch == "llama31":  # head_dim 8, θ 500: wavelengths 6.3 (< 32/4), 30, 140, 664 (> 32)
         kw["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -1,4 +1,4 @@
-"""Hugging Face interchange: Llama (2, 3, 3.1+) / Mistral / Qwen2 / Qwen3 checkpoints in
+"""Hugging Face interchange: Llama (2, 3, 3.1+) / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoints in
 (``load_dense``, no transformers needed), Mixtral / Qwen2-MoE / Qwen3-MoE / Llama / Qwen3
 checkpoints out (``save_moe``), and the
 one-shot ``python -m moe_core.hf upcycle`` CLI. Nothing here touches the network.

@@ -2,12 +2,12 @@
        [--router topk_softmax|softmax_topk] [--shared N]
 python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe|qwen3_moe]
 
-``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint into an MoE
-with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight scaling),
-writes it as a Mixtral, Qwen2-MoE or (from Qwen3) Qwen3-MoE checkpoint
-(``moe_core.hf.save_moe``) in the source's dtype
-with its tokenizer files, and prints the function-preservation error it measured on a few
-random token batches: our MoE vs our dense model, and (unless --no-verify) transformers' load of
+``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoint into
+an MoE with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight
+scaling), writes it as a Mixtral, Qwen2-MoE or (from Qwen3) Qwen3-MoE checkpoint
+(``moe_core.hf.save_moe``) in the source's dtype with its tokenizer files, and prints the
+function-preservation error it measured on a few random token batches: our MoE vs our dense
+model, and (unless --no-verify) transformers' load of
 OUT_DIR vs our dense model.
 
 ``export`` writes one of this project's training checkpoints (a trial's ``step_…`` folder; an
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("upcycle", help="dense HF checkpoint -> HF MoE checkpoint")
     up.add_argument("src", metavar="SRC_DIR",
-                    help="Llama/Mistral/Qwen2/Qwen3 save_pretrained folder")
+                    help="Llama/Mistral/Qwen2/Qwen3/Phi-3 save_pretrained folder")
     up.add_argument("out", metavar="OUT_DIR", help="where the MoE checkpoint is written")
     up.add_argument("--experts", type=int, required=True, help="routed experts E")
     up.add_argument("--top-k", type=int, required=True, help="experts per token K")

@@ -3,7 +3,8 @@
 
 Dense: ``LlamaForCausalLM`` (Llama 2, 3 and 3.1+ with its ``llama3`` RoPE scaling),
 ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` (q/k norms, a decoupled
-head_dim) (:func:`load_dense`). MoE, as :func:`moe_core.hf.save_moe` writes them:
+head_dim), ``Phi3ForCausalLM`` (fused q/k/v and gate/up projections, split on load)
+(:func:`load_dense`). MoE, as :func:`moe_core.hf.save_moe` writes them:
 ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM`` and ``Qwen3MoeForCausalLM`` (:func:`load_moe`).
 Everything else is refused in one line.
 """
@@ -24,7 +25,8 @@ from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.model import Transformer
 
-DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+               "Phi3ForCausalLM")
 MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 """``model_type``s whose attention normalises each query and key head (``model.qk_norm``)."""
@@ -104,6 +106,10 @@ def _rope(hf: dict[str, Any], arch: str) -> tuple[float, RopeScaling | None]:
     src = {**(hf.get("rope_scaling") or {}), **rp}
     kind = src.get("rope_type") or src.get("type") or "default"
     theta = float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    partial = float(src.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise ConfigError(f"{arch}: partial_rotary_factor={partial:g} (RoPE on part of each "
+                          "head) has no equivalent here; RoPE rotates whole heads")
     if kind == "default":
         return theta, None
     if kind not in ("linear", "llama3"):
@@ -231,6 +237,24 @@ def _zero_qkv_bias(state: dict[str, torch.Tensor], cfg: ModelConfig) -> ModelCon
     return cfg
 
 
+def unfuse_phi3(hf_t: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's fused projections under Llama's names: ``qkv_proj`` rows [q | k | v] →
+    ``q_proj``/``k_proj``/``v_proj``, ``gate_up_proj`` rows [gate | up] → ``gate_proj``/
+    ``up_proj`` (transformers' Phi3 splits them the same way in its forward)."""
+    H, Hkv, Dh, F = cfg.n_head, cfg.kv_heads, cfg.resolved_head_dim, cfg.ffn_dim
+    out = dict(hf_t)
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        qkv = out.pop(p + "self_attn.qkv_proj.weight", None)
+        if qkv is not None:
+            for n, t in zip(("q", "k", "v"), qkv.split((H * Dh, Hkv * Dh, Hkv * Dh), 0)):
+                out[p + f"self_attn.{n}_proj.weight"] = t
+        gu = out.pop(p + "mlp.gate_up_proj.weight", None)
+        if gu is not None:
+            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gu.split((F, F), 0)
+    return out
+
+
 def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
                ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(ModelConfig, state dict) of a local Llama / Mistral / Qwen2 ``save_pretrained`` folder.
@@ -238,8 +262,8 @@ def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
     Reads config.json and the safetensors (sharded or not) itself: no transformers, no network.
     Tensors are cast to ``dtype`` (fp32 by default; None keeps the checkpoint's). q/k rows are
     permuted to this project's RoPE pair layout (:mod:`moe_core.hf.convert`). Anything without
-    an exact equivalent (another architecture, a RoPE scaling other than linear / llama3, an
-    o_proj bias, non-SwiGLU MLPs) is refused with one ``ConfigError`` line.
+    an exact equivalent (another architecture, a RoPE scaling other than linear / llama3,
+    partial RoPE, an o_proj bias, non-SwiGLU MLPs) is refused with one ``ConfigError`` line.
     """
     hf = read_config(path)
     arch = architecture(hf)
@@ -249,7 +273,8 @@ def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
     if arch not in DENSE_ARCHS:
         raise ConfigError(f"{arch} is not supported; load_dense reads {', '.join(DENSE_ARCHS)}")
     cfg = model_config(hf)
-    hf_t = _Tensors(read_tensors(path, dtype))
+    tensors = read_tensors(path, dtype)
+    hf_t = _Tensors(unfuse_phi3(tensors, cfg) if arch == "Phi3ForCausalLM" else tensors)
     hf_t.arch = arch
     state = _common(hf_t, cfg, arch)
     for i in range(cfg.n_layer):

@@ -23,9 +23,9 @@ from tests.hf_util import VOCAB, hf_logits, rel_err, tiny_dense
 TOL = 1e-5
 TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
 # (name, tie embeddings): Llama with GQA, Mistral (GQA, sliding window), Qwen2 (q/k/v biases),
-# Qwen3 (q/k norms, decoupled head_dim), Llama 3.1 (llama3 RoPE scaling)
+# Qwen3 (q/k norms, decoupled head_dim), Llama 3.1 (llama3 RoPE scaling), Phi-3 (fused projections)
 ARCHS = [("llama", False), ("mistral", False), ("qwen2", True), ("qwen3", True),
-         ("llama31", False)]
+         ("llama31", False), ("phi3", False)]
 MOES = {
     "coarse_e8_top2": MoEConfig(num_experts=8, top_k=2, router=RouterConfig(order="topk_softmax")),
     "granular_g2": MoEConfig(num_experts=8, top_k=4, granularity=2,
@@ -225,6 +225,9 @@ def test_refuses_a_shape_mismatch_and_a_missing_tensor(tmp_path):
     (path / "config.json").write_text(json.dumps({**hf, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}))
     _refused("rope_type='llama3' needs low_freq_factor", load_dense, path)
+    (path / "config.json").write_text(json.dumps({**hf, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}}))
+    _refused("partial_rotary_factor=0.75 .* RoPE rotates whole heads", load_dense, path)
 
 
 @pytest.mark.parametrize("moe, match", [
