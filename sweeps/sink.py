@@ -140,15 +140,19 @@ class ResultsSink:
                 rep.problems.append(f"{seg.name}:{i + 1} is truncated; skipped")
                 continue
             if "row" in rec:
-                self._put(rec["row"])
+                self._put(rec["row"], rewind=True)
                 n += 1
             elif "mark" in rec:
                 self._apply_mark(**rec["mark"])
         return n
 
     def _from_tune(self, tune_dir: Path, rep: LoadReport) -> int:
+        """Rows Tune recorded that nothing else kept. A trial's ``result.json`` holds every
+        attempt's results in order: it is replayed with the same rewind as the log, so a row
+        a later attempt rewrote away is not brought back."""
         n = 0
         for f in sorted(tune_dir.glob("*/result.json")):
+            curve: dict[RowKey, dict[str, Any]] = {}
             for line in f.read_text().splitlines():
                 try:
                     res = json.loads(line)
@@ -158,6 +162,11 @@ class ResultsSink:
                 if not tid or "step" not in res:
                     continue
                 row = row_from_result(res, tid)
+                key = _key(row)
+                for k in [k for k in curve if k[0] == key[0] and k[1] > key[1]]:
+                    del curve[k]
+                curve[key] = row
+            for row in curve.values():
                 if not self._has(row):
                     self._put(row)
                     n += 1
@@ -170,9 +179,17 @@ class ResultsSink:
         """Every row by (trial, step) (a copy of the index)."""
         return {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
 
-    def _put(self, row: dict[str, Any]) -> None:
+    def _put(self, row: dict[str, Any], rewind: bool = False) -> None:
+        """Index a row. With ``rewind`` (a row as it arrives, live or replayed from the log in
+        order) the trial's rows after its step go: a row at a step the trial already passed is
+        a replay (a restart from a checkpoint), its curve is rewritten from there, and rows the
+        new attempt never reaches (it was pruned or stopped sooner) must not outlive it."""
         t, step = _key(row)
-        self.trials.setdefault(t, {})[step] = row
+        mine = self.trials.setdefault(t, {})
+        if rewind:
+            for s in [s for s in mine if s > step]:
+                del mine[s]
+        mine[step] = row
         self._dirty.add(t)
 
     def _has(self, row: dict[str, Any]) -> bool:
@@ -183,7 +200,7 @@ class ResultsSink:
         """Record a row: durable (logged) when this returns."""
         row = json_safe(row)
         with self._lock:
-            self._put(row)
+            self._put(row, rewind=True)
             self._append({"row": row})
         self.maybe_flush()
 

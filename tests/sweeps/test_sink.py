@@ -114,3 +114,38 @@ def test_sink_pickles_without_its_rows_or_threads(tmp_path):
     back.load()
     assert ("a", 0) in back.rows
     sink.close()
+
+
+def test_a_replay_rewrites_the_curve_and_nothing_stale_outlives_it(tmp_path):
+    """A trial restarted from its step-2 checkpoint replays steps 3, 4 and is stopped there
+    (pruned, or its replay diverged): the first attempt's step 5 must not stay in its curve,
+    live, rebuilt from the log, or rebuilt from Tune's result.json, which holds both attempts."""
+    first = [_row("a", s) for s in range(6)]
+    second = [_row("a", s, val_loss=9.0 + s) for s in (3, 4)]
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for r in first + second:
+        sink.add(r)
+    want = [(s, 3.0 - 0.1 * s) for s in range(3)] + [(3, 12.0), (4, 13.0)]
+    assert sorted((s, r["val_loss"]) for (_, s), r in sink.rows.items()) == want
+    sink.add(_row("a", 4, val_loss=13.0, prune_rule="asha"))  # same step: replaces, no rewind
+    assert sorted(s for _, s in sink.rows) == [0, 1, 2, 3, 4]
+    sink.close()
+    assert sorted((r["step"], r["val_loss"]) for r in read_rows(tmp_path)) == want
+    # the driver died before any Parquet write: the log replays in order, rewinds included
+    (tmp_path / RESULTS_FILE).unlink()
+    sink2 = ResultsSink(tmp_path, flush_s=1e9)
+    for r in first + second:
+        sink2.add(r)
+    b = ResultsSink(tmp_path)
+    b.load()
+    assert sorted((s, r["val_loss"]) for (_, s), r in b.rows.items()) == want
+    # nothing but Tune's records: both attempts in one result.json, in order
+    for p in (tmp_path / "rows").glob("*.jsonl"):
+        p.unlink()
+    trial = tmp_path / "tune" / "run_a_00000"
+    trial.mkdir(parents=True)
+    (trial / "result.json").write_text("\n".join(json.dumps(dict(r, trial_id="a"))
+                                                 for r in first + second))
+    c = ResultsSink(tmp_path)
+    c.load(tmp_path / "tune")
+    assert sorted((s, r["val_loss"]) for (_, s), r in c.rows.items()) == want
