@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
-from moe_core.config import MoEConfig, RouterConfig
+from moe_core.config import MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf import load_dense, load_moe, load_tokenizer, save_moe
+from moe_core.hf.load import _moe_config, model_config
 from moe_core.model import build_model
 from moe_core.nn import rope_inv_freq
 from moe_core.params import count_params
@@ -176,6 +177,53 @@ def test_rope_scaling_equals_transformers(tmp_path, rope):
         s = (32 / (2 * math.pi / inv[1]) - 1) / 3
         want = torch.stack([inv[0], (1 - s) * inv[1] / 8 + s * inv[1], inv[2] / 8, inv[3] / 8])
         assert 0 < s < 1 and torch.allclose(mine, want, rtol=1e-12, atol=0)
+
+
+QWEN3_06B = {  # the Hub's Qwen/Qwen3-0.6B config.json (transformers 4 format), abridged
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128,
+    "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936,
+    "rope_theta": 1000000, "rope_scaling": None, "sliding_window": None,
+    "use_sliding_window": False, "tie_word_embeddings": True, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-06, "attention_bias": False, "hidden_act": "silu"}
+QWEN3_30B_A3B = {**QWEN3_06B, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                 "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4,
+                 "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                 "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                 "mlp_only_layers": [], "num_hidden_layers": 48, "tie_word_embeddings": False}
+LLAMA32_1B = {  # meta-llama/Llama-3.2-1B, abridged
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+    "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": True, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+    "hidden_act": "silu", "mlp_bias": False, "attention_bias": False}
+
+
+def test_hub_configs_give_the_model_cards_parameter_counts():
+    """Hub config.json files (transformers 4's ``rope_scaling``/``rope_theta`` format) read
+    into configs whose parameter counts are the model cards': Qwen3-0.6B "0.6B, non-embedding
+    0.44B", Qwen3-30B-A3B "30.5B in total and 3.3B activated, non-embedding 29.9B",
+    Llama-3.2-1B 1,235,814,400."""
+    q = model_config(QWEN3_06B)
+    assert (q.head_dim, q.qk_norm, q.rope_scaling, q.max_seq_len) == (128, True, None, 40960)
+    pc = count_params(q)
+    assert (round(pc.total / 1e9, 1), round(pc.non_embedding_total / 1e9, 2)) == (0.6, 0.44)
+    moe = model_config(QWEN3_30B_A3B, _moe_config(QWEN3_30B_A3B, "Qwen3MoeForCausalLM"))
+    assert (moe.moe.num_experts, moe.moe.top_k, moe.moe.expert_d_ff) == (128, 8, 768)
+    assert moe.moe.router.renormalize and moe.moe.router.order == "softmax_topk"
+    pc = count_params(moe)
+    active = pc.non_embedding_active + pc.embedding + pc.lm_head
+    # the card truncates to 0.1B: 30.53B, 3.353B (embedding, LM head and the active
+    # non-embedding parameters) and 29.91B
+    assert (int(pc.total / 1e8), int(active / 1e8), int(pc.non_embedding_total / 1e8)) == (
+        305, 33, 299)
+    llama = model_config(LLAMA32_1B)
+    assert count_params(llama).total == 1_235_814_400 and llama.head_dim is None
+    assert llama.rope_scaling == RopeScaling(kind="llama3", factor=32.0,
+                                             original_max_position=8192)
+    assert llama.rope_theta == 5e5 and llama.tie_embeddings
 
 
 # ---- refusals: one line each ---------------------------------------------------------------
