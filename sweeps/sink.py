@@ -69,6 +69,7 @@ class ResultsSink:
         self.log_dir = self.dir / "rows"
         self.flush_s = flush_s
         self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # trial → step → row
+        self._last: dict[str, int] = {}  # trial → its highest step (a rewind check in O(1))
         self._write = write
         self._lock = threading.Lock()
         self._writer: threading.Thread | None = None
@@ -84,11 +85,13 @@ class ResultsSink:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _writer=None, _log=None, trials={}, _tables={}, _dirty=set())
+        state.update(_lock=None, _writer=None, _log=None, trials={}, _last={}, _tables={},
+                     _dirty=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._last = {}  # absent from a sink pickled by an older version
         self._lock = threading.Lock()
         self._last_flush = time.time()
 
@@ -186,10 +189,13 @@ class ResultsSink:
         new attempt never reaches (it was pruned or stopped sooner) must not outlive it."""
         t, step = _key(row)
         mine = self.trials.setdefault(t, {})
-        if rewind:
+        last = self._last.get(t, step)
+        if rewind and step < last:  # rare: scan only then
             for s in [s for s in mine if s > step]:
                 del mine[s]
+            last = step
         mine[step] = row
+        self._last[t] = max(last, step)
         self._dirty.add(t)
 
     def _has(self, row: dict[str, Any]) -> bool:
