@@ -48,13 +48,14 @@ class Attention(nn.Module):
         H, Hkv, Dh = self.n_head, self.n_kv, self.head_dim
         if Hkv == H:
             q, k, v = self.wqkv(x).view(B, S, 3, H, Dh).unbind(2)
-        else:  # grouped-query attention: query head h reads key/value head h // (H / Hkv)
+        else:
             q, k, v = self.wqkv(x).split((H * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
-            q = q.view(B, S, H, Dh)
+            q, k, v = q.view(B, S, H, Dh), k.view(B, S, Hkv, Dh), v.view(B, S, Hkv, Dh)
+        if self.q_norm is not None:  # per head, before RoPE (Qwen3)
+            q, k = self.q_norm(q), self.k_norm(k)
+        if Hkv != H:  # grouped-query attention: query head h reads key/value head h // (H / Hkv)
             k, v = (t.view(B, S, Hkv, 1, Dh).expand(B, S, Hkv, H // Hkv, Dh).reshape(B, S, H, Dh)
                     for t in (k, v))
-        if self.q_norm is not None:  # per head, before RoPE; equal on the GQA-repeated heads
-            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

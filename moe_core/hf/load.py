@@ -257,7 +257,7 @@ def unfuse_phi3(hf_t: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
 
 def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
                ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(ModelConfig, state dict) of a local Llama / Mistral / Qwen2 ``save_pretrained`` folder.
+    """(ModelConfig, state dict) of a local Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder.
 
     Reads config.json and the safetensors (sharded or not) itself: no transformers, no network.
     Tensors are cast to ``dtype`` (fp32 by default; None keeps the checkpoint's). q/k rows are
