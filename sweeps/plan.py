@@ -237,7 +237,7 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     parent_bytes = 0
     for p in plan.parents.values():  # fp32 weights (the numpy export) + the optimizer state
         if p.child.parent.from_pretrained is not None:  # fp32 weights only
-            parent_bytes += count_params(p.child.model_config(moe=None)).total * 4
+            parent_bytes += count_params(p.child.model_config(moe="parent")).total * 4
             continue
         pc = p.child.parent_run()
         parent_bytes += count_params(pc.model_config()).total * (12 + 4 * _bf16(pc, gpus))

@@ -166,23 +166,44 @@ def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfi
     )
 
 
-def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
-                            max_seq_len: int) -> ModelConfig:
-    """The ModelConfig of a trial upcycled from the dense checkpoint at ``path`` (config.json
-    only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the checkpoint's)."""
+def _pretrained_hf(path: str | Path) -> tuple[dict[str, Any], str]:
+    """(config.json, architecture) of a ``parent.from_pretrained`` folder, dense or MoE."""
     try:
         hf = read_config(path)
     except ConfigError as e:
         raise ConfigError(f"parent.from_pretrained={str(path)!r}: {e}") from None
     arch = architecture(hf)
-    if arch not in DENSE_ARCHS:
+    if arch not in DENSE_ARCHS + MOE_ARCHS:
         raise ConfigError(f"parent.from_pretrained: {arch} is not supported; give a "
-                          f"{', '.join(DENSE_ARCHS)} folder")
+                          f"{', '.join(DENSE_ARCHS + MOE_ARCHS)} folder")
+    return hf, arch
+
+
+def pretrained_moe(path: str | Path) -> MoEConfig | None:
+    """The MoE of the checkpoint at ``path`` (Mixtral, Qwen2-MoE, Qwen3-MoE), None when it is
+    dense (config.json only)."""
+    hf, arch = _pretrained_hf(path)
+    return _moe_config(hf, arch) if arch in MOE_ARCHS else None
+
+
+def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
+                            max_seq_len: int) -> ModelConfig:
+    """The ModelConfig of a trial upcycled from the checkpoint at ``path``, dense or MoE
+    (config.json only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the
+    checkpoint's)."""
+    hf, _ = _pretrained_hf(path)
     cfg = model_config(hf)
     if max_seq_len > cfg.max_seq_len:
         raise ConfigError(f"data.seq_len (or model.max_seq_len)={max_seq_len} exceeds the "
                           f"checkpoint's {cfg.max_seq_len} positions; lower it")
     return dataclasses.replace(cfg, max_seq_len=max_seq_len, moe=moe)
+
+
+def load_pretrained(path: str | Path, dtype: torch.dtype | None = torch.float32
+                    ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """:func:`load_moe` or :func:`load_dense`, whichever the folder's architecture needs."""
+    _, arch = _pretrained_hf(path)
+    return (load_moe if arch in MOE_ARCHS else load_dense)(path, dtype)
 
 
 class _Tensors(dict):

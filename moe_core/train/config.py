@@ -21,7 +21,7 @@ from moe_core.config import ModelConfig, MoEConfig, _check, from_mapping
 from moe_core.config import coerce_number as coerce_number  # re-exported (sweeps.spec uses it)
 from moe_core.data import DataConfig
 from moe_core.errors import ConfigError, one_line, shown
-from moe_core.hf.load import pretrained_model_config
+from moe_core.hf.load import pretrained_model_config, pretrained_moe
 from moe_core.presets import model_config, preset
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig
 from moe_core.upcycle.utility import STRATEGIES
@@ -188,8 +188,10 @@ class ParentConfig:
     """D1: tokens the parent is trained for (or, for expand_experts, the transition point τ).
     Required unless ``from_pretrained`` is given."""
     from_pretrained: str | None = None
-    """A local Llama / Mistral / Qwen2 ``save_pretrained`` folder (``moe_core.hf.load_dense``):
-    the parent is loaded, not trained, and the trial's model dims come from it."""
+    """A local ``save_pretrained`` folder (``moe_core.hf.load_pretrained``): a dense Llama /
+    Mistral / Qwen2 / Qwen3 / Phi-3 (``dense_to_moe``, ``continue``) or a Mixtral / Qwen2-MoE /
+    Qwen3-MoE (``expand_experts``, ``continue``). The parent is loaded, not trained; the trial's
+    model dims, and an MoE parent's experts, come from it."""
     moe: MoEConfig | None = None
     """None = dense parent; an MoEConfig = the E-expert parent of expert upcycling."""
     lr: float | None = None
@@ -211,7 +213,8 @@ class ParentConfig:
             for key in ("tokens", "moe", "lr", "schedule", "batch", "seed"):
                 _check(getattr(self, key) is None,
                        f"parent.{key} contradicts parent.from_pretrained (the parent is loaded, "
-                       f"not trained, and is dense); remove parent.{key}")
+                       f"not trained, and its architecture is the checkpoint's); remove "
+                       f"parent.{key}")
             _check(self.decay, "parent.decay=false contradicts parent.from_pretrained (the "
                    "parent is loaded, not trained); remove parent.decay")
             return
@@ -219,6 +222,15 @@ class ParentConfig:
                "missing required key parent.tokens (or give parent.from_pretrained)")
         _check(self.tokens >= 1, f"parent.tokens={self.tokens} must be >= 1")
         _check(self.lr is None or self.lr > 0, f"parent.lr={self.lr} must be > 0")
+
+
+def _same_routing(a: MoEConfig, b: MoEConfig, d_ff: int) -> bool:
+    """The same experts and routing function (what a checkpoint fixes), whatever the training
+    knobs (balancing, capacity, aux coefficients)."""
+    keys = ("num_experts", "top_k", "num_shared_experts", "interleave")
+    return all(getattr(a, k) == getattr(b, k) for k in keys) and \
+        a.resolved_expert_d_ff(d_ff) == b.resolved_expert_d_ff(d_ff) and \
+        (a.router.order, a.router.renormalize) == (b.router.order, b.router.renormalize)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,39 +264,58 @@ class TrainConfig:
             object.__setattr__(self, "upcycle", UpcycleConfig())
         if self.upcycle is not None:
             _check(self.parent is not None, "upcycle is set but parent is missing; add parent:")
-            m = self.upcycle.method
-            if m == "dense_to_moe":
-                _check(
-                    self.parent.moe is None and self.moe is not None,
-                    "upcycle.method=dense_to_moe needs a dense parent (parent.moe: null) and an "
-                    "MoE child (moe: {...})",
-                )
-            elif m == "expand_experts":
-                _check(
-                    self.parent.moe is not None and self.moe is not None,
-                    "upcycle.method=expand_experts needs parent.moe and moe",
-                )
-                want = self.parent.moe.num_experts * self.upcycle.factor
-                _check(
-                    self.moe.num_experts == want,
-                    f"moe.num_experts={self.moe.num_experts} must equal parent.moe.num_experts "
-                    f"× upcycle.factor = {want}",
-                )
-                _check(
-                    self.moe.top_k == self.parent.moe.top_k,
-                    f"moe.top_k={self.moe.top_k} must equal parent.moe.top_k="
-                    f"{self.parent.moe.top_k} (expert upcycling keeps top-K)",
-                )
-            else:
-                _check(
-                    self.parent.moe == self.moe,
-                    "upcycle.method=continue needs the same moe config in parent and child",
-                )
-        if self.parent is not None and self.parent.from_pretrained is not None:
-            self._check_pretrained()
+            if self.parent.from_pretrained is not None:
+                self._check_pretrained()
+            self._check_upcycle(self.parent_moe())
         # Build the model config now so impossible shapes fail before any work.
         self.model_config()
         self.batch.accumulation_steps(1)
+
+    def _check_upcycle(self, parent_moe: MoEConfig | None) -> None:
+        """The upcycling method against the parent's architecture (``parent.moe``, or a
+        pretrained checkpoint's own) and the child's ``moe``."""
+        assert self.upcycle is not None
+        m, where = self.upcycle.method, (
+            "the parent.from_pretrained checkpoint's" if self.parent.from_pretrained else
+            "parent.moe")
+        if m == "dense_to_moe":
+            _check(
+                parent_moe is None and self.moe is not None,
+                "upcycle.method=dense_to_moe needs a dense parent (parent.moe: null) and an "
+                "MoE child (moe: {...})" + ("; this checkpoint is an MoE: use expand_experts "
+                                            "or continue" if parent_moe is not None else ""),
+            )
+        elif m == "expand_experts":
+            _check(
+                parent_moe is not None and self.moe is not None,
+                "upcycle.method=expand_experts needs an MoE parent (parent.moe, or an MoE "
+                "checkpoint) and moe",
+            )
+            want = parent_moe.num_experts * self.upcycle.factor
+            _check(
+                self.moe.num_experts == want,
+                f"moe.num_experts={self.moe.num_experts} must equal {where} num_experts="
+                f"{parent_moe.num_experts} × upcycle.factor = {want}",
+            )
+            _check(
+                self.moe.top_k == parent_moe.top_k,
+                f"moe.top_k={self.moe.top_k} must equal {where} top_k={parent_moe.top_k} "
+                "(expert upcycling keeps top-K)",
+            )
+        elif self.parent.from_pretrained is not None and parent_moe is not None:
+            d_ff = self.model_config(moe=None).ffn_dim
+            _check(self.moe is not None and _same_routing(parent_moe, self.moe, d_ff),
+                   f"upcycle.method=continue from an MoE checkpoint needs moe with its experts "
+                   f"and routing: num_experts={parent_moe.num_experts}, top_k="
+                   f"{parent_moe.top_k}, expert_d_ff={parent_moe.resolved_expert_d_ff(d_ff)}, "
+                   f"num_shared_experts={parent_moe.num_shared_experts}, interleave="
+                   f"{parent_moe.interleave}, router.order={parent_moe.router.order}, "
+                   f"router.renormalize={parent_moe.router.renormalize}")
+        else:
+            _check(
+                self.parent.moe == self.moe,
+                "upcycle.method=continue needs the same moe config in parent and child",
+            )
 
     def _check_pretrained(self) -> None:
         """Settings a pretrained parent decides refuse a contradicting value, naming the key."""
@@ -292,15 +323,21 @@ class TrainConfig:
         _check(self.model.preset == "debug",
                f"model.preset={self.model.preset!r} contradicts parent.from_pretrained: the "
                "model's dims come from the checkpoint; remove model.preset")
-        _check(self.upcycle.method in ("dense_to_moe", "continue"),
-               f"upcycle.method={self.upcycle.method} needs an MoE parent; a pretrained parent "
-               "is dense: use dense_to_moe or continue")
         _check(self.upcycle.lr_policy.policy == "reset",
                f"upcycle.lr_policy.policy={self.upcycle.lr_policy.policy} needs the parent's "
                "learning rate, which a pretrained checkpoint does not record; use reset")
 
+    def parent_moe(self) -> MoEConfig | None:
+        """The parent's MoE: ``parent.moe``, or a pretrained checkpoint's own (Mixtral,
+        Qwen2-MoE, Qwen3-MoE; read from its config.json); None for a dense parent."""
+        if self.parent is None:
+            return None
+        if self.parent.from_pretrained is not None:
+            return pretrained_moe(self.parent.from_pretrained)
+        return self.parent.moe
+
     def _parent_is_moe(self) -> bool:
-        return self.parent is not None and self.parent.moe is not None
+        return self.parent_moe() is not None
 
     @property
     def seq_len(self) -> int:
@@ -316,7 +353,7 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int | None = None, moe: Any = "self") -> ModelConfig:
         """ModelConfig of this run (``moe="parent"`` for the parent's architecture)."""
-        m = self.moe if moe == "self" else (self.parent.moe if moe == "parent" else moe)
+        m = self.moe if moe == "self" else (self.parent_moe() if moe == "parent" else moe)
         if self.parent is not None and self.parent.from_pretrained is not None:
             return pretrained_model_config(self.parent.from_pretrained, m,
                                            self.model.max_seq_len or self.data.seq_len)

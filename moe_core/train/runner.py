@@ -17,7 +17,7 @@ import torch
 
 from moe_core.config import model_config_from_dict
 from moe_core.data import data_fingerprint
-from moe_core.hf.load import checkpoint_hash, load_dense, weight_files
+from moe_core.hf.load import checkpoint_hash, load_pretrained, weight_files
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
@@ -65,10 +65,10 @@ _PRETRAINED_KEYS: dict[tuple, str] = {}
 
 
 def load_pretrained_parent(path: str | Path, cache: Path) -> ParentState:
-    """Load a Hugging Face dense checkpoint (``moe_core.hf.load_dense``) into the parent cache
-    at ``cache`` (same format as a trained parent: fp32 safetensors, no optimizer state; the
-    learning rates are unknown, NaN) and return it."""
-    cfg, state = load_dense(path)
+    """Load a Hugging Face checkpoint, dense or MoE (``moe_core.hf.load_pretrained``), into the
+    parent cache at ``cache`` (same format as a trained parent: fp32 safetensors, no optimizer
+    state; the learning rates are unknown, NaN) and return it."""
+    cfg, state = load_pretrained(path)
     save_checkpoint(cache, model_state=state, optimizer_state=None, meta={
         "step": 0, "tokens": 0, "peak_lr": math.nan, "lr": math.nan, "val_loss": math.nan,
         "parent_key": cache.name, "from_pretrained": str(Path(path).resolve()),

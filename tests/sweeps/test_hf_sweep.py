@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf import load_dense, load_moe, save_moe
 from moe_core.model import build_model
@@ -20,6 +21,7 @@ from moe_core.train import Trainer
 from moe_core.train.config import train_config_from_dict
 from moe_core.train.evaluate import evaluate
 from moe_core.train.runner import parent_key, train_parent
+from moe_core.upcycle import dense_to_moe_state
 from tests.hf_util import hf_logits, rel_err, tiny_dense
 
 BASE = {
@@ -140,3 +142,74 @@ def test_qwen3_and_llama31_parents_upcycle_train_and_export(tmp_path, arch):
     with torch.no_grad():
         mine = t.model(x).logits
     assert rel_err(hf_logits(tmp_path / "hf", x), mine) < 1e-5
+
+
+def _hf_moe(tmp_path, top_k=1):
+    """A Mixtral folder: a tiny random Llama upcycled to 4 coarse experts (top-1, so that
+    doubling the experts preserves the function exactly: 003 Def. 3.1, see
+    tests/moe_core/test_upcycle_experts.py) and lightly trained so the experts differ."""
+    cfg, state = load_dense(tiny_dense("llama", tmp_path / "src"))
+    moe = MoEConfig(num_experts=4, top_k=top_k, router=RouterConfig(order="topk_softmax"))
+    st, mc = dense_to_moe_state(state, cfg, moe, seed=0)
+    m = build_model(mc)
+    m.load_state_dict(st)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randint(0, 32, (4, 17), generator=g)
+        out = m(x[:, :-1], x[:, 1:])
+        (out.loss + out.aux_loss).backward()
+        opt.step()
+        opt.zero_grad()
+    assert save_moe(m, None, tmp_path / "mixtral") == "MixtralForCausalLM"
+    return tmp_path / "mixtral", m
+
+
+def test_an_hf_moe_checkpoint_grows_its_experts(tmp_path):
+    """parent.from_pretrained names a Mixtral folder: the parent is the checkpoint's MoE
+    (its experts and routing read from config.json), ``expand_experts`` doubles them in the
+    Trainer (the first eval equals the checkpoint's own loss on the same batches), training
+    goes on, and the 8-expert model exports as Mixtral with transformers' logits equal ours."""
+    path, src = _hf_moe(tmp_path)
+    over = {"moe": {"num_experts": 8, "top_k": 1, "router": {"order": "topk_softmax"}},
+            "upcycle.method": "expand_experts", "upcycle.factor": 2,
+            "eval.every_steps": 2, "eval.batches": 2, "tokens": 128}
+    cfg = cfg_with(path, **over)
+    assert cfg.parent_moe().num_experts == 4
+    assert cfg.model_config(moe="parent").moe.num_experts == 4
+    parent, _ = train_parent(cfg, tmp_path / "cache")
+    assert parent.model_config.moe.num_experts == 4
+    t = Trainer(cfg, parent=parent)
+    res = t.fit()
+    ref = build_model(dataclasses.replace(src.config, max_seq_len=16))
+    ref.load_state_dict(src.state_dict())
+    assert abs(res.initial_val_loss - evaluate(ref, t.val, torch.device("cpu"))["val_loss"]) \
+        < 1e-5
+    assert abs(res.val_loss - res.initial_val_loss) > 1e-4  # it trained
+    assert save_moe(t.full_model_state(), t.model.config, tmp_path / "hf") == "MixtralForCausalLM"
+    x = t.val[0][0]
+    t.model.eval()
+    with torch.no_grad():
+        assert rel_err(hf_logits(tmp_path / "hf", x), t.model(x).logits) < 1e-5
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"moe": {"num_experts": 8, "top_k": 1}},  # dense_to_moe, the default method
+     "dense_to_moe needs a dense parent .*; this checkpoint is an MoE: use expand_experts"),
+    ({"moe": {"num_experts": 12, "top_k": 1}, "upcycle.method": "expand_experts",
+      "upcycle.factor": 2},
+     "moe.num_experts=12 must equal the parent.from_pretrained checkpoint's num_experts=4 × "
+     r"upcycle.factor = 8"),
+    ({"moe": {"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
+      "upcycle.method": "continue"},
+     "continue from an MoE checkpoint needs moe with its experts and routing: num_experts=4, "
+     "top_k=1"),
+])
+def test_an_hf_moe_parent_refuses_what_contradicts_it(tmp_path, over, match):
+    path, _ = _hf_moe(tmp_path)
+    with pytest.raises(ConfigError, match=match) as e:
+        cfg_with(path, **over)
+    assert "\n" not in str(e.value)
+    # continue with its own routing (and a training knob of the child's choosing) is fine
+    cfg_with(path, **{"moe": {"num_experts": 4, "top_k": 1, "router": {
+        "order": "topk_softmax", "aux_coef": 0.05}}, "upcycle.method": "continue"})
