@@ -4,11 +4,12 @@ python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe|qw
 
 ``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoint into
 an MoE with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight
-scaling), writes it as a Mixtral, Qwen2-MoE or (from Qwen3) Qwen3-MoE checkpoint
-(``moe_core.hf.save_moe``) in the source's dtype with its tokenizer files, and prints the
-function-preservation error it measured on a few random token batches: our MoE vs our dense
-model, and (unless --no-verify) transformers' load of
-OUT_DIR vs our dense model.
+scaling), or grows a Mixtral / Qwen2-MoE / Qwen3-MoE checkpoint's experts to ``--experts``
+(003 Def. 3.1, uniform replication; its routing and top-K kept), writes it as a Mixtral,
+Qwen2-MoE or (q/k norms) Qwen3-MoE checkpoint (``moe_core.hf.save_moe``) in the source's dtype
+with its tokenizer files, and prints the function-preservation error it measured on a few
+random token batches: our MoE vs our source model, and (unless --no-verify) transformers' load
+of OUT_DIR vs our source model.
 
 ``export`` writes one of this project's training checkpoints (a trial's ``step_…`` folder; an
 expert-parallel one's per-rank shards are joined, ``Checkpoint.full_model_state``) as a Hugging
@@ -29,12 +30,12 @@ import torch
 
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import UpcycleError, one_line
-from moe_core.hf.load import load_dense, read_config
+from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.model import build_model
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import train_config_from_dict
-from moe_core.upcycle import dense_to_moe_state
+from moe_core.upcycle import dense_to_moe_state, expand_experts_state
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt")
@@ -62,21 +63,45 @@ def _logits(model: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
     return [model(b).logits for b in batches]  # ours and transformers' outputs both have .logits
 
 
+def _grow(args: argparse.Namespace, src_cfg: Any, src_state: dict[str, torch.Tensor]
+          ) -> tuple[dict[str, torch.Tensor], Any]:
+    """An MoE source's experts × ``--experts / E``, uniformly replicated (003 Def. 3.1); its
+    routing, top-K, expert width and shared experts are kept."""
+    m = src_cfg.moe
+    if args.experts % m.num_experts or args.experts <= m.num_experts:
+        raise UpcycleError(f"--experts {args.experts}: the source has {m.num_experts} experts; "
+                           "give a multiple of them (expert upcycling replicates each)")
+    if args.top_k != m.top_k:
+        raise UpcycleError(f"--top-k {args.top_k}: the source routes to {m.top_k}; expert "
+                           "upcycling keeps top-K (003)")
+    if args.granularity != 1 or args.shared:
+        raise UpcycleError("--granularity and --shared shape a dense source's experts; an MoE "
+                           "source keeps its own")
+    state, cfg, _ = expand_experts_state(src_state, src_cfg, args.experts // m.num_experts,
+                                         seed=args.seed)
+    return state, cfg
+
+
 def upcycle(args: argparse.Namespace) -> dict[str, Any]:
+    """A dense source → an MoE (dense_to_moe); an MoE source → more experts (expand_experts)."""
     src, out = Path(args.src), Path(args.out)
-    dense_cfg, dense_state = load_dense(src)
-    moe = MoEConfig(num_experts=args.experts, top_k=args.top_k, granularity=args.granularity,
-                    num_shared_experts=args.shared, router=RouterConfig(order=args.router))
-    state, cfg = dense_to_moe_state(dense_state, dense_cfg, moe, seed=args.seed)
+    src_cfg, src_state = load_pretrained(src)
+    kind = "dense" if src_cfg.moe is None else "source"
+    if src_cfg.moe is None:
+        moe = MoEConfig(num_experts=args.experts, top_k=args.top_k, granularity=args.granularity,
+                        num_shared_experts=args.shared, router=RouterConfig(order=args.router))
+        state, cfg = dense_to_moe_state(src_state, src_cfg, moe, seed=args.seed)
+    else:
+        state, cfg = _grow(args, src_cfg, src_state)
     extra = {n: src / n for n in TOKENIZER_FILES if (src / n).is_file()}
     arch = save_moe(state, cfg, out, arch=args.arch, dtype=_dtype(read_config(src)),
                     extra_files=extra)
     batches = _batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
                        args.seed)
-    dense = build_model(dense_cfg)
-    dense.load_state_dict(dense_state)
-    ref = _logits(dense, batches)
-    del dense
+    source = build_model(src_cfg)
+    source.load_state_dict(src_state)
+    ref = _logits(source, batches)
+    del source
     ours = build_model(cfg)
     ours.load_state_dict(state)
     err = max(rel_err(a, b) for a, b in zip(_logits(ours, batches), ref))
@@ -84,17 +109,19 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "experts": args.experts,
                            "top_k": args.top_k, "granularity": args.granularity,
                            "shared": args.shared, "router": args.router,
-                           "batches": len(batches), "moe_vs_dense": err}
+                           "batches": len(batches), f"moe_vs_{kind}": err}
+    if src_cfg.moe is not None:
+        res.update(source_experts=src_cfg.moe.num_experts, router=src_cfg.moe.router.order)
     print(f"wrote {arch} to {out}")
     print(f"function preservation, max |Δlogits| / max |logits| over {len(batches)} batches:")
-    print(f"  our MoE vs our dense          {err:.3e}")
+    print(f"  our MoE vs our {kind:<15}{err:.3e}")
     if not args.no_verify:
         import transformers  # noqa: PLC0415 (verification only)
 
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-        res["transformers_vs_dense"] = max(rel_err(a, b)
-                                           for a, b in zip(_logits(hf, batches), ref))
-        print(f"  transformers' {arch} vs our dense  {res['transformers_vs_dense']:.3e}")
+        res[f"transformers_vs_{kind}"] = max(rel_err(a, b)
+                                             for a, b in zip(_logits(hf, batches), ref))
+        print(f"  transformers' {arch} vs our {kind}  {res[f'transformers_vs_{kind}']:.3e}")
     return res
 
 
@@ -145,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.hf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("upcycle", help="dense HF checkpoint -> HF MoE checkpoint")
+    up = sub.add_parser("upcycle", help="HF checkpoint -> HF MoE checkpoint (dense -> MoE, or "
+                                        "an MoE -> more experts)")
     up.add_argument("src", metavar="SRC_DIR",
-                    help="Llama/Mistral/Qwen2/Qwen3/Phi-3 save_pretrained folder")
+                    help="Llama/Mistral/Qwen2/Qwen3/Phi-3 (dense) or Mixtral/Qwen2-MoE/Qwen3-MoE "
+                         "save_pretrained folder")
     up.add_argument("out", metavar="OUT_DIR", help="where the MoE checkpoint is written")
     up.add_argument("--experts", type=int, required=True, help="routed experts E")
     up.add_argument("--top-k", type=int, required=True, help="experts per token K")

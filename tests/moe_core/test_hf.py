@@ -330,6 +330,33 @@ def test_cli_upcycle_prints_the_measured_error(tmp_path, capsys):
     assert "Mixtral has no shared expert" in capsys.readouterr().err
 
 
+def test_cli_upcycle_grows_an_hf_moe(tmp_path, capsys):
+    """An MoE source (a top-1 Mixtral) grows 4 → 8 experts (003 Def. 3.1, exact at top-1):
+    our model and transformers' load of the result equal the source's logits; an expert
+    count that is not a multiple, or another top-K, is one error line, exit 2."""
+    from moe_core.hf.__main__ import main
+
+    cfg, state = load_dense(tiny_dense("llama", tmp_path / "src"))
+    moe = MoEConfig(num_experts=4, top_k=1, router=RouterConfig(order="topk_softmax"))
+    moe_state, moe_cfg = dense_to_moe_state(state, cfg, moe, seed=0)
+    moe_state = {k: v + 0.01 * torch.randn_like(v) if ".mlp.w_" in k else v
+                 for k, v in moe_state.items()}  # experts that differ
+    assert save_moe(moe_state, moe_cfg, tmp_path / "mixtral") == "MixtralForCausalLM"
+    assert main(["upcycle", str(tmp_path / "mixtral"), str(tmp_path / "out"), "--experts", "8",
+                 "--top-k", "1", "--batches", "2", "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["architecture"] == "MixtralForCausalLM" and res["source_experts"] == 4
+    assert res["moe_vs_source"] < TOL and res["transformers_vs_source"] < TOL
+    cfg8, _ = load_moe(tmp_path / "out")
+    assert cfg8.moe.num_experts == 8 and cfg8.moe.top_k == 1
+    for argv, err in [(["--experts", "6", "--top-k", "1"], "give a multiple of them"),
+                      (["--experts", "8", "--top-k", "2"], "expert upcycling keeps top-K")]:
+        assert main(["upcycle", str(tmp_path / "mixtral"), str(tmp_path / "o2"), *argv,
+                     "--no-verify"]) == 2
+        assert err in capsys.readouterr().err
+
+
 def test_cli_export_writes_a_training_checkpoint(tmp_path, capsys):
     """``export`` turns a Trainer checkpoint into an HF folder that transformers reads with our
     logits; a folder that is not a checkpoint is one error line, exit 2."""
