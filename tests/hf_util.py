@@ -63,3 +63,17 @@ def hf_logits(path: Path, tokens: torch.Tensor) -> torch.Tensor:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a − b| / max |b|."""
     return float((a - b).abs().max() / b.abs().max())
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, vocab: int,
+                steps: int = 3, seed: int = 0) -> torch.nn.Module:
+    """``steps`` optimizer steps of ``model`` on random (4, 17) token batches drawn from
+    ``seed`` (LM loss plus the router's aux loss), so weights (experts, routers) differ."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randint(0, vocab, (4, 17), generator=g)
+        out = model(x[:, :-1], x[:, 1:])
+        (out.loss + out.aux_loss).backward()
+        opt.step()
+        opt.zero_grad()
+    return model

@@ -19,7 +19,7 @@ from moe_core.model import build_model
 from moe_core.nn import rope_inv_freq
 from moe_core.params import count_params
 from moe_core.upcycle import dense_to_moe_state
-from tests.hf_util import VOCAB, hf_logits, rel_err, tiny_dense
+from tests.hf_util import VOCAB, hf_logits, rel_err, tiny_dense, train_steps
 
 TOL = 1e-5
 TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -117,14 +117,7 @@ def test_round_trip_after_training(tmp_path):
                               router=RouterConfig(order="softmax_topk")), seed=0)
     model = build_model(moe_cfg)
     model.load_state_dict(moe_state)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        x = torch.randint(0, VOCAB, (4, 17), generator=g)
-        out = model(x[:, :-1], x[:, 1:])
-        (out.loss + out.aux_loss).backward()
-        opt.step()
-        opt.zero_grad()
+    train_steps(model, torch.optim.AdamW(model.parameters(), lr=1e-2), VOCAB)
     trained = ours(moe_cfg, model.state_dict())
     assert rel_err(trained, ours(moe_cfg, moe_state)) > 1e-3  # it did train
     save_moe(model, None, tmp_path / "out", max_shard_bytes=20_000)

@@ -14,6 +14,7 @@ from moe_core.upcycle import (
     optimizer_param_names,
     shard_optimizer_state,
 )
+from tests.hf_util import train_steps
 
 EXPERT_KEYS = ("w_gate", "w_up", "w_down", "router.weight")
 
@@ -27,14 +28,7 @@ def trained():
     no_decay = [p for p in m.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        x = torch.randint(0, 40, (4, 17), generator=g)
-        out = m(x[:, :-1], x[:, 1:])
-        (out.loss + out.aux_loss).backward()
-        opt.step()
-        opt.zero_grad()
-    return m, opt
+    return train_steps(m, opt, 40), opt
 
 
 def _param(model, name):

@@ -22,7 +22,7 @@ from moe_core.train.config import train_config_from_dict
 from moe_core.train.evaluate import evaluate
 from moe_core.train.runner import parent_key, train_parent
 from moe_core.upcycle import dense_to_moe_state
-from tests.hf_util import hf_logits, rel_err, tiny_dense
+from tests.hf_util import hf_logits, rel_err, tiny_dense, train_steps
 
 BASE = {
     "moe": {"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
@@ -153,14 +153,7 @@ def _hf_moe(tmp_path, top_k=1):
     st, mc = dense_to_moe_state(state, cfg, moe, seed=0)
     m = build_model(mc)
     m.load_state_dict(st)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        x = torch.randint(0, 32, (4, 17), generator=g)
-        out = m(x[:, :-1], x[:, 1:])
-        (out.loss + out.aux_loss).backward()
-        opt.step()
-        opt.zero_grad()
+    train_steps(m, torch.optim.AdamW(m.parameters(), lr=1e-2), 32)
     assert save_moe(m, None, tmp_path / "mixtral") == "MixtralForCausalLM"
     return tmp_path / "mixtral", m
 
