@@ -10,7 +10,6 @@ with ``status: pruned`` and the rule and values that fired.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ from ray.tune import Stopper
 from ray.tune.schedulers import ASHAScheduler
 
 from sweeps.prune import PruneConfig, Verdict, check
+from sweeps.sink import tune_results
 
 
 class HealthStopper(Stopper):
@@ -86,11 +86,7 @@ def recorded_results(trial: Any, time_attr: str, metric: str) -> list[tuple[int,
     if not f.is_file():
         return []
     out = []
-    for line in f.read_text().splitlines():
-        try:
-            res = json.loads(line)
-        except ValueError:  # a line cut by a kill: everything before it is whole
-            continue
+    for res in tune_results(f):
         it, v = res.get(time_attr), res.get(metric)
         if isinstance(it, (int, float)) and isinstance(v, (int, float)) and math.isfinite(v):
             out.append((it, float(v)))

@@ -49,6 +49,27 @@ def _key(row: dict[str, Any]) -> RowKey:
     return str(row["trial_id"]), int(row.get("step") or 0)
 
 
+def rewind(curve: dict[int, Any], step: int) -> None:
+    """A row at ``step`` arrives: a trial's curve (step → row) drops every later step. A row
+    at a step the trial already passed is a replay (a restart from a checkpoint): its curve is
+    rewritten from there, and rows the new attempt never reaches (it was pruned or stopped
+    sooner) must not outlive it."""
+    for s in [s for s in curve if s > step]:
+        del curve[s]
+
+
+def tune_results(path: Path) -> list[dict[str, Any]]:
+    """The results in a Tune ``result.json``, oldest first; a line cut by a kill (or any line
+    that is not JSON) is skipped: everything before it is whole."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 @dataclass
 class LoadReport:
     from_parquet: int = 0
@@ -143,7 +164,7 @@ class ResultsSink:
                 rep.problems.append(f"{seg.name}:{i + 1} is truncated; skipped")
                 continue
             if "row" in rec:
-                self._put(rec["row"], rewind=True)
+                self._put(rec["row"], replay=True)
                 n += 1
             elif "mark" in rec:
                 self._apply_mark(**rec["mark"])
@@ -155,20 +176,15 @@ class ResultsSink:
         a later attempt rewrote away is not brought back."""
         n = 0
         for f in sorted(tune_dir.glob("*/result.json")):
-            curve: dict[RowKey, dict[str, Any]] = {}
-            for line in f.read_text().splitlines():
-                try:
-                    res = json.loads(line)
-                except ValueError:
-                    continue
+            curve: dict[int, dict[str, Any]] = {}  # one trial's folder, one trial's curve
+            for res in tune_results(f):
                 tid = res.get("trial_id")
                 if not tid or "step" not in res:
                     continue
                 row = row_from_result(res, tid)
-                key = _key(row)
-                for k in [k for k in curve if k[0] == key[0] and k[1] > key[1]]:
-                    del curve[k]
-                curve[key] = row
+                step = _key(row)[1]
+                rewind(curve, step)
+                curve[step] = row
             for row in curve.values():
                 if not self._has(row):
                     self._put(row)
@@ -182,17 +198,14 @@ class ResultsSink:
         """Every row by (trial, step) (a copy of the index)."""
         return {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
 
-    def _put(self, row: dict[str, Any], rewind: bool = False) -> None:
-        """Index a row. With ``rewind`` (a row as it arrives, live or replayed from the log in
-        order) the trial's rows after its step go: a row at a step the trial already passed is
-        a replay (a restart from a checkpoint), its curve is rewritten from there, and rows the
-        new attempt never reaches (it was pruned or stopped sooner) must not outlive it."""
+    def _put(self, row: dict[str, Any], replay: bool = False) -> None:
+        """Index a row. With ``replay`` (a row as it arrives, live or replayed from the log in
+        order) the trial's later rows go (:func:`rewind`)."""
         t, step = _key(row)
         mine = self.trials.setdefault(t, {})
         last = self._last.get(t, step)
-        if rewind and step < last:  # rare: scan only then
-            for s in [s for s in mine if s > step]:
-                del mine[s]
+        if replay and step < last:  # rare: scan only then
+            rewind(mine, step)
             last = step
         mine[step] = row
         self._last[t] = max(last, step)
@@ -206,7 +219,7 @@ class ResultsSink:
         """Record a row: durable (logged) when this returns."""
         row = json_safe(row)
         with self._lock:
-            self._put(row, rewind=True)
+            self._put(row, replay=True)
             self._append({"row": row})
         self.maybe_flush()
 
