@@ -10,6 +10,7 @@ Modules, lowest first (each imports only modules above it):
 - ``sweep``: one sweep's results as typed groups (``Sweep``, ``Group``, ``Stat``);
 - ``sections``: report sections as data; ``plots``: every figure; ``claims``: the seeds' claims
   a sweep tests, chosen by the knobs it varies;
+- ``noise``: seed-to-seed noise of ln L and its share common to a stable run (``analysis.noise``);
 - ``cli``: the ``analysis.fit`` and ``analysis.derived`` command lines and the error contract
   every analysis command line shares; ``report``: assembles a sweep's report.
 

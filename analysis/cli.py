@@ -31,6 +31,7 @@ from analysis.derived import (
 )
 from analysis.fit import DEFAULT_DELTA, FitResult, fit
 from analysis.laws import TABLE2, get_law
+from analysis.noise import format_noise, read_noise
 from moe_core.errors import FitError
 
 ERROR_EXIT = 2
@@ -295,4 +296,41 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(r, allow_nan=False))
     else:
         print("\n".join(format_decision(r)))
+    return 0
+
+
+# ---- python -m analysis.noise ---------------------------------------------------------------
+
+
+def _noise_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.noise",
+        description="Seed-to-seed noise of ln L in a sweep run with several seeds, and the share "
+                    "of it that trials of one parent / WSD stable run have in common.")
+    ap.add_argument("results", help="a sweep's results (directory, Parquet or CSV) with 2+ seeds")
+    ap.add_argument("--point", default="D1,D2",
+                    help="columns that identify a configuration apart from its seed "
+                         "(default D1,D2)")
+    ap.add_argument("--group", default="parent_key",
+                    help="column whose equal values share noise (default parent_key: one "
+                         "parent and its WSD stable run per D1 and seed)")
+    ap.add_argument("--axis", default="D2",
+                    help="column along which to report correlation by distance, in octaves "
+                         "(default D2)")
+    ap.add_argument("--metric", default="val_loss")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return ap
+
+
+@one_line_errors
+def noise_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis.noise``."""
+    args = _noise_parser().parse_args(argv)
+    point = tuple(p.strip() for p in args.point.split(",") if p.strip())
+    n = read_noise(args.results, point=point, group=args.group, axis=args.axis,
+                   metric=args.metric)
+    if args.json:
+        print(json.dumps(n.to_dict(), allow_nan=False))
+    else:
+        print("\n".join(format_noise(n)))
     return 0

@@ -67,7 +67,7 @@ def study(s: int, args) -> dict:
     def block(**kw):
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
                                 "fix": {"E": st.upcycled["E"]}, "bootstrap": args.bootstrap,
-                                "ci_width": None, **kw})
+                                "ci_width": None, "noise": args.noise, "icc": args.icc, **kw})
 
     grid = LawDesign(block(max_trials=25),
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
@@ -118,6 +118,11 @@ def main() -> None:
     ap.add_argument("--sigma-group", type=float, default=0.0,
                     help="noise sd in ln L shared by the trials of one WSD stable run")
     ap.add_argument("--bootstrap", type=int, default=60)
+    ap.add_argument("--noise", choices=("groups", "trials"), default="groups",
+                    help="law.noise of both designs: the parametric bootstrap that keeps a "
+                         "stable run's shared noise (default), or resampling trials")
+    ap.add_argument("--icc", type=float, default=None,
+                    help="law.icc of both designs (default: estimated at each refit)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="times the searcher may run one point (fresh noise each; a what-if: "
                          "the driver runs each candidate once)")
@@ -153,7 +158,8 @@ def main() -> None:
               f"{d['flops'] / r['grid_cost']:>6.3f}{'' if d['reached'] else '*'}")
     design, paired = summarise(rows, "design"), summarise(rows, "paired")
     out = {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
-           "bootstrap": args.bootstrap, "repeats": args.repeats, "branches": args.branches,
+           "bootstrap": args.bootstrap, "noise": args.noise, "icc": args.icc,
+           "repeats": args.repeats, "branches": args.branches,
            "d1_points": args.d1_points, "d2_points": args.d2_points,
            "max_trials": args.max_trials, "ci_level": 0.9,
            "grid_width_median": design_w if math.isfinite(design_w) else None,

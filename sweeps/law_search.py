@@ -46,7 +46,7 @@ from ray.tune.search import Searcher
 from moe_core.errors import FitError
 from moe_core.params import count_params
 from moe_core.scaling.crossing import sign_changes
-from moe_core.scaling.fit import fit
+from moe_core.scaling.fit import fit, group_noise_bootstrap
 from moe_core.scaling.laws import Points, get_law
 from sweeps import console
 from sweeps.plan import extends_stable
@@ -183,6 +183,7 @@ class LawDesign:
 
     narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
     _fit_on: tuple[int, ...] = ()
+    _noise = (1e-4, 0.0)
 
     def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
         if not candidates:
@@ -208,7 +209,10 @@ class LawDesign:
         self.history: list[dict[str, Any]] = []
         self.estimate: Estimate | None = None
         self._ensemble: np.ndarray | None = None
-        self._sigma2 = 1e-4
+        self._noise = (1e-4, 0.0)
+        """(own, shared) noise variance in ln L: a trial's own, and the part common to its
+        group (WSD stable run, else parent), from the last refit."""
+        self._gidx = self._group_index()
         self._fit_on: list[int] = []
         self.narrow = 0
         """Consecutive refits whose interval was narrow enough."""
@@ -307,14 +311,23 @@ class LawDesign:
         if len(pts) < len(free) + 1:
             return None
         self.rounds += 1
+        seed = self.seed * 7919 + self.rounds
+        by_group = getattr(self.cfg, "noise", "trials") == "groups"
         try:
-            r = fit(self.law, pts, fixed=self.fixed, bootstrap=self.cfg.bootstrap,
-                    seed=self.seed * 7919 + self.rounds, n_jobs=1, max_starts=64)
+            r = fit(self.law, pts, fixed=self.fixed, bootstrap=0 if by_group else
+                    self.cfg.bootstrap, seed=seed, n_jobs=1, max_starts=64)
+            if by_group:
+                groups = [self._group(i) for i in sorted(self.observed)]
+                boot, comp = group_noise_bootstrap(self.law, pts, r, groups, self.cfg.bootstrap,
+                                                   seed=seed, icc=self.cfg.icc)
+                self._noise = (max(comp.own, 1e-8), comp.shared)
+            else:
+                boot = r.bootstrap
         except FitError:
             return None
         names = [p.name for p in free]
         samples = []
-        for row in r.bootstrap:
+        for row in boot:
             if np.all(np.isfinite(row)):
                 samples.append({**self.fixed, **dict(zip(names, row))})
         if len(samples) < 10:
@@ -325,8 +338,9 @@ class LawDesign:
         est = Estimate(*(_natural_value(self.cfg, v) for v in (t0, lo, hi)), len(pts),
                        dict(r.params))
         self.estimate = est
-        dof = max(1, len(pts) - len(free))
-        self._sigma2 = max(float(np.sum(r.residuals ** 2)) / dof, 1e-6)
+        if not by_group:
+            dof = max(1, len(pts) - len(free))
+            self._noise = (max(float(np.sum(r.residuals ** 2)) / dof, 1e-6), 0.0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict()})
         ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
@@ -383,7 +397,7 @@ class LawDesign:
                 led.add(self.candidates[pick])
                 out.append(pick)
             return out
-        C = np.cov(Z, rowvar=False)
+        C = self._augmented(np.cov(Z, rowvar=False))
         out: list[int] = []
         while len(out) < room and avail:
             for pick in self._best_package(C, avail, led)[:room - len(out)]:
@@ -393,11 +407,48 @@ class LawDesign:
                 C = self._condition(C, pick)
         return out
 
+    def _group(self, i: int) -> str | None:
+        """The noise group of candidate ``i``: its WSD stable run, else its parent."""
+        c = self.candidates[i]
+        return c.branch if c.branch is not None else c.parent
+
+    def _group_index(self) -> list[int | None]:
+        """Each candidate's group as an index among the groups (None: on its own)."""
+        names: dict[str, int] = {}
+        return [None if g is None else names.setdefault(g, len(names))
+                for g in (self._group(i) for i in range(len(self.candidates)))]
+
+    def _augmented(self, C: np.ndarray) -> np.ndarray:
+        """The ensemble covariance [target, ln L̂ at each candidate] extended by one latent
+        group effect per group (variance: the shared noise), so that an observation of
+        candidate c is ln L̂_c + u_g + e: branches of one stable run are not independent
+        evidence."""
+        if not getattr(self, "_gidx", None):
+            self._gidx = self._group_index()
+        shared = self._noise[1]
+        G = 1 + max((g for g in self._gidx if g is not None), default=-1)
+        if shared <= 0 or G == 0:
+            return C
+        n = C.shape[0]
+        out = np.zeros((n + G, n + G))
+        out[:n, :n] = C
+        out[n:, n:] = shared * np.eye(G)
+        return out
+
+    def _obs(self, C: np.ndarray, i: int) -> tuple[np.ndarray, float]:
+        """(Cov(state, y_i), Var y_i) for an observation y_i of candidate ``i``."""
+        c, g = i + 1, self._gidx[i] if getattr(self, "_gidx", None) else None
+        n = len(self.candidates) + 1
+        if g is None or C.shape[0] == n:  # no group, or no shared noise modelled
+            return C[:, c], C[c, c] + self._noise[0]
+        u = n + g
+        return C[:, c] + C[:, u], C[c, c] + 2 * C[c, u] + C[u, u] + self._noise[0]
+
     def _condition(self, C: np.ndarray, pick: int) -> np.ndarray:
-        """The ensemble covariance after observing candidate ``pick`` with noise σ² (the
-        linear-Gaussian update)."""
-        c = pick + 1
-        return C - np.outer(C[:, c], C[c, :]) / (C[c, c] + self._sigma2)
+        """The ensemble covariance after observing candidate ``pick`` (the linear-Gaussian
+        update; the group effect, when modelled, is part of the state)."""
+        h, v = self._obs(C, pick)
+        return C - np.outer(h, h) / v
 
     def _best_package(self, C: np.ndarray, avail: list[int], led: Ledger) -> list[int]:
         """The candidates to issue next, head first: the package with the largest expected
@@ -436,8 +487,8 @@ class LawDesign:
         return best
 
     def _gain(self, C: np.ndarray, i: int) -> float:
-        c = i + 1
-        return float(C[0, c] ** 2 / (C[c, c] + self._sigma2))
+        h, v = self._obs(C, i)
+        return float(h[0] ** 2 / v)
 
     @staticmethod
     def _own_cost(c: Candidate) -> float:

@@ -222,7 +222,14 @@ class LawSearchConfig:
     """Stop after this many trials (default: as many as there are candidates)."""
     ci: float = 0.9
     bootstrap: int = 100
-    """Bootstrap fits (by trial) per refit."""
+    """Bootstrap fits per refit."""
+    noise: str = "groups"
+    """groups: parametric bootstrap with noise shared by the trials of one WSD stable run or
+    parent (``moe_core.scaling.fit.group_noise_bootstrap``) | trials: resample trials as if
+    independent (intervals too narrow when branches share a stable run)."""
+    icc: float | None = None
+    """Share of a trial's noise variance common to its group (``python -m analysis.noise`` on a
+    replicated sweep measures it); None: estimated from each refit's residuals."""
     seed_trials: int | None = None
     """Size of the space-filling start (default: the law's free parameters + 2)."""
     batch: int = 2
@@ -256,6 +263,12 @@ class LawSearchConfig:
         if missing:
             raise _err(f"law.variables must say which config key sets {missing[0]}, e.g. "
                        f"law.variables: {{{missing[0]}: model.d_model}}")
+        if self.noise not in ("groups", "trials"):
+            raise _err(f"law.noise={self.noise!r}: use groups (noise shared by a stable run's "
+                       "trials, the default) or trials (independent trials)")
+        if self.icc is not None and not 0 <= self.icc <= 1:
+            raise _err(f"law.icc={self.icc!r} must lie in [0, 1] (python -m analysis.noise "
+                       "measures it), or be left out to estimate it from the residuals")
         if self.candidates not in ("grid", "box"):
             raise _err(f"law.candidates={self.candidates!r}: use grid, or "
                        "{box: {KEY: [low, high], ...}, points: 7}")
@@ -305,7 +318,8 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
     if not isinstance(raw, dict):
         raise _err("law must be a mapping, e.g. {law: eq8, target: dstar, ci_width: 0.1}")
     known = {"law", "target", "variables", "candidates", "ci_width", "max_trials", "ci",
-             "bootstrap", "seed_trials", "batch", "fix", "scratch", "dstar_range"}
+             "bootstrap", "seed_trials", "batch", "fix", "scratch", "dstar_range", "noise",
+             "icc"}
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise _err(f"unknown key law.{unknown[0]}; known: {', '.join(sorted(known))}")
@@ -339,16 +353,18 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
     kw["variables"] = tuple((str(k), str(v)) for k, v in variables.items())
     kw["fix"] = _numbers(raw.get("fix"), "law.fix")
     kw["scratch"] = _numbers(raw.get("scratch"), "law.scratch")
-    for k in ("law", "ci_width", "max_trials", "ci", "bootstrap", "seed_trials", "batch"):
+    for k in ("law", "ci_width", "max_trials", "ci", "bootstrap", "seed_trials", "batch", "noise",
+              "icc"):
         if k in raw:
             v = raw[k]
-            kw[k] = str(v) if k == "law" else (None if v is None else coerce_number(v, f"law.{k}"))
+            kw[k] = str(v) if k in ("law", "noise") else (
+                None if v is None else coerce_number(v, f"law.{k}"))
     if "dstar_range" in raw:
         r = raw["dstar_range"]
         if not isinstance(r, list) or len(r) != 2:
             raise _err("law.dstar_range must be [low, high] in tokens")
         kw["dstar_range"] = tuple(float(coerce_number(x, "law.dstar_range")) for x in r)
-    for k in ("ci", "ci_width"):
+    for k in ("ci", "ci_width", "icc"):
         if kw.get(k) is not None and not isinstance(kw[k], (int, float)):
             raise _err(f"law.{k}={shown(kw[k])} must be a number")
     return LawSearchConfig(**kw)

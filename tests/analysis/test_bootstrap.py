@@ -4,12 +4,16 @@ narrow. Simulated curves with a known truth show it (deterministic seeds)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.data import bootstrap_units, load_points
 from analysis.fit import fit
-from analysis.laws import Points
+from analysis.laws import Points, get_law
+from moe_core.scaling.fit import group_noise_bootstrap, noise_components
 
 TRUTH = {"A": 16.3, "alpha1": 0.043, "alpha2": 0.085, "E": 0.9}
 LAW = "upcycled_mul_noint"
@@ -65,3 +69,60 @@ def test_load_points_in_curves_mode_keeps_a_trial_together():
             for k in range(4)]
     pts = load_points(pd.DataFrame(rows), LAW, curves=True)
     assert len(pts) == 12 and len(pts.units()) == 3
+
+
+# ---- trials that share a WSD stable run share its noise -------------------------------------
+
+
+def _branches(seed: int, groups: int = 5, per: int = 5, sg: float = 0.02, se: float = 0.003):
+    """A D1 × D2 grid: each D1 one stable run (a group) whose ``per`` branches share its noise
+    (sd ``sg`` in ln L) besides their own (``se``)."""
+    rng = np.random.default_rng(seed)
+    d1 = np.repeat(np.geomspace(0.5e9, 8e9, groups), per)
+    d2 = np.tile(np.geomspace(0.5e9, 8e9, per), groups)
+    ln_true = np.log(TRUTH["A"] * d1 ** -TRUTH["alpha1"] * d2 ** -TRUTH["alpha2"] + TRUTH["E"])
+    L = np.exp(ln_true + np.repeat(rng.normal(0, sg, groups), per) + rng.normal(0, se, len(d1)))
+    groups_ = tuple(f"g{i}" for i in np.repeat(np.arange(groups), per))
+    return Points({"D1": d1, "D2": d2}, L, tuple(f"t{i}" for i in range(len(d1)))), groups_
+
+
+def test_noise_components_by_hand_without_groups():
+    """No group has two trials: the shared part is 0 and the own variance is RSS / (n − p)
+    (tr M = n − p for the linearised fit)."""
+    pts, _ = _branches(3, sg=0.0, se=0.01)
+    r = fit(LAW, pts, fixed={"E": TRUTH["E"]})
+    comp = noise_components(get_law(LAW), pts, r, [None] * len(pts))
+    assert comp.shared == 0 and comp.groups == 0
+    assert comp.own == pytest.approx(float(r.residuals @ r.residuals) / (len(pts) - 3), rel=1e-6)
+    given = noise_components(get_law(LAW), pts, r, [None] * len(pts), icc=0.0)
+    assert given.own == pytest.approx(comp.own, rel=1e-6) and given.icc_given == 0.0
+
+
+def test_noise_components_recover_the_split():
+    """Many stable runs (40 groups of 5): the moment estimates find τ and s."""
+    pts, groups = _branches(5, groups=40, sg=0.02, se=0.005)
+    r = fit(LAW, pts, fixed={"E": TRUTH["E"]})
+    comp = noise_components(get_law(LAW), pts, r, groups)
+    assert math.sqrt(comp.shared) == pytest.approx(0.02, rel=0.3)
+    assert math.sqrt(comp.own) == pytest.approx(0.005, rel=0.3)
+    assert comp.groups == 40
+
+
+def test_trial_resampling_is_too_narrow_when_branches_share_a_stable_run():
+    """With most of the noise shared by a stable run's branches, the bootstrap by trial holds
+    the true α1 far less often than the parametric bootstrap that keeps the groups."""
+    cover = {"trials": 0, "groups": 0}
+    widths = {"trials": [], "groups": []}
+    for s in range(8):
+        pts, groups = _branches(100 + s)
+        r = fit(LAW, pts, fixed={"E": TRUTH["E"]}, bootstrap=60, ci_level=0.9, seed=s, n_jobs=1)
+        boot, comp = group_noise_bootstrap(LAW, pts, r, groups, 60, seed=s)
+        intervals = {"trials": r.ci["alpha1"],
+                     "groups": tuple(np.percentile(boot[:, 1][np.isfinite(boot[:, 1])],
+                                                   [5, 95]))}
+        for k, (lo, hi) in intervals.items():
+            widths[k].append(hi - lo)
+            cover[k] += lo <= TRUTH["alpha1"] <= hi
+    assert np.median(np.array(widths["groups"]) / np.array(widths["trials"])) > 1.5
+    assert cover["groups"] >= 6 and cover["trials"] <= 5 and \
+        cover["groups"] >= cover["trials"] + 2, cover  # measured: 7 of 8 vs 4 of 8

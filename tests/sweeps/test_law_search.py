@@ -156,7 +156,7 @@ def _package_design(head_gain_only: bool = False):
     cands += [Candidate({"D1": 2.0, "D2": 2.0 + j}, {"i": 2 + j}, 55.0, branch="g",
                         stable_flops=45.0) for j in range(3)]
     d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
-    d._sigma2 = 1e-12
+    d._noise = (1e-12, 0.0)
     cov_t = np.array([math.sqrt(0.2), 1.0, *(([0.0] * 3) if head_gain_only else [1.0] * 3)])
     C = np.eye(1 + len(cands))
     C[0, 1:] = C[1:, 0] = cov_t
