@@ -276,7 +276,13 @@ def _decide_parser() -> argparse.ArgumentParser:
                     help="sustained TFLOP/s per GPU (default 400, 000 App. A)")
     ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
                     help="price of a GPU-hour, for the cost of each path")
-    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap fits (by trial)")
+    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap fits")
+    ap.add_argument("--noise", choices=("trials", "groups"), default="trials",
+                    help="trials: resample trials (default); groups: parametric resamples in "
+                         "which a parent's / WSD stable run's trials share part of their noise")
+    ap.add_argument("--icc", type=float, default=None,
+                    help="with --noise groups: the shared share of a trial's noise variance "
+                         "(python -m analysis.noise measures it); default: estimated")
     ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return ap
@@ -288,10 +294,12 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
     args = _decide_parser().parse_args(argv)
     if not 0 < args.ci < 1:
         raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
+    if args.icc is not None and (args.noise != "groups" or not 0 <= args.icc <= 1):
+        raise FitError(f"--icc {args.icc}: give it with --noise groups, in [0, 1]")
     data = load_decision_data(args.results, args.baseline)
     r = decide(data, n1=args.n1, d1=args.d1, budget_tokens=args.budget_tokens,
                budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,
-               bootstrap=args.bootstrap, ci=args.ci)
+               bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc)
     if args.json:
         print(json.dumps(r, allow_nan=False))
     else:

@@ -473,6 +473,13 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                         results=str(spec.results_dir / RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
+    if law:
+        # a search's final refit on every trial, where the searcher instance Tune ran could not
+        # make it (a --resume of a finished search, or one that stopped at its trial cap)
+        settled = searcher(spec, plan, results_dir)
+        if settled.design.observed:
+            settled.design.settle()
+            settled.flush()
     state = read_law_state(results_dir) if law else None
     if state is not None:
         summary["law"] = outcome(spec.law, state, len(candidates_from_plan(spec, plan)))

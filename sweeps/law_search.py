@@ -238,14 +238,19 @@ class LawDesign:
                 if not self.finished:
                     self.queue = self.propose(self.cfg.batch)
         if not self.queue or self.issued >= self.max_trials:
-            if self.finished and not self.pending and self.observed and \
-                    sorted(self.observed) != list(self._fit_on):
-                self.refit()  # the last trials' losses enter the final estimate
+            self.settle()
             return None
         i = self.queue.pop(0)
         self.pending.add(i)
         self.spent += self.ledger.add(self.candidates[i])
         return i
+
+    def settle(self) -> None:
+        """Once the search is over and nothing runs, refit on every trial: the last trials'
+        losses enter the final estimate (a stop at ``max_trials`` comes before their refit)."""
+        if self.finished and not self.pending and self.observed and \
+                sorted(self.observed) != list(self._fit_on):
+            self.refit()
 
     def observe(self, i: int, loss: float | None) -> None:
         self.pending.discard(i)
@@ -342,7 +347,12 @@ class LawDesign:
             dof = max(1, len(pts) - len(free))
             self._noise = (max(float(np.sum(r.residuals ** 2)) / dof, 1e-6), 0.0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
-        self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict()})
+        own, shared = self._noise
+        self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
+                             "noise": {"sigma": math.sqrt(own + shared),
+                                       "icc": shared / (own + shared) if own + shared > 0
+                                       else 0.0,
+                                       "by": "groups" if by_group else "trials"}})
         ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
             est.rel_width <= self.cfg.ci_width
         self.narrow = self.narrow + 1 if ok else 0
@@ -644,6 +654,10 @@ class LawSearcher(Searcher):
             return
         loss = None if error or not result else result.get(self._metric)
         self.design.observe(i, loss if isinstance(loss, (int, float)) else None)
+        # Tune asks for no trial past its sample count, so the refit after the last trial
+        # happens here, not in suggest()
+        self.design.settle()
+        self._announce()
         self._persist()
 
     def _announce(self) -> None:
@@ -668,6 +682,11 @@ class LawSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.set_state(pickle.load(f))
+
+    def flush(self) -> None:
+        """Announce refits not yet announced and write the state file."""
+        self._announce()
+        self._persist()
 
     def _persist(self) -> None:
         if self.state_dir is None:
@@ -711,8 +730,12 @@ def describe_refit(cfg, h: Mapping[str, Any], narrow: int) -> str:
     """One progress line for a refit (an entry of ``LawDesign.history``)."""
     goal = "" if cfg.ci_width is None else (
         f"; stops at <= {cfg.ci_width:g} on {CONFIRM} refits in a row ({narrow}/{CONFIRM})")
+    nz = h.get("noise")
+    noise = "" if not nz or nz.get("by") != "groups" else (
+        f"; noise {nz['sigma']:.3g} in ln L, ICC {nz['icc']:.2f} "
+        f"({'given' if getattr(cfg, 'icc', None) is not None else 'estimated'})")
     return (f"law refit after {h['trials']} trials ({h['flops']:.3g} FLOPs): "
-            f"{_estimate_text(cfg, h)}{goal}")
+            f"{_estimate_text(cfg, h)}{noise}{goal}")
 
 
 def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:

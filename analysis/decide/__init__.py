@@ -34,7 +34,7 @@ import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours, sign_changes
-from analysis.fit import bootstrap_shared, fit_shared
+from analysis.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
 from analysis.laws import Points, get_law
 from moe_core.errors import FitError
 
@@ -55,6 +55,10 @@ class DecisionData:
     N1: float
     N2: float
     ranges: dict[str, tuple[float, float]]
+    groups: tuple[tuple[str | None, ...], tuple[str | None, ...]] = ((), ())
+    """Each point's noise group in (upcycled, scratch): an upcycled trial's parent (with its
+    WSD stable run), a from-scratch trial's stable run (branched trials of one seed); None:
+    on its own. Used by ``noise="groups"``."""
 
     @property
     def laws(self) -> tuple[str, str]:
@@ -106,7 +110,33 @@ def load_decision_data(results, baseline=None) -> DecisionData:
               "D2": (float(up["D2"].min()), float(up["D2"].max())),
               "D_scratch": (float(sc["tokens"].min()), float(sc["tokens"].max())),
               "N1": (float(n1s.min()), float(n1s.max()))}
-    return DecisionData(up_pts, sc_pts, joint, float(np.median(n1s)), float(n2_up[0]), ranges)
+    groups = (_noise_groups(up, up_pts, "parent_key"), _noise_groups(sc, sc_pts, None))
+    return DecisionData(up_pts, sc_pts, joint, float(np.median(n1s)), float(n2_up[0]), ranges,
+                        groups)
+
+
+def _noise_groups(df, pts: Points, column: str | None) -> tuple[str | None, ...]:
+    """Each point's noise group (see :attr:`DecisionData.groups`), by its trial id."""
+    if "trial_id" not in df.columns or not pts.labels:
+        return (None,) * len(pts)
+    by_trial = {}
+    for _, row in df.iterrows():
+        key = None
+        if column is not None and column in df.columns and isinstance(row.get(column), str) \
+                and row[column]:
+            key = f"{column}:{row[column]}"
+        elif column is None and "branch_from_step" in df.columns and \
+                np.isfinite(_as_float(row.get("branch_from_step"))):
+            key = f"stable:seed={row.get('seed', 0)}"
+        by_trial[str(row["trial_id"])] = key
+    return tuple(by_trial.get(t) for t in pts.labels)
+
+
+def _as_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 # ---- the two laws at one parameter draw ----------------------------------------------------
@@ -235,8 +265,14 @@ def _optimal(data, upc, D1: float, C2: float) -> dict[str, Any]:
 def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = None,
            budget_tokens: float | None = None, budget_flops: float | None = None,
            gpu_tflops: float = DEFAULT_TFLOPS, price: float | None = None,
-           bootstrap: int = 200, ci: float = 0.9, seed: int = 0) -> dict[str, Any]:
-    """The decision as a JSON-safe dict (see the module's docstring)."""
+           bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
+           icc: float | None = None) -> dict[str, Any]:
+    """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
+    parametric resamples that keep the noise a parent's (stable run's) trials share
+    (:func:`moe_core.scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
+    ``law.icc``); ``"trials"``: resample trials."""
+    if noise not in ("trials", "groups"):
+        raise FitError(f"--noise {noise}: use trials or groups")
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -248,8 +284,14 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     fits = fit_shared(items, shared=("E",), seed=seed)
     upc, scr = fits[0].params, fits[1].params
     point = _draw(data, upc, scr, N1, D1, D2)
-    draws = [_draw(data, u, s, N1, D1, D2) for u, s in
-             bootstrap_shared(items, bootstrap, warm=fits, seed=seed)]
+    comps = None
+    if noise == "groups":
+        boot, comps = group_noise_bootstrap_shared(
+            items, bootstrap, warm=fits, icc=icc, seed=seed,
+            groups=[g or (None,) * len(p) for g, (_, p) in zip(data.groups, items)])
+    else:
+        boot = bootstrap_shared(items, bootstrap, warm=fits, seed=seed)
+    draws = [_draw(data, u, s, N1, D1, D2) for u, s in boot]
     if not draws:
         raise FitError("every bootstrap fit failed; add trials")
 
@@ -263,7 +305,13 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     C2 = flops_6nd(N2, D2)
     return _finite({
         "verdict": verdict, "p_upcycle_wins": wins, "ci_level": ci,
-        "bootstrap": {"n": len(draws), "unit": "trial (each data set resampled on its own)"},
+        "bootstrap": {"n": len(draws), "unit": "trial (each data set resampled on its own)"}
+        if comps is None else {
+            "n": len(draws), "unit": "noise groups (parametric: a parent's / stable run's "
+                                     "trials share part of their noise)",
+            "noise": {k: {"sigma": math.sqrt(c.total), "icc": c.icc,
+                          "icc_given": c.icc_given} for k, c in zip(("upcycled", "scratch"),
+                                                                      comps)}},
         "inputs": {"N1": N1, "N2": N2, "D1": D1, "D2": D2, "budget_flops": C2,
                    "gpu_tflops": gpu_tflops, "price_per_gpu_hour": price},
         "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
@@ -309,7 +357,13 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
         f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
         f"verdict: {r['verdict']}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
-        f"({r['bootstrap']['n']} bootstrap fits by trial)",
+        f"({r['bootstrap']['n']} bootstrap fits "
+        f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
+        *([] if "noise" not in r["bootstrap"] else [
+            "noise (parametric, by group): " + "; ".join(
+                f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
+                f"{' (given)' if v['icc_given'] is not None else ''}"
+                for k, v in r["bootstrap"]["noise"].items())]),
         f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'])}   ({lvl} interval)",
         f"predicted loss, from scratch: {_ci(r['loss']['scratch'])}",
         dline,

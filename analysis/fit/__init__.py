@@ -11,7 +11,10 @@ from moe_core.scaling.fit import (  # noqa: F401
     bootstrap_shared,
     fit,
     fit_shared,
+    group_noise_bootstrap,
+    group_noise_bootstrap_shared,
     leave_one_out,
+    noise_components,
     resample_units,
 )
 from moe_core.scaling.laws import Points  # noqa: F401

@@ -446,9 +446,14 @@ def noise_components(law: Law, pts: Points, result: FitResult, groups: Sequence[
     τ²·tr((K − I)MKM). Solved for (s², τ²), each kept ≥ 0. With ``icc`` given (e.g. measured
     by ``python -m analysis.noise`` on a replicated sweep), only the total is estimated:
     σ² = rᵀr / tr(M((1 − icc)·I + icc·K)M)."""
-    n = len(pts)
-    r = np.asarray(result.residuals, dtype=float)
     J = _jacobian_log(law, pts, result.fixed, np.asarray(result.theta, dtype=float))
+    return _components(np.asarray(result.residuals, dtype=float), J, groups, icc)
+
+
+def _components(r: np.ndarray, J: np.ndarray, groups: Sequence[str | None],
+                icc: float | None) -> NoiseComponents:
+    """:func:`noise_components` from residuals ``r`` and the Jacobian ``J`` of ln L̂."""
+    n = len(r)
     H = J @ np.linalg.pinv(J)
     M = np.eye(n) - H
     K = group_matrix(groups)
@@ -490,13 +495,9 @@ def group_noise_bootstrap(law: Law | str, pts: Points, result: FitResult,
     v0 = np.asarray(result.theta, dtype=float)
     pred = _predict_log(block, v0)
     free = _free_params(law, result.fixed)
-    keys = [f"\0{i}" if k is None else str(k) for i, k in enumerate(groups)]
-    gi = np.unique(keys, return_inverse=True)[1]
     out = np.full((n_boot, len(v0)), np.nan)
     for b in range(n_boot):
-        rng = np.random.default_rng(seed * 1_000_003 + b + 1)
-        y = pred + math.sqrt(comp.shared) * rng.standard_normal(gi.max() + 1)[gi] + \
-            math.sqrt(comp.own) * rng.standard_normal(len(pts))
+        y = _draw(pred, comp, groups, np.random.default_rng(seed * 1_000_003 + b + 1))
         bb, _, _ = _make_block(law, Points(pts.x, np.exp(y)), result.fixed)
         try:
             v, _, _ = _run([bb], bounds, v0[None, :], delta)
@@ -504,6 +505,59 @@ def group_noise_bootstrap(law: Law | str, pts: Points, result: FitResult,
             continue
         out[b] = [p.to_natural(v[bb.index[p.key]]) for p in free]
     return out, comp
+
+
+def _draw(pred: np.ndarray, comp: NoiseComponents, groups: Sequence[str | None],
+          rng: np.random.Generator) -> np.ndarray:
+    """ln L̂ + u_g + e: one parametric resample with the groups' shared noise."""
+    keys = [f"\0{i}" if k is None else str(k) for i, k in enumerate(groups)]
+    gi = np.unique(keys, return_inverse=True)[1]
+    return pred + math.sqrt(comp.shared) * rng.standard_normal(gi.max() + 1)[gi] + \
+        math.sqrt(comp.own) * rng.standard_normal(len(pred))
+
+
+def group_noise_bootstrap_shared(items: Sequence[tuple[Law | str, Points]], n_boot: int, *,
+                                 warm: Sequence[FitResult],
+                                 groups: Sequence[Sequence[str | None]],
+                                 shared: Sequence[str] = ("E",),
+                                 fixed: Mapping[str, float] | None = None,
+                                 icc: float | None = None, delta: float = DEFAULT_DELTA,
+                                 seed: int = 0
+                                 ) -> tuple[list[list[dict[str, float]]], list[NoiseComponents]]:
+    """:func:`bootstrap_shared` with :func:`group_noise_bootstrap`'s parametric resamples: each
+    data set's noise components come from its own residuals under the joint fit ``warm`` (its
+    Jacobian in the joint parameters), and each resample draws every data set's noise with its
+    groups (``groups[k]``: each point's group in data set k, None alone)."""
+    fixed = dict(fixed or {})
+    laws = [(get_law(lw) if isinstance(lw, str) else lw, pts) for lw, pts in items]
+    shared_index = {s_: i for i, s_ in enumerate(shared)}
+    blocks, offset = [], len(shared)
+    for law, pts in laws:
+        b, _, offset = _make_block(law, pts, fixed, offset, shared_index)
+        blocks.append(b)
+    v = np.asarray(warm[0].theta, dtype=float)
+    preds, comps = [], []
+    for b, (_, pts), g in zip(blocks, laws, groups):
+        pred = _predict_log(b, v)
+        J = np.empty((len(pts), len(v)))
+        for j in range(len(v)):
+            e = np.zeros(len(v))
+            e[j] = 1e-6
+            J[:, j] = (_predict_log(b, v + e) - _predict_log(b, v - e)) / 2e-6
+        J = J[:, np.any(J != 0, axis=0)]  # this data set's parameters (and the shared ones)
+        preds.append(pred)
+        comps.append(_components(pred - np.log(pts.L), J, g, icc))
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_boot):
+        resampled = [(law, Points(pts.x, np.exp(_draw(p, c, g, rng))))
+                     for (law, pts), p, c, g in zip(laws, preds, comps, groups)]
+        try:
+            fits = fit_shared(resampled, shared=shared, fixed=fixed, delta=delta, start=v)
+        except FitError:
+            continue
+        out.append([f.params for f in fits])
+    return out, comps
 
 
 def fit_shared(items: Sequence[tuple[Law | str, Points]], *, shared: Sequence[str] = ("E",),

@@ -110,3 +110,33 @@ def test_decision_on_sweep_parquet_and_in_the_report(tmp_path):
     assert "## Should I upcycle? (000 §5)" in text and "P(upcycling wins)" in text
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["decision"]["verdict"] in ("upcycle", "from_scratch", "uncertain")
+
+
+def test_noise_groups_widen_the_interval_when_a_parent_shares_its_noise(tmp_path, capsys):
+    """Most of the noise shared by each D1's parent and stable run: the by-trial interval of
+    D* is narrower than the parametric one that keeps the groups, which finds the shared part."""
+    study = SimulatedStudy(N1=1e9, sigma=0.001, sigma_group=0.01, seed=3)
+    df = _frame(study)
+    up = df["kind"] == "upcycled"
+    df.loc[up, "val_loss"] = [study.loss({"D1": r.D1, "D2": r.D2}, group=r.parent_key)
+                              for r in df[up].itertuples()]
+    f = tmp_path / "grouped.parquet"
+    df.to_parquet(f)
+    common = [str(f), "--json", "--bootstrap", "60", "--d1", "2e9", "--budget-tokens", "2e9"]
+    assert decide_main(common) == 0
+    by_trial = json.loads(capsys.readouterr().out)
+    assert decide_main(common + ["--noise", "groups"]) == 0
+    grouped = json.loads(capsys.readouterr().out)
+    noise = grouped["bootstrap"]["noise"]
+    assert noise["upcycled"]["icc"] > 0.5 and noise["upcycled"]["icc_given"] is None
+    assert "noise" not in by_trial["bootstrap"]
+
+    def width(r):
+        lo, hi = r["loss"]["upcycled"]["ci"]
+        return hi - lo
+
+    assert width(grouped) > 1.5 * width(by_trial)  # measured 2.3×
+    assert decide_main([str(f), "--bootstrap", "20", "--noise", "groups", "--icc", "0.9"]) == 0
+    assert "ICC 0.90 (given)" in capsys.readouterr().out
+    assert decide_main([str(f), "--icc", "0.5"]) == 2
+    assert "--noise groups" in capsys.readouterr().err

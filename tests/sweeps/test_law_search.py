@@ -3,6 +3,7 @@ studies with a known truth (coverage), and the searcher's state through save/res
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -41,6 +42,9 @@ def _block(study: SimulatedStudy, **kw):
     ({"target": "alpha3", "bogus": 1}, "unknown key law.bogus"),
     ({"target": "alpha3", "candidates": {"box": {"tokens": [10, 1]}}}, "0 < low < high"),
     ({"law": "eq12", "target": "alpha3"}, "law.variables"),
+    ({"target": "alpha3", "noise": "rows"}, "law.noise='rows'"),
+    ({"target": "alpha3", "icc": 1.5}, r"law.icc=1.5 must lie in \[0, 1\]"),
+    ({"target": "alpha3", "icc": "high"}, "law.icc"),
 ])
 def test_law_block_errors_name_the_key(raw, msg):
     with pytest.raises(SearchSpaceError, match=msg):
@@ -313,3 +317,34 @@ def test_tuner_restore_gives_the_searcher_its_state(tmp_path):
     finally:
         if started_here:
             ray.shutdown()
+
+
+def test_branches_of_one_stable_run_are_not_independent_evidence():
+    """Two branches of one stable run, predictions independent with Cov(T, ŷ_i) = 1 and
+    Var ŷ_i = 1, noise variance 1 in all. Independent noise (own 1): each observation removes
+    1/2 from Var T. Shared (the stable run's, 1; own → 0): the first removes 1/2, and the second
+    only 1/6 by hand (after the first, Cov(T, y2) = 1/2, Var y2 = 3/2)."""
+    study = SimulatedStudy(sigma=0.002, seed=0)
+    cands = [Candidate({"D1": 2.0, "D2": 2.0 + j}, {"i": j}, 55.0, branch="g",
+                       stable_flops=45.0) for j in range(2)]
+    d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
+    C = np.array([[3.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    d._noise = (1.0, 0.0)
+    assert d._gain(C, 0) == pytest.approx(0.5)
+    assert d._gain(d._condition(C, 0), 1) == pytest.approx(0.5)
+    d._noise = (1e-12, 1.0)
+    Ca = d._augmented(C)
+    assert Ca.shape == (4, 4) and d._gain(Ca, 0) == pytest.approx(0.5)
+    assert d._gain(d._condition(Ca, 0), 1) == pytest.approx(1 / 6)
+
+
+def test_the_last_trial_enters_the_estimate_when_tune_asks_for_no_more(tmp_path):
+    """Tune stops calling suggest() after its sample count (max_trials): the refit on every trial
+    happens when the last one completes (a real 25-trial sweep ended with an estimate from 24)."""
+    study = SimulatedStudy(sigma=0.005, seed=6)
+    cfg = _block(study, target="alpha3", ci_width=None, max_trials=9, bootstrap=20)
+    s = LawSearcher(cfg, _candidates(), state_dir=tmp_path)
+    _drive(s, study, 9)  # no suggest() after the ninth completion
+    assert s.design.history[-1]["trials"] == 9 and len(s.design._fit_on) == 9
+    saved = json.loads((tmp_path / "law_search.json").read_text())["design"]
+    assert saved["history"][-1]["trials"] == 9 and len(saved["fit_on"]) == 9
