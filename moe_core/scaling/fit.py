@@ -420,15 +420,14 @@ class NoiseComponents:
         return self.shared / self.total if self.total > 0 else 0.0
 
 
-def _jacobian_log(law: Law, pts: Points, fixed: Mapping[str, float], v: np.ndarray
-                  ) -> np.ndarray:
-    """∂ ln L̂_i / ∂θ_j at the fit-space parameters ``v`` (central differences) → [n, P]."""
-    block, _, _ = _make_block(law, pts, fixed)
-    J = np.empty((len(pts), len(v)))
+def _jacobian_log(block: _Block, v: np.ndarray) -> np.ndarray:
+    """∂ ln L̂_i / ∂θ_j of a block's points at the fit-space parameters ``v`` (central
+    differences) → [n, P]; the columns of parameters the block does not use are 0."""
+    J = np.empty((len(block.pts), len(v)))
     for j in range(len(v)):
         e = np.zeros(len(v))
-        e[j] = 1e-6
-        J[:, j] = (_predict_log(block, v + e) - _predict_log(block, v - e)) / 2e-6
+        e[j] = _H
+        J[:, j] = (_predict_log(block, v + e) - _predict_log(block, v - e)) / (2 * _H)
     return J
 
 
@@ -446,7 +445,8 @@ def noise_components(law: Law, pts: Points, result: FitResult, groups: Sequence[
     τ²·tr((K − I)MKM). Solved for (s², τ²), each kept ≥ 0. With ``icc`` given (e.g. measured
     by ``python -m analysis.noise`` on a replicated sweep), only the total is estimated:
     σ² = rᵀr / tr(M((1 − icc)·I + icc·K)M)."""
-    J = _jacobian_log(law, pts, result.fixed, np.asarray(result.theta, dtype=float))
+    J = _jacobian_log(_make_block(law, pts, result.fixed)[0],
+                      np.asarray(result.theta, dtype=float))
     return _components(np.asarray(result.residuals, dtype=float), J, groups, icc)
 
 
@@ -497,7 +497,7 @@ def group_noise_bootstrap(law: Law | str, pts: Points, result: FitResult,
     free = _free_params(law, result.fixed)
     out = np.full((n_boot, len(v0)), np.nan)
     for b in range(n_boot):
-        y = _draw(pred, comp, groups, np.random.default_rng(seed * 1_000_003 + b + 1))
+        y = _resample_log(pred, comp, groups, np.random.default_rng(seed * 1_000_003 + b + 1))
         bb, _, _ = _make_block(law, Points(pts.x, np.exp(y)), result.fixed)
         try:
             v, _, _ = _run([bb], bounds, v0[None, :], delta)
@@ -507,7 +507,7 @@ def group_noise_bootstrap(law: Law | str, pts: Points, result: FitResult,
     return out, comp
 
 
-def _draw(pred: np.ndarray, comp: NoiseComponents, groups: Sequence[str | None],
+def _resample_log(pred: np.ndarray, comp: NoiseComponents, groups: Sequence[str | None],
           rng: np.random.Generator) -> np.ndarray:
     """ln L̂ + u_g + e: one parametric resample with the groups' shared noise."""
     keys = [f"\0{i}" if k is None else str(k) for i, k in enumerate(groups)]
@@ -539,18 +539,14 @@ def group_noise_bootstrap_shared(items: Sequence[tuple[Law | str, Points]], n_bo
     preds, comps = [], []
     for b, (_, pts), g in zip(blocks, laws, groups):
         pred = _predict_log(b, v)
-        J = np.empty((len(pts), len(v)))
-        for j in range(len(v)):
-            e = np.zeros(len(v))
-            e[j] = 1e-6
-            J[:, j] = (_predict_log(b, v + e) - _predict_log(b, v - e)) / 2e-6
+        J = _jacobian_log(b, v)
         J = J[:, np.any(J != 0, axis=0)]  # this data set's parameters (and the shared ones)
         preds.append(pred)
         comps.append(_components(pred - np.log(pts.L), J, g, icc))
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n_boot):
-        resampled = [(law, Points(pts.x, np.exp(_draw(p, c, g, rng))))
+        resampled = [(law, Points(pts.x, np.exp(_resample_log(p, c, g, rng))))
                      for (law, pts), p, c, g in zip(laws, preds, comps, groups)]
         try:
             fits = fit_shared(resampled, shared=shared, fixed=fixed, delta=delta, start=v)
