@@ -36,7 +36,7 @@ import json
 import math
 import pickle
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from ray.tune.search import Searcher
 from moe_core.errors import FitError
 from moe_core.params import count_params
 from moe_core.scaling.crossing import sign_changes
-from moe_core.scaling.fit import fit, group_noise_bootstrap
+from moe_core.scaling.fit import NoiseComponents, fit, group_noise_bootstrap
 from moe_core.scaling.laws import Points, get_law
 from sweeps import console
 from sweeps.plan import extends_stable
@@ -183,7 +183,7 @@ class LawDesign:
 
     narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
     _fit_on: tuple[int, ...] = ()
-    _noise = (1e-4, 0.0)
+    _noise = NoiseComponents(1e-4, 0.0, 0)
 
     def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
         if not candidates:
@@ -209,9 +209,9 @@ class LawDesign:
         self.history: list[dict[str, Any]] = []
         self.estimate: Estimate | None = None
         self._ensemble: np.ndarray | None = None
-        self._noise = (1e-4, 0.0)
-        """(own, shared) noise variance in ln L: a trial's own, and the part common to its
-        group (WSD stable run, else parent), from the last refit."""
+        self._noise = NoiseComponents(1e-4, 0.0, 0)
+        """Noise variance in ln L from the last refit: a trial's own, and the part common to
+        its group (WSD stable run, else parent)."""
         self._gidx = self._group_index()
         self._fit_on: list[int] = []
         self.narrow = 0
@@ -325,7 +325,7 @@ class LawDesign:
                 groups = [self._group(i) for i in sorted(self.observed)]
                 boot, comp = group_noise_bootstrap(self.law, pts, r, groups, self.cfg.bootstrap,
                                                    seed=seed, icc=self.cfg.icc)
-                self._noise = (max(comp.own, 1e-8), comp.shared)
+                self._noise = replace(comp, own=max(comp.own, 1e-8))
             else:
                 boot = r.bootstrap
         except FitError:
@@ -345,13 +345,12 @@ class LawDesign:
         self.estimate = est
         if not by_group:
             dof = max(1, len(pts) - len(free))
-            self._noise = (max(float(np.sum(r.residuals ** 2)) / dof, 1e-6), 0.0)
+            self._noise = NoiseComponents(max(float(np.sum(r.residuals ** 2)) / dof, 1e-6),
+                                          0.0, 0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
-        own, shared = self._noise
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
-                             "noise": {"sigma": math.sqrt(own + shared),
-                                       "icc": shared / (own + shared) if own + shared > 0
-                                       else 0.0,
+                             "noise": {"sigma": math.sqrt(self._noise.total),
+                                       "icc": self._noise.icc,
                                        "by": "groups" if by_group else "trials"}})
         ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
             est.rel_width <= self.cfg.ci_width
@@ -435,7 +434,7 @@ class LawDesign:
         evidence."""
         if not getattr(self, "_gidx", None):
             self._gidx = self._group_index()
-        shared = self._noise[1]
+        shared = self._noise.shared
         G = 1 + max((g for g in self._gidx if g is not None), default=-1)
         if shared <= 0 or G == 0:
             return C
@@ -450,9 +449,9 @@ class LawDesign:
         c, g = i + 1, self._gidx[i] if getattr(self, "_gidx", None) else None
         n = len(self.candidates) + 1
         if g is None or C.shape[0] == n:  # no group, or no shared noise modelled
-            return C[:, c], C[c, c] + self._noise[0]
+            return C[:, c], C[c, c] + self._noise.own
         u = n + g
-        return C[:, c] + C[:, u], C[c, c] + 2 * C[c, u] + C[u, u] + self._noise[0]
+        return C[:, c] + C[:, u], C[c, c] + 2 * C[c, u] + C[u, u] + self._noise.own
 
     def _condition(self, C: np.ndarray, pick: int) -> np.ndarray:
         """The ensemble covariance after observing candidate ``pick`` (the linear-Gaussian

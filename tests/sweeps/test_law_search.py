@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moe_core.errors import SearchSpaceError
+from moe_core.scaling.fit import NoiseComponents
 from sweeps.law_search import Candidate, LawDesign, LawSearcher, Ledger, run_design
 from sweeps.simulate import SimulatedStudy
 from sweeps.spec import parse_law_block
@@ -160,7 +161,7 @@ def _package_design(head_gain_only: bool = False):
     cands += [Candidate({"D1": 2.0, "D2": 2.0 + j}, {"i": 2 + j}, 55.0, branch="g",
                         stable_flops=45.0) for j in range(3)]
     d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
-    d._noise = (1e-12, 0.0)
+    d._noise = NoiseComponents(1e-12, 0.0, 0)
     cov_t = np.array([math.sqrt(0.2), 1.0, *(([0.0] * 3) if head_gain_only else [1.0] * 3)])
     C = np.eye(1 + len(cands))
     C[0, 1:] = C[1:, 0] = cov_t
@@ -329,10 +330,10 @@ def test_branches_of_one_stable_run_are_not_independent_evidence():
                        stable_flops=45.0) for j in range(2)]
     d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
     C = np.array([[3.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
-    d._noise = (1.0, 0.0)
+    d._noise = NoiseComponents(1.0, 0.0, 0)
     assert d._gain(C, 0) == pytest.approx(0.5)
     assert d._gain(d._condition(C, 0), 1) == pytest.approx(0.5)
-    d._noise = (1e-12, 1.0)
+    d._noise = NoiseComponents(1e-12, 1.0, 0)
     Ca = d._augmented(C)
     assert Ca.shape == (4, 4) and d._gain(Ca, 0) == pytest.approx(0.5)
     assert d._gain(d._condition(Ca, 0), 1) == pytest.approx(1 / 6)
