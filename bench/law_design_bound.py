@@ -21,7 +21,17 @@ its optimum is a lower bound on any once-each design with those groups (``bound_
 and the design that runs every candidate with w_i > 0.01 is one such design, whose cost is
 checked and reported as ``rounded_cost_ratio`` (what an oracle can actually achieve).
 
-    python bench/law_design_bound.py [--points 9] [--groups 3] [--once]
+``--sigma-group S``: the branches of one stable run also share a noise u_g ~ N(0, S²) in ln L
+(the simulator's ``sigma_group``; README "Noise"), ``--sigma`` being each branch's own. The
+information is then that of the parameters extended by one latent u_g per group, with prior
+precision 1/S²: M(w) = Σ w_i j̃_i j̃_iᵀ/σ² + diag(0, I/S²), j̃_i = (j_i, e_g(i)). For 0/1
+weights gᵀ(M⁻¹)g is exactly the generalised-least-squares variance under the equicorrelated
+covariance σ²I + S²ZZᵀ (the Schur complement of the u block), the grid's width included, and
+for w ∈ [0, 1] it is convex in w, so the relaxed optimum is again a lower bound (``--once`` is
+implied: a repeated branch shares its group's noise, and w > 1 would count its own noise as
+fresh).
+
+    python bench/law_design_bound.py [--points 9] [--groups 3] [--once] [--sigma-group S]
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import json
 import time
 
 import numpy as np
-from scipy.optimize import linprog, minimize
+from scipy.optimize import linprog, minimize, minimize_scalar
 
 from sweeps.simulate import SimulatedStudy
 
@@ -45,21 +55,41 @@ def jacobian(th: np.ndarray, E: float, l1, l2) -> np.ndarray:
     return (t / (t + E)) * np.array([np.ones_like(l1), -l1, -l2, l1 * l2])
 
 
-def once_each(J: np.ndarray, cost: np.ndarray, g: np.ndarray, v: float
-              ) -> tuple[float, float] | None:
+def augmented(rows: np.ndarray, sizes: list[int], g: np.ndarray, sigma: float,
+              sigma_group: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows j̃_i/σ, prior precision P, g̃) of a design whose Jacobian ``rows`` come in groups of
+    ``sizes`` consecutive branches of one stable run: without shared noise (J/σ, 0, g); with it,
+    each row extended by its group's indicator and P = diag(0, I/σ_g²) on the latent effects, so
+    that g̃ᵀ(J̃ᵀJ̃ + P)⁻¹g̃ is the GLS variance under σ²I + σ_g²ZZᵀ (one effect per stable run)."""
+    J = np.asarray(rows, dtype=float) / sigma
+    p = J.shape[1]
+    if sigma_group == 0:
+        return J, np.zeros((p, p)), g
+    G = len(sizes)
+    Z = np.zeros((len(J), G))
+    Z[np.arange(len(J)), np.repeat(np.arange(G), sizes)] = 1.0
+    P = np.zeros((p + G, p + G))
+    P[p:, p:] = np.eye(G) / sigma_group ** 2
+    return np.hstack([J, Z / sigma]), P, np.concatenate([g, np.zeros(G)])
+
+
+def once_each(J: np.ndarray, cost: np.ndarray, g: np.ndarray, v: float,
+              prior: np.ndarray | None = None) -> tuple[float, float] | None:
     """(relaxed optimum, cost of its rounded-up design) of the cheapest branch weights
-    w ∈ [0, 1]ⁿ with gᵀ(Jᵀ diag(w) J)⁻¹g ≤ v (J: rows j_i/σ); None when even every branch
+    w ∈ [0, 1]ⁿ with gᵀ(Jᵀ diag(w) J + P)⁻¹g ≤ v (J: rows j_i/σ; P: ``prior``, the precision
+    of latent group effects appended to the parameters, or 0); None when even every branch
     (w = 1) falls short."""
+    P = np.zeros((len(g), len(g))) if prior is None else prior
     ridge = 1e-9 * np.trace(J.T @ J) / len(g) * np.eye(len(g))  # w → 0 keeps M invertible
 
     def info_inv_g(w):
-        return np.linalg.solve(J.T @ (w[:, None] * J) + ridge, g)
+        return np.linalg.solve(J.T @ (w[:, None] * J) + P + ridge, g)
 
     def var(w):
         return float(g @ info_inv_g(w))
 
     one = np.ones(len(cost))
-    if np.linalg.matrix_rank(J) < len(g) or var(one) > v:
+    if np.linalg.matrix_rank(J.T @ J + P) < len(g) or var(one) > v:
         return None
 
     def slack(w):  # >= 0 when the width is reached (in log: well scaled)
@@ -81,6 +111,94 @@ def once_each(J: np.ndarray, cost: np.ndarray, g: np.ndarray, v: float
     return float(cost @ w), float(cost @ chosen)
 
 
+def group_information(rows: np.ndarray, member: np.ndarray, sigma: float,
+                      sigma_group: float) -> np.ndarray:
+    """Information on the parameters of each group type t (``member[t]``: which of the Jacobian
+    ``rows`` its stable run's branches are), its shared effect integrated out: J_Sᵀ Σ_S⁻¹ J_S
+    with Σ_S⁻¹ = (I − σ_g²/(σ² + |S|σ_g²)·11ᵀ)/σ²."""
+    B = member.astype(float)
+    JJ = np.einsum("tb,bi,bj->tij", B, rows, rows)
+    s1 = B @ rows  # J_Sᵀ1
+    shrink = sigma_group ** 2 / (sigma ** 2 + B.sum(axis=1) * sigma_group ** 2)
+    return (JJ - shrink[:, None, None] * np.einsum("ti,tj->tij", s1, s1)) / sigma ** 2
+
+
+def cheapest_stable_runs(infos: np.ndarray, cost: np.ndarray, g: np.ndarray, v: float,
+                         iters: int = 4000) -> dict:
+    """The cheapest design of stable runs of any types, each as many times as wanted with a
+    fresh seed (its noise its own), whose gᵀ(Σ n_t I_t)⁻¹g ≤ v; counts relaxed to reals.
+
+    On cost shares ξ (n_t = ξ_t/c_t, Σ ξ = 1 unit of cost), φ(ξ) = gᵀM(ξ)⁻¹g with
+    M = Σ ξ_t I_t/c_t; the cost for width v is φ/v, φ being −1-homogeneous. Frank–Wolfe with a
+    line search (Wynn's algorithm) lowers φ; for any ξ and x = M(ξ)⁻¹g, Cauchy–Schwarz gives
+    every design of unit cost φ ≥ (gᵀx)²/max_t xᵀI_t x/c_t, so ``lower`` is a certified bound
+    on every design's cost, converged or not, and ``upper`` the cost of the best ξ found."""
+    A = infos / cost[:, None, None]
+    xi = np.full(len(cost), 1.0 / len(cost))
+    M = np.einsum("t,tij->ij", xi, A)
+    lower = 0.0
+    for _ in range(iters):
+        x = np.linalg.solve(M, g)
+        phi = float(g @ x)
+        d = np.einsum("i,tij,j->t", x, A, x)
+        t = int(np.argmax(d))
+        lower = max(lower, phi ** 2 / d[t] / v)
+        if phi / v - lower <= 1e-4 * lower:
+            break
+        def along(gam, M=M, At=A[t]):  # φ on the segment towards type t
+            return float(g @ np.linalg.solve((1 - gam) * M + gam * At, g))
+
+        r = minimize_scalar(along, bounds=(0.0, 1.0), method="bounded",
+                            options={"xatol": 1e-10})
+        gam = float(r.x)
+        xi *= 1 - gam
+        xi[t] += gam
+        M = (1 - gam) * M + gam * A[t]
+    phi = float(g @ np.linalg.solve(M, g))
+    return {"upper": phi / v, "lower": lower, "shares": xi}
+
+
+def _any_groups(args, th, E, g, vals, v_grid, grid_cost, t0) -> None:
+    """--any-groups: every (D1, branch set) is a type of stable run; the certified bound."""
+    n = len(vals)
+    masks = np.arange(1, 2 ** n)
+    member = ((masks[:, None] >> np.arange(n)) & 1).astype(bool)  # branch set by D2 index
+    top = n - 1 - np.argmax(member[:, ::-1], axis=1)  # its longest branch: the stable run's M
+    decay = DECAY * 6 * N2 * np.exp(vals)
+    stable = (1 - DECAY) * 6 * N2 * np.exp(vals[top]) + member @ decay
+    infos, parent = [], []
+    for a in vals:
+        rows = jacobian(th, E, np.full(n, a), vals).T
+        infos.append(group_information(rows, member, args.sigma, args.sigma_group))
+        parent.append(np.full(len(masks), 6 * N1 * np.exp(a)))
+    infos = np.concatenate(infos)
+    with_parent = (np.concatenate(parent) + np.tile(stable, n)) / grid_cost
+    own = cheapest_stable_runs(infos, with_parent, g, v_grid)
+    shared = cheapest_stable_runs(infos, np.tile(stable, n) / grid_cost, g, v_grid)
+    order = np.argsort(own["shares"])[::-1][:6]
+    used = [{"D1": float(np.exp(vals[t // len(masks)])),
+             "D2": [float(np.exp(b)) for b in vals[member[t % len(masks)]]],
+             "cost_share": round(float(own["shares"][t]), 3)}
+            for t in order if own["shares"][t] > 0.01]
+    out = {"bound_cost_ratio": own["lower"], "any_groups": True,
+           "relaxed_design_cost_ratio": own["upper"], "design": used,
+           "bound_cost_ratio_parents_free": shared["lower"],
+           "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
+           "points": args.points, "types": int(len(with_parent)),
+           "wall_s": round(time.time() - t0, 1)}
+    sd = np.sqrt(v_grid)
+    print(f"full grid: {grid_cost:.3g} FLOPs, linearised 90 % D* width "
+          f"{np.exp(1.645 * sd) - np.exp(-1.645 * sd):.2f}")
+    print(f"any number of stable runs (fresh seeds), any branch sets on the {args.points}-point "
+          f"axes: no design reaches the grid's width below {own['lower']:.3f} of its cost "
+          f"(certified; the best relaxed design found costs {own['upper']:.3f}); with parents "
+          f"free (shared at no cost): {shared['lower']:.3f}")
+    for d in used:
+        print(f"  {d['cost_share']:.0%} of the cost: stable runs off D1 = {d['D1']:.3g}, "
+              f"branches at D2 = {[f'{b:.3g}' for b in d['D2']]}")
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, default=9, help="log-grid values per axis")
@@ -89,9 +207,19 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2, help="most WSD branch groups (D1 values)")
     ap.add_argument("--once", action="store_true",
                     help="each candidate at most once (no replicates), as the driver runs them")
+    ap.add_argument("--sigma-group", type=float, default=0.0,
+                    help="noise sd in ln L shared by the branches of one stable run (implies "
+                         "--once); --sigma is then each branch's own")
+    ap.add_argument("--any-groups", action="store_true",
+                    help="instead: the certified lower bound over designs of any number of "
+                         "stable runs, each a fresh seed, with any set of branches (counts "
+                         "relaxed; at most 14 --points)")
     args = ap.parse_args()
     t0 = time.time()
-    sigma = args.sigma
+    sigma, sg = args.sigma, args.sigma_group
+    if sg < 0 or sigma <= 0:
+        ap.error("--sigma must be > 0 and --sigma-group >= 0")
+    once = args.once or sg > 0
     st = SimulatedStudy(N1=N1)
     u, s = st.upcycled, st.scratch
     th = np.array([np.log(u["A"]), u["alpha1"], u["alpha2"], u["alpha3"]])
@@ -104,67 +232,91 @@ def main() -> None:
     h = 1e-4
     g = jacobian(th, u["E"], ls, ls) / ((gap(ls + h) - gap(ls - h)) / (2 * h))
 
-    def variance(points) -> float:
-        F = sum(np.outer(j, j) for j in (jacobian(th, u["E"], a, b) for a, b in points))
-        return float(g @ np.linalg.solve(F / sigma ** 2, g))
+    def design(groups: list[list[float]], l1s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = np.array([jacobian(th, u["E"], a, b) for a, bs in zip(l1s, groups) for b in bs])
+        return augmented(rows, [len(bs) for bs in groups], g, sigma, sg)
 
     grid_vals = np.log(np.geomspace(0.5e9, 8e9, 5))
-    v_grid = variance([(a, b) for a in grid_vals for b in grid_vals])
+    Jg, Pg, gg = design([list(grid_vals)] * len(grid_vals), grid_vals)
+    v_grid = float(gg @ np.linalg.solve(Jg.T @ Jg + Pg, gg))
     D = np.exp(grid_vals)
     grid_cost = 6 * N1 * D.sum() + len(D) * 6 * N2 * ((1 - DECAY) * D.max() + DECAY * D.sum())
 
     vals = np.log(np.geomspace(0.5e9, 8e9, args.points))
-    best = None
+    top = len(vals) - 1
+    if args.any_groups:
+        if args.points > 14:
+            ap.error("--any-groups enumerates every branch set of a stable run: at most 14 "
+                     "--points")
+        _any_groups(args, th, u["E"], g, vals, v_grid, grid_cost, t0)
+        return
+
+    def branch_cost(d1s, ms) -> tuple[float, float] | None:
+        """(relaxed, rounded) cheapest branch budget, in grid costs, of groups at D1 indices
+        ``d1s`` with stable runs to D2 indices ``ms``; None when no branch set reaches v."""
+        pts = [vals[b] for m in ms for b in range(m + 1)]
+        cost = np.array([DECAY * 6 * N2 * np.exp(b) for b in pts]) / grid_cost
+        J, P, gt = design([[vals[b] for b in range(m + 1)] for m in ms], [vals[d] for d in d1s])
+        if once:
+            return once_each(J, cost, gt, v_grid, P)
+        Bm = J.T / np.sqrt(cost)
+        n = Bm.shape[1]
+        r = linprog(np.ones(2 * n), A_eq=np.hstack([Bm, -Bm]), b_eq=g, bounds=(0, None),
+                    method="highs")
+        return None if r.status != 0 else (r.fun ** 2 / v_grid,) * 2
+
+    # Branch and bound: a longer stable run only adds candidates, so a group set's branch budget
+    # with every stable run at the top (lb) bounds it below for every shorter choice, and the
+    # stable runs' choices are visited cheapest first (in grid costs: the LP's scaling).
+    stable = (1 - DECAY) * 6 * N2 * np.exp(vals) / grid_cost
+    best, infeasible = None, 0
     for k in range(1, args.groups + 1):
+        ms_all = np.array(list(itertools.product(range(len(vals)), repeat=k)))
+        ms_all = ms_all[np.argsort(stable[ms_all].sum(axis=1), kind="stable")]
         for d1s in itertools.combinations(range(len(vals)), k):
-            for ms in itertools.product(range(len(vals)), repeat=k):
-                fixed = sum(6 * N1 * np.exp(vals[d]) + (1 - DECAY) * 6 * N2 * np.exp(vals[m])
-                            for d, m in zip(d1s, ms)) / grid_cost  # in grid costs (LP scaling)
-                if best is not None and fixed >= best[0]:
+            parents = sum(6 * N1 * np.exp(vals[d]) for d in d1s) / grid_cost
+            if best is not None and parents >= best[0]:
+                continue
+            lb = branch_cost(d1s, [top] * k)
+            if lb is None:  # even every branch of every group falls short
+                infeasible += 1
+                continue
+            for ms in ms_all:
+                fixed = parents + stable[ms].sum()
+                if best is not None and fixed + lb[0] >= best[0]:
+                    break
+                r = branch_cost(d1s, ms)
+                if r is None:
                     continue
-                pts = [(vals[d], vals[b]) for d, m in zip(d1s, ms) for b in range(m + 1)]
-                cost = np.array([DECAY * 6 * N2 * np.exp(b) for _, b in pts]) / grid_cost
-                J = np.array([jacobian(th, u["E"], a, b) for a, b in pts])
-                if args.once:
-                    r = once_each(J / sigma, cost, g, v_grid)
-                    if r is None:
-                        continue
-                    branch, rounded = r
-                else:
-                    Bm = J.T / (sigma * np.sqrt(cost))
-                    n = Bm.shape[1]
-                    r = linprog(np.ones(2 * n), A_eq=np.hstack([Bm, -Bm]), b_eq=g,
-                                bounds=(0, None), method="highs")
-                    if r.status != 0:
-                        continue
-                    branch = rounded = r.fun ** 2 / v_grid
-                total = fixed + branch
-                if best is None or total < best[0]:
-                    best = (total, [float(np.exp(vals[d])) for d in d1s],
+                branch, rounded = r
+                if best is None or fixed + branch < best[0]:
+                    best = (fixed + branch, [float(np.exp(vals[d])) for d in d1s],
                             [float(np.exp(vals[m])) for m in ms], fixed + rounded)
     if best is None:
         print(f"no design with at most {args.groups} branch groups reaches the grid's width "
-              f"(each candidate {'once' if args.once else 'any number of times'}); try --groups "
+              f"(each candidate {'once' if once else 'any number of times'}); try --groups "
               f"{args.groups + 1}")
-        print(json.dumps({"bound_cost_ratio": None, "once": args.once, "groups": args.groups,
-                          "points": args.points, "sigma_ln_loss": sigma}))
+        print(json.dumps({"bound_cost_ratio": None, "once": once, "groups": args.groups,
+                          "points": args.points, "sigma_ln_loss": sigma, "sigma_group": sg}))
         return
     sd = np.sqrt(v_grid)
     out = {"grid_cost_flops": grid_cost, "grid_width_linearised": float(np.exp(1.645 * sd)
                                                                         - np.exp(-1.645 * sd)),
            "bound_cost_ratio": best[0], "bound_D1": best[1], "bound_M": best[2],
-           "rounded_cost_ratio": best[3], "once": args.once,
-           "sigma_ln_loss": sigma, "points": args.points, "groups": args.groups,
+           "rounded_cost_ratio": best[3], "once": once,
+           "sigma_ln_loss": sigma, "sigma_group": sg, "points": args.points,
+           "groups": args.groups,
            "wall_s": round(time.time() - t0, 1)}
     print(f"full grid: {grid_cost:.3g} FLOPs, linearised 90 % D* width "
           f"{out['grid_width_linearised']:.2f}")
-    how = ("each candidate at most once: relaxed bound" if args.once else
-           "replicates allowed")
+    how = ("each candidate at most once: relaxed bound" if once else
+           "replicates allowed") + (f"; branches of a stable run share noise sd {sg:g}"
+                                    if sg else "")
     print(f"oracle c-optimal design with WSD branches ({how}): "
           f"{out['bound_cost_ratio']:.3f} of the grid's cost — groups at D1 = "
           f"{[f'{d:.3g}' for d in best[1]]}, stable runs to M = {[f'{m:.3g}' for m in best[2]]}"
           + (f"; a once-each design of those groups reaching the width: "
-             f"{out['rounded_cost_ratio']:.3f}" if args.once else ""))
+             f"{out['rounded_cost_ratio']:.3f}" if once else ""))
     print(json.dumps(out))
 
 
