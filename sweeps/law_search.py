@@ -417,9 +417,12 @@ class LawDesign:
         return out
 
     def _group(self, i: int) -> str | None:
-        """The noise group of candidate ``i``: its WSD stable run, else its parent."""
+        """The noise group of candidate ``i``: its parent, else its WSD stable run. A parent's
+        initialisation and data order carry most of a trial's seed noise; stable runs off one
+        fixed parent are nearly independent (docs/findings.md §10), so the stable runs of one
+        parent (other seeds or knobs) share one effect."""
         c = self.candidates[i]
-        return c.branch if c.branch is not None else c.parent
+        return c.parent if c.parent is not None else c.branch
 
     def _group_index(self) -> list[int | None]:
         """Each candidate's group as an index among the groups (None: on its own)."""

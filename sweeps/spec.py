@@ -224,9 +224,10 @@ class LawSearchConfig:
     bootstrap: int = 100
     """Bootstrap fits per refit."""
     noise: str = "groups"
-    """groups: parametric bootstrap with noise shared by the trials of one WSD stable run or
-    parent (``moe_core.scaling.fit.group_noise_bootstrap``) | trials: resample trials as if
-    independent (intervals too narrow when branches share a stable run)."""
+    """groups: parametric bootstrap with noise shared by the trials of one parent, or of one WSD
+    stable run where there is no parent (``moe_core.scaling.fit.group_noise_bootstrap``) |
+    trials: resample trials as if independent (intervals too narrow when branches share a
+    stable run)."""
     icc: float | None = None
     """Share of a trial's noise variance common to its group (``python -m analysis.noise`` on a
     replicated sweep measures it); None: estimated from each refit's residuals."""

@@ -18,7 +18,11 @@ errors may be correlated. This module measures that from seed replicates:
   intra-class correlation. ICC 0 means branches are independent evidence; ICC 1 means a group
   measures one number however many branches it has;
 - ``by_distance``: that correlation by the distance of the two points along ``axis`` (octaves
-  of D2 by default): nearby budgets decay off nearly the same stable checkpoint.
+  of D2 by default): nearby budgets decay off nearly the same stable checkpoint;
+- ``group_fixed``: every replicated point has the same group in all its seeds (e.g. a sweep with
+  ``parent.seed`` set: one parent for every seed). The group's own effect then does not vary
+  between seeds and is *not* in ``sigma``: the figures are the noise given the group, and pairs
+  of one group and seed measure what the trials below it share (the stable run).
 
 These are moment estimates: with few seeds they are rough (three seeds give each point two
 degrees of freedom), and the report says how many points, pairs and seeds they rest on.
@@ -63,6 +67,8 @@ class NoiseStructure:
     point: tuple[str, ...]
     group: str
     axis: str | None
+    group_fixed: bool = False
+    """The group is the same in every seed at every replicated point (module docstring)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a NaN, e.g. no measurable shared part, is None)."""
@@ -121,6 +127,7 @@ def noise_structure(df, *, point: Sequence[str] = ("D1", "D2"), group: str = "pa
                 acc[2] += 1
     cov = cov_sum / cov_dof if cov_dof else 0.0
     n_groups = len({g for v in reps.values() for _, g in v.values()})
+    fixed = bool(group) and all(len({g for _, g in v.values()}) == 1 for v in reps.values())
     return NoiseStructure(
         sigma=math.sqrt(var), sigma_group=math.sqrt(max(cov, 0.0)),
         sigma_own=math.sqrt(max(var - max(cov, 0.0), 0.0)),
@@ -128,7 +135,8 @@ def noise_structure(df, *, point: Sequence[str] = ("D1", "D2"), group: str = "pa
         by_distance=[{"distance": d, "corr": (v[0] / v[1]) / var if var > 0 else float("nan"),
                       "pairs": int(v[2])} for d, v in sorted(by_d.items())],
         points=len(reps), seeds=len({s for v in reps.values() for s in v}), groups=n_groups,
-        pairs=n_pairs, point=tuple(point), group=group, axis=axis if ai is not None else None)
+        pairs=n_pairs, point=tuple(point), group=group, axis=axis if ai is not None else None,
+        group_fixed=fixed)
 
 
 def _ss(v: dict[int, tuple[float, str]]) -> float:
@@ -145,6 +153,10 @@ def format_noise(n: NoiseStructure) -> list[str]:
     """The report's lines."""
     out = [f"seed-to-seed noise of ln L: sigma = {n.sigma:.4g} per trial "
            f"({n.points} points × up to {n.seeds} seeds)"]
+    if n.group_fixed:
+        out.append(f"note: each point has one {n.group} in all its seeds (e.g. parent.seed set), "
+                   f"so its effect does not vary between seeds and is not in these figures: "
+                   f"they are the noise given the {n.group}; vary its seed to measure it")
     if n.pairs:
         out.append(f"shared by trials of one {n.group} (different {', '.join(n.point)}): "
                    f"ICC = {n.icc:.2f} (sigma_group = {n.sigma_group:.4g}, own = "
@@ -154,7 +166,10 @@ def format_noise(n: NoiseStructure) -> list[str]:
                        f"{d['corr']:.2f} ({d['pairs']} pairs)")
         out.append("for sweeps.simulate / bench/law_search.py: "
                    f"sigma = {n.sigma_own:.4g}, sigma_group = {n.sigma_group:.4g}"
-                   if n.icc > 0 else "no shared component: trials are independent evidence")
+                   if n.icc > 0 else
+                   f"no shared component: given the {n.group}, trials are independent evidence"
+                   if n.group_fixed else
+                   "no shared component: trials are independent evidence")
     else:
         out.append(f"no two points share a {n.group} in the same seed: the shared part is "
                    "not measurable from these data")

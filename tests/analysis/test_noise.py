@@ -52,6 +52,28 @@ def test_independent_trials_share_nothing():
     assert any("no shared component" in line or "ICC" in line for line in format_noise(n))
 
 
+def test_a_parent_fixed_across_seeds_is_said_and_left_out_of_sigma():
+    """parent.seed set: every seed upcycles the same parent, whose effect (here 0.03 in ln L,
+    ten times the trials' own noise) is one constant per D1: it cannot show in the seed-to-seed
+    spread, and the report says the figures are the noise given the parent."""
+    effect = np.random.default_rng(5).normal(0.0, 0.03, size=len(GRID))
+    rows = []
+    for s in range(12):
+        study = SimulatedStudy(sigma=0.003, seed=2000 + s)
+        for i, d1 in enumerate(GRID):
+            for d2 in GRID:
+                x = {"D1": d1, "D2": d2}
+                rows.append({"trial_id": f"t{s}_{i}_{d2:.0f}", "seed": s, "parent_key": f"p{i}",
+                             "D1": d1, "D2": d2,
+                             "val_loss": study.loss(x) * math.exp(effect[i])})
+    n = noise_structure(pd.DataFrame(rows))
+    assert n.group_fixed and n.groups == len(GRID)
+    assert n.sigma == pytest.approx(0.003, rel=0.15) and abs(n.icc) < 0.15
+    text = "\n".join(format_noise(n))
+    assert "one parent_key in all its seeds" in text and "given the parent_key" in text
+    assert not noise_structure(_replicated(0.006, 0.008, seeds=4)).group_fixed
+
+
 def test_the_estimate_matches_a_hand_computation():
     """Two points of one group, three seeds: sigma² = Σ dev² / Σ (n − 1), cov = Σ dev_a·dev_b /
     (n − 1)."""

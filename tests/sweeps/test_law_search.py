@@ -339,6 +339,22 @@ def test_branches_of_one_stable_run_are_not_independent_evidence():
     assert d._gain(d._condition(Ca, 0), 1) == pytest.approx(1 / 6)
 
 
+def test_stable_runs_of_one_parent_share_its_noise_group():
+    """The parent carries most of a trial's seed noise (findings §10: with the parent fixed,
+    stable runs of other seeds have no shared part), so the noise group is the parent: two
+    stable runs off one parent are one group, two parents two; a trial without a parent is
+    grouped by its stable run, and one with neither stands alone."""
+    study = SimulatedStudy(sigma=0.002, seed=0)
+    cands = [Candidate({"D1": 2.0, "D2": 2.0}, {"i": 0}, 55.0, parent="p", branch="s0"),
+             Candidate({"D1": 2.0, "D2": 3.0}, {"i": 1}, 55.0, parent="p", branch="s1"),
+             Candidate({"D1": 4.0, "D2": 2.0}, {"i": 2}, 55.0, parent="q", branch="s2"),
+             Candidate({"D1": 4.0, "D2": 3.0}, {"i": 3}, 55.0, branch="s3"),
+             Candidate({"D1": 4.0, "D2": 4.0}, {"i": 4}, 55.0, branch="s3"),
+             Candidate({"D1": 8.0, "D2": 4.0}, {"i": 5}, 55.0)]
+    d = LawDesign(_block(study, target="alpha3", ci_width=0.5), cands)
+    assert d._group_index() == [0, 0, 1, 2, 2, None]
+
+
 def test_the_last_trial_enters_the_estimate_when_tune_asks_for_no_more(tmp_path):
     """Tune stops calling suggest() after its sample count (max_trials): the refit on every trial
     happens when the last one completes (a real 25-trial sweep ended with an estimate from 24)."""
