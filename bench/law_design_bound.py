@@ -31,7 +31,15 @@ for w ∈ [0, 1] it is convex in w, so the relaxed optimum is again a lower boun
 implied: a repeated branch shares its group's noise, and w > 1 would count its own noise as
 fresh).
 
+``--any-groups``: instead of searching group sets, a certified lower bound over every design:
+any number of stable runs of any D1, each a fresh seed (its noise its own), each with any set
+of branches on the axes (every (D1, branch set) a type; counts relaxed to reals; see
+:func:`cheapest_stable_runs`). ``--kernel-octaves L`` (with it and ``--sigma-group``): the
+shared noise fades along D2, correlation exp(−d²/2L²) between branches d octaves apart.
+
     python bench/law_design_bound.py [--points 9] [--groups 3] [--once] [--sigma-group S]
+    python bench/law_design_bound.py --any-groups [--points 9] [--sigma-group S]
+                                     [--kernel-octaves L]
 """
 
 from __future__ import annotations
@@ -112,10 +120,21 @@ def once_each(J: np.ndarray, cost: np.ndarray, g: np.ndarray, v: float,
 
 
 def group_information(rows: np.ndarray, member: np.ndarray, sigma: float,
-                      sigma_group: float) -> np.ndarray:
+                      sigma_group: float, octaves: np.ndarray | None = None,
+                      length: float | None = None) -> np.ndarray:
     """Information on the parameters of each group type t (``member[t]``: which of the Jacobian
     ``rows`` its stable run's branches are), its shared effect integrated out: J_Sᵀ Σ_S⁻¹ J_S
-    with Σ_S⁻¹ = (I − σ_g²/(σ² + |S|σ_g²)·11ᵀ)/σ²."""
+    with Σ_S⁻¹ = (I − σ_g²/(σ² + |S|σ_g²)·11ᵀ)/σ². With ``length`` (in octaves of D2; the
+    rows' positions in ``octaves``) the shared part fades with distance instead:
+    Σ_S = σ²I + σ_g²·exp(−Δ²/2ℓ²) (a smooth effect of the parent along D2, findings §10)."""
+    if length is not None:
+        K = sigma_group ** 2 * np.exp(-np.subtract.outer(octaves, octaves) ** 2
+                                      / (2 * length ** 2)) + sigma ** 2 * np.eye(len(octaves))
+        out = np.empty((len(member), rows.shape[1], rows.shape[1]))
+        for t, m in enumerate(member):
+            J = rows[m]
+            out[t] = J.T @ np.linalg.solve(K[np.ix_(m, m)], J)
+        return out
     B = member.astype(float)
     JJ = np.einsum("tb,bi,bj->tij", B, rows, rows)
     s1 = B @ rows  # J_Sᵀ1
@@ -169,7 +188,8 @@ def _any_groups(args, th, E, g, vals, v_grid, grid_cost, t0) -> None:
     infos, parent = [], []
     for a in vals:
         rows = jacobian(th, E, np.full(n, a), vals).T
-        infos.append(group_information(rows, member, args.sigma, args.sigma_group))
+        infos.append(group_information(rows, member, args.sigma, args.sigma_group,
+                                       vals / np.log(2), args.kernel_octaves))
         parent.append(np.full(len(masks), 6 * N1 * np.exp(a)))
     infos = np.concatenate(infos)
     with_parent = (np.concatenate(parent) + np.tile(stable, n)) / grid_cost
@@ -181,6 +201,7 @@ def _any_groups(args, th, E, g, vals, v_grid, grid_cost, t0) -> None:
              "cost_share": round(float(own["shares"][t]), 3)}
             for t in order if own["shares"][t] > 0.01]
     out = {"bound_cost_ratio": own["lower"], "any_groups": True,
+           "kernel_octaves": args.kernel_octaves,
            "relaxed_design_cost_ratio": own["upper"], "design": used,
            "bound_cost_ratio_parents_free": shared["lower"],
            "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
@@ -210,6 +231,10 @@ def main() -> None:
     ap.add_argument("--sigma-group", type=float, default=0.0,
                     help="noise sd in ln L shared by the branches of one stable run (implies "
                          "--once); --sigma is then each branch's own")
+    ap.add_argument("--kernel-octaves", type=float, default=None,
+                    help="with --any-groups: the shared noise fades with the distance of two "
+                         "branches along D2, correlation exp(-d^2/2L^2) at d octaves (findings "
+                         "§10 fits L = 2.7); default: the same for every pair")
     ap.add_argument("--any-groups", action="store_true",
                     help="instead: the certified lower bound over designs of any number of "
                          "stable runs, each a fresh seed, with any set of branches (counts "
@@ -237,8 +262,17 @@ def main() -> None:
         return augmented(rows, [len(bs) for bs in groups], g, sigma, sg)
 
     grid_vals = np.log(np.geomspace(0.5e9, 8e9, 5))
-    Jg, Pg, gg = design([list(grid_vals)] * len(grid_vals), grid_vals)
-    v_grid = float(gg @ np.linalg.solve(Jg.T @ Jg + Pg, gg))
+    if args.kernel_octaves is not None:  # the grid's 5 groups, each with every D2 of its axis
+        if not args.any_groups or sg <= 0 or args.kernel_octaves <= 0:
+            ap.error("--kernel-octaves L (L > 0) goes with --any-groups and --sigma-group")
+        rows = [jacobian(th, u["E"], np.full(len(grid_vals), a), grid_vals).T for a in grid_vals]
+        info = sum(group_information(r, np.ones((1, len(grid_vals)), bool), sigma, sg,
+                                     grid_vals / np.log(2), args.kernel_octaves)[0]
+                   for r in rows)
+        v_grid = float(g @ np.linalg.solve(info, g))
+    else:
+        Jg, Pg, gg = design([list(grid_vals)] * len(grid_vals), grid_vals)
+        v_grid = float(gg @ np.linalg.solve(Jg.T @ Jg + Pg, gg))
     D = np.exp(grid_vals)
     grid_cost = 6 * N1 * D.sum() + len(D) * 6 * N2 * ((1 - DECAY) * D.max() + DECAY * D.sum())
 

@@ -91,3 +91,19 @@ def test_certified_bound_holds_before_convergence():
     assert exact["lower"] <= exact["upper"] * (1 + 1e-9)
     assert early["lower"] <= exact["upper"] * (1 + 1e-9) <= early["upper"] * (1 + 1e-9)
     assert exact["upper"] <= exact["lower"] * (1 + 1e-3)
+
+
+def test_fading_shared_noise_spans_equicorrelated_to_independent():
+    """The kernel form: a length far beyond the axis is the equicorrelated closed form; a length
+    far below the spacing leaves each branch independent with variance σ² + σ_g²."""
+    rng = np.random.default_rng(4)
+    rows = rng.normal(size=(5, 4))
+    octaves = np.arange(5.0)
+    member = np.array([[1, 1, 1, 1, 1], [1, 0, 1, 0, 1], [0, 1, 0, 0, 1]], bool)
+    flat = bound.group_information(rows, member, 0.003, 0.004)
+    long = bound.group_information(rows, member, 0.003, 0.004, octaves, 1e5)
+    np.testing.assert_allclose(long, flat, rtol=1e-6, atol=1e-3)
+    short = bound.group_information(rows, member, 0.003, 0.004, octaves, 1e-3)
+    for t, m in enumerate(member):
+        np.testing.assert_allclose(short[t], rows[m].T @ rows[m] / (0.003 ** 2 + 0.004 ** 2),
+                                   rtol=1e-9)
