@@ -2,7 +2,8 @@
 
 Each study draws trial losses from 000 Table 2's laws at N1 = 1e9 (sweeps.simulate: Eq. 8 with
 E' = B·N1^−β + E; the from-scratch law, Eq. 3 at that size, given to both) times exp(σ·ε)
-(and exp(σ_g·η) shared by the trials of one WSD stable run with ``--sigma-group``). Both fit
+(and exp(σ_g·η) shared by the trials of one WSD stable run with ``--sigma-group``; with
+``--group-length`` η fades along D2 instead of being one number per stable run). Both fit
 Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
 
 - the full grid: the 5 × 5 D1 × D2 grid {0.5, 1, 2, 4, 8}·1e9 (the shape of
@@ -62,7 +63,8 @@ def candidates(values, branches: bool, repeats: int = 1, d2_values=None) -> list
 
 
 def study(s: int, args) -> dict:
-    st = SimulatedStudy(N1=N1, sigma=args.sigma, seed=s, sigma_group=args.sigma_group)
+    st = SimulatedStudy(N1=N1, sigma=args.sigma, seed=s, sigma_group=args.sigma_group,
+                        group_length=args.group_length)
 
     def block(**kw):
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
@@ -117,6 +119,10 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=0.003, help="noise sd in ln L")
     ap.add_argument("--sigma-group", type=float, default=0.0,
                     help="noise sd in ln L shared by the trials of one WSD stable run")
+    ap.add_argument("--group-length", type=float, default=None,
+                    help="octaves of D2 over which the shared noise fades (sweeps.simulate's "
+                         "group_length; findings §10 fits 2.73); default: the same for the "
+                         "whole group")
     ap.add_argument("--bootstrap", type=int, default=60)
     ap.add_argument("--noise", choices=("groups", "trials"), default="groups",
                     help="law.noise of both designs: the parametric bootstrap that keeps a "
@@ -158,6 +164,7 @@ def main() -> None:
               f"{d['flops'] / r['grid_cost']:>6.3f}{'' if d['reached'] else '*'}")
     design, paired = summarise(rows, "design"), summarise(rows, "paired")
     out = {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
+           "group_length": args.group_length,
            "bootstrap": args.bootstrap, "noise": args.noise, "icc": args.icc,
            "repeats": args.repeats, "branches": args.branches,
            "d1_points": args.d1_points, "d2_points": args.d2_points,

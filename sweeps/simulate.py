@@ -8,7 +8,11 @@ L = L_true(D1, D2)·exp(σ·ε + σ_g·η), ε ~ N(0, 1) drawn from the study's 
 point: multiplicative noise of σ in ln L (σ = 0.01 is 1 % of the loss). η ~ N(0, 1) is drawn
 once per *group* (``group=``, e.g. the WSD stable run or the parent a trial shares with others):
 trials that branch off one stable run share its data order and initialisation, so their errors
-are correlated, and σ_g (``sigma_group``, default 0: independent trials) says how much.
+are correlated, and σ_g (``sigma_group``, default 0: independent trials) says how much. With
+``group_length`` ℓ the shared part is a smooth function of log2 D2 instead of one number: a
+stationary Gaussian process with correlation exp(−d²/2ℓ²) between budgets d octaves apart
+(findings §10 measured a parent's effect fading so; drawn by random Fourier features fixed by
+the study's seed and the group, so any budget can be asked for in any order).
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ class SimulatedStudy:
     sigma_group: float = 0.0
     """Standard deviation in ln L of the noise shared by the trials of one group (see the module's
     docstring); 0: every trial's noise is its own."""
+    group_length: float | None = None
+    """Octaves of D2 over which the shared noise fades (module docstring); None: the same for
+    every trial of the group."""
+
+    def __post_init__(self) -> None:
+        if self.group_length is not None and not self.group_length > 0:
+            raise ValueError(f"group_length={self.group_length} must be > 0 octaves (or None)")
 
     @property
     def upcycled(self) -> dict[str, float]:
@@ -67,7 +78,9 @@ class SimulatedStudy:
         eps = _normal([self.seed, rep, sorted((k, float(v)) for k, v in x.items())])
         shared = 0.0
         if self.sigma_group and group is not None:
-            shared = self.sigma_group * _normal([self.seed, "group", group])
+            key = [self.seed, "group", group]
+            shared = self.sigma_group * (_normal(key) if self.group_length is None else
+                                         _smooth(key, math.log2(x["D2"]), self.group_length))
         return self.true_loss(x) * math.exp(self.sigma * eps + shared)
 
     def loss_of(self, candidate) -> float:
@@ -86,6 +99,21 @@ class SimulatedStudy:
 
         return sign_changes(lambda g: float(gaps(np.array([g]))[0]), lo, hi,
                             vectorized=gaps).value
+
+
+FEATURES = 512
+"""Random Fourier features of :func:`_smooth` (its correlations are within ~0.05 of the kernel)."""
+
+
+def _smooth(key: Any, t: float, length: float) -> float:
+    """A draw at ``t`` of a unit-variance Gaussian process with correlation exp(−d²/2ℓ²), fixed
+    by ``key``: √(2/M)·Σ cos(ω_m t + b_m), ω ~ N(0, 1/ℓ²), b ~ U(0, 2π) (Rahimi & Recht 2007;
+    E cos(ω d) = exp(−d²/2ℓ²))."""
+    s = int(hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16], 16)
+    rng = np.random.default_rng(s)
+    w = rng.standard_normal(FEATURES) / length
+    b = rng.uniform(0.0, 2 * math.pi, FEATURES)
+    return float(math.sqrt(2.0 / FEATURES) * np.cos(w * t + b).sum())
 
 
 def _normal(key: Any) -> float:
