@@ -245,6 +245,9 @@ def main() -> None:
     if sg < 0 or sigma <= 0:
         ap.error("--sigma must be > 0 and --sigma-group >= 0")
     once = args.once or sg > 0
+    if args.kernel_octaves is not None and (not args.any_groups or sg <= 0
+                                            or args.kernel_octaves <= 0):
+        ap.error("--kernel-octaves L (L > 0) goes with --any-groups and --sigma-group")
     st = SimulatedStudy(N1=N1)
     u, s = st.upcycled, st.scratch
     th = np.array([np.log(u["A"]), u["alpha1"], u["alpha2"], u["alpha3"]])
@@ -262,17 +265,11 @@ def main() -> None:
         return augmented(rows, [len(bs) for bs in groups], g, sigma, sg)
 
     grid_vals = np.log(np.geomspace(0.5e9, 8e9, 5))
-    if args.kernel_octaves is not None:  # the grid's 5 groups, each with every D2 of its axis
-        if not args.any_groups or sg <= 0 or args.kernel_octaves <= 0:
-            ap.error("--kernel-octaves L (L > 0) goes with --any-groups and --sigma-group")
-        rows = [jacobian(th, u["E"], np.full(len(grid_vals), a), grid_vals).T for a in grid_vals]
-        info = sum(group_information(r, np.ones((1, len(grid_vals)), bool), sigma, sg,
-                                     grid_vals / np.log(2), args.kernel_octaves)[0]
-                   for r in rows)
-        v_grid = float(g @ np.linalg.solve(info, g))
-    else:
-        Jg, Pg, gg = design([list(grid_vals)] * len(grid_vals), grid_vals)
-        v_grid = float(gg @ np.linalg.solve(Jg.T @ Jg + Pg, gg))
+    every = np.ones((1, len(grid_vals)), bool)  # the grid: 5 groups, every D2 of its axis each
+    v_grid = float(g @ np.linalg.solve(sum(
+        group_information(jacobian(th, u["E"], np.full(len(grid_vals), a), grid_vals).T, every,
+                          sigma, sg, grid_vals / np.log(2), args.kernel_octaves)[0]
+        for a in grid_vals), g))
     D = np.exp(grid_vals)
     grid_cost = 6 * N1 * D.sum() + len(D) * 6 * N2 * ((1 - DECAY) * D.max() + DECAY * D.sum())
 
@@ -303,7 +300,7 @@ def main() -> None:
     # with every stable run at the top (lb) bounds it below for every shorter choice, and the
     # stable runs' choices are visited cheapest first (in grid costs: the LP's scaling).
     stable = (1 - DECAY) * 6 * N2 * np.exp(vals) / grid_cost
-    best, infeasible = None, 0
+    best = None
     for k in range(1, args.groups + 1):
         ms_all = np.array(list(itertools.product(range(len(vals)), repeat=k)))
         ms_all = ms_all[np.argsort(stable[ms_all].sum(axis=1), kind="stable")]
@@ -313,7 +310,6 @@ def main() -> None:
                 continue
             lb = branch_cost(d1s, [top] * k)
             if lb is None:  # even every branch of every group falls short
-                infeasible += 1
                 continue
             for ms in ms_all:
                 fixed = parents + stable[ms].sum()

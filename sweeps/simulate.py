@@ -116,10 +116,15 @@ def _smooth(key: Any, t: float, length: float) -> float:
     return float(math.sqrt(2.0 / FEATURES) * np.cos(w * t + b).sum())
 
 
+def _rng(key: Any) -> np.random.Generator:
+    """A generator fixed by a JSON-able key (the same key, the same draws)."""
+    return np.random.default_rng(int(hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16],
+                                     16))
+
+
 def _normal(key: Any) -> float:
     """One standard normal draw fixed by a JSON-able key (the same key, the same draw)."""
-    s = int(hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16], 16)
-    return float(np.random.default_rng(s).standard_normal())
+    return float(_rng(key).standard_normal())
 
 
 def simulated_trainable(study: SimulatedStudy, variables: Mapping[str, str],
