@@ -109,8 +109,7 @@ def _smooth(key: Any, t: float, length: float) -> float:
     """A draw at ``t`` of a unit-variance Gaussian process with correlation exp(−d²/2ℓ²), fixed
     by ``key``: √(2/M)·Σ cos(ω_m t + b_m), ω ~ N(0, 1/ℓ²), b ~ U(0, 2π) (Rahimi & Recht 2007;
     E cos(ω d) = exp(−d²/2ℓ²))."""
-    s = int(hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16], 16)
-    rng = np.random.default_rng(s)
+    rng = _rng(key)
     w = rng.standard_normal(FEATURES) / length
     b = rng.uniform(0.0, 2 * math.pi, FEATURES)
     return float(math.sqrt(2.0 / FEATURES) * np.cos(w * t + b).sum())
