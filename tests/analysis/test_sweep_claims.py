@@ -6,16 +6,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.claims import REPRODUCED, RULES, Rule, evaluate_claims
+from analysis.claims import (
+    INCONCLUSIVE,
+    NEEDS_SEEDS,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    RULES,
+    Rule,
+    evaluate_claims,
+    strata,
+)
 from analysis.sections import efficiency_rows, transition_rows
 from analysis.sweep import Stat, load_sweep
+from moe_core.errors import SearchSpaceError
 from sweeps.results import RESULTS_FILE, write_rows
+from sweeps.spec import iter_grid, knob_values, load_spec
 
 CONST, RESET5, RESET3 = {"policy": "constant"}, {"policy": "reset", "peak": 0.005}, \
     {"policy": "reset", "peak": 0.003}
@@ -210,3 +222,119 @@ def test_results_before_schema_2_are_upgraded_and_have_no_transition(tmp_path):
     eff = {r["tau"]: r for r in efficiency_rows(s, load_sweep(tmp_path / "b"))}
     assert eff[250.0]["E"] == 4 and eff[250.0]["eta"] == pytest.approx((2.10 - 2.02) / 0.10)
     assert eff[750.0]["eta"] == pytest.approx((2.10 - 2.09) / 0.10)
+
+
+# ---- claims hold the other varied knobs fixed (#31) ------------------------------------------
+
+def _aux_topk(tmp_path, L: dict, load: dict, seeds=(0,)):
+    """An aux_coef × top-K sweep: ``L[(aux, k)]`` and ``load[(aux, k)]`` per seed."""
+    trials = [_trial("aux_topk", f"a{a}k{k}s{s}", s,
+                     {"moe.router.aux_coef": a, "moe.top_k": k}, L[(a, k)][i],
+                     **{"router.max_load": load[(a, k)][i]})
+              for (a, k) in L for i, s in enumerate(seeds)]
+    return _sweep(tmp_path, "aux_topk", trials)
+
+
+def _by(claims, stratum=None):
+    return {c.claim: c for c in claims if c.stratum == stratum}
+
+
+def test_aux_by_top_k_one_seed_gives_no_verdict_and_never_mixes_top_k(tmp_path):
+    # the researcher's sweep: one seed; top-1 cells have a far higher loss and max load, so
+    # comparing a top-1 cell with a top-2 cell "reproduces" both aux claims, as the old rules did
+    L = {(0.001, 1): [1.5800], (0.1, 1): [1.5790], (0.001, 2): [1.5142], (0.1, 2): [1.5126]}
+    load = {(0.001, 1): [0.30], (0.1, 1): [0.31], (0.001, 2): [0.20], (0.1, 2): [0.20]}
+    claims = evaluate_claims(_aux_topk(tmp_path, L, load))
+    # the aux claims within each top-K, the top-K claim within each aux coefficient
+    assert {c.stratum for c in claims} == {None, "top_k=1", "top_k=2", "aux_coef=0.001",
+                                           "aux_coef=0.1"}
+    assert {c.claim for c in claims if c.stratum and "aux" in c.stratum} == {
+        "Top-2 beats top-1 after upcycling"}
+    for c in claims:
+        assert c.verdict == NEEDS_SEEDS, c
+        assert c.verdict != REPRODUCED
+    per = [c for c in claims if c.stratum and "top_k" in c.stratum]
+    assert len(per) == 4 and all("top_k" not in c.claim for c in per)
+    # every per-stratum comparison names only cells of its stratum
+    for c in per:
+        k = c.stratum.split("=")[1]
+        assert f"top_k={3 - int(k)}" not in c.numbers
+
+
+def test_aux_by_top_k_per_stratum_verdicts_follow_the_data(tmp_path):
+    # two seeds; at top-2 the larger coefficient is better (as in the researcher's numbers), at
+    # top-1 it is worse: the strata disagree and the pooled verdict says so
+    L = {(0.001, 1): [1.560, 1.562], (0.1, 1): [1.600, 1.604],
+         (0.001, 2): [1.5142, 1.5160], (0.1, 2): [1.5026, 1.5046]}
+    load = {(0.001, 1): [0.40, 0.41], (0.1, 1): [0.20, 0.21],
+            (0.001, 2): [0.20, 0.21], (0.1, 2): [0.30, 0.31]}
+    claims = evaluate_claims(_aux_topk(tmp_path, L, load, seeds=(0, 1)))
+    large = "Too large a coefficient (0.1) hurts cross-entropy"
+    small = ("Too small a coefficient (0.001) imbalances experts (higher max expert load than "
+             "at 0.1)")
+    k1, k2, pooled = _by(claims, "top_k=1"), _by(claims, "top_k=2"), _by(claims)
+    assert k1[large].verdict == REPRODUCED and k2[large].verdict == NOT_REPRODUCED
+    assert k1[small].verdict == REPRODUCED and k2[small].verdict == NOT_REPRODUCED
+    assert "a0.001k2" not in k1[large].numbers  # labels of its own stratum only
+    for c in (pooled[large], pooled[small]):
+        assert c.verdict == INCONCLUSIVE and "strata disagree" in c.numbers
+    mean, thr = _paired(L[(0.001, 2)], L[(0.1, 2)], False, 0.001)  # 0.001 "better" than 0.1
+    assert mean < -thr and f"paired by seed Δ = {mean:+.4f}" in k2[large].numbers
+
+
+def test_a_stated_seed_noise_lets_one_seed_be_judged(tmp_path):
+    L = {(0.001, 1): [1.5800], (0.1, 1): [1.5790], (0.001, 2): [1.5142], (0.1, 2): [1.5126]}
+    load = {(0.001, 1): [0.30], (0.1, 1): [0.31], (0.001, 2): [0.20], (0.1, 2): [0.20]}
+    s = _aux_topk(tmp_path, L, load)
+    large = "Too large a coefficient (0.1) hurts cross-entropy"
+    c = _by(evaluate_claims(s, seed_noise=0.0005), "top_k=2")[large]
+    thr = 2 * 0.0005 * math.sqrt(2)  # 2·SE of a one-seed difference, but never below FLOOR
+    assert thr < 0.005 and "threshold 0.0050 under the stated seed noise" in c.numbers
+    assert c.verdict == INCONCLUSIVE  # |Δ| = 0.0016 < 0.005
+    c = _by(evaluate_claims(s, seed_noise=0.0001), "top_k=1")[large]
+    assert c.verdict == INCONCLUSIVE
+    assert _by(evaluate_claims(s, seed_noise=None), "top_k=2")[large].verdict == NEEDS_SEEDS
+
+
+def test_knobs_that_move_with_the_claims_knob_are_the_treatment_not_strata(tmp_path):
+    # a granularity sweep keeps active FLOPs fixed: E and K follow G in every cell
+    L = {1: [2.00, 2.01], 2: [1.97, 1.98], 4: [1.95, 1.96]}
+    trials = [_trial("g", f"g{g}s{s}", s, {"moe.granularity": g, "moe.num_experts": 8 * g,
+                                           "moe.top_k": 2 * g}, L[g][s])
+              for g in L for s in (0, 1)]
+    claims = evaluate_claims(_sweep(tmp_path, "g", trials))
+    assert [c.stratum for c in claims] == [None]
+    assert claims[0].verdict == REPRODUCED
+    assert "(moe.num_experts, moe.top_k vary with moe.granularity)" in claims[0].numbers
+
+
+SHIPPED = sorted(p for p in (Path(__file__).parents[2] / "search_spaces").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_sweeps_are_one_stratum_so_their_verdicts_are_unchanged(tmp_path, path):
+    """Every sweep of the findings varies one claim knob (or knobs that move with it), so
+    stratifying leaves its claims as they were: one stratum per rule. model_config (preset ×
+    experts × top-K, not in the findings) is the multi-knob design whose top-K claim is now judged
+    per (preset, experts) cell."""
+    try:
+        spec = load_spec(str(path))
+    except SearchSpaceError:
+        pytest.skip("needs the user's own checkpoint")
+    if spec.sampled_params():
+        pytest.skip("sampled knobs: no fixed design")
+    rows = []
+    for i, pt in enumerate(iter_grid(spec)):
+        knobs = {k: v for k, v in knob_values(spec, pt).items() if k != "seed"}
+        rows += _trial(spec.name, f"t{i}", pt.get("seed", 0), knobs, 2.0 + i / 1000)
+    write_rows(tmp_path / spec.name / RESULTS_FILE, rows)
+    s = load_sweep(tmp_path / spec.name)
+    for rule in RULES:
+        if rule.applies(s) and rule.stratify:
+            parts, moving = strata(s, rule.knobs)
+            labels = [lab for lab, _ in parts]
+            if path.stem == "model_config":
+                assert len(labels) > 1 and all("preset=" in lab for lab in labels)
+                continue
+            assert labels == [""], (path.stem, rule.test.__name__)
+            assert not moving or path.stem in ("granularity", "upcycle_vs_dense")
