@@ -55,5 +55,10 @@ class CheckpointError(UpcycleError, RuntimeError):
     """A checkpoint is missing, corrupt (checksum mismatch) or incompatible."""
 
 
+class OutputError(UpcycleError):
+    """An output path would replace or delete what this project did not write. The message names
+    the path and the way out (a new path, or ``--overwrite`` for a folder the project wrote)."""
+
+
 class FitError(UpcycleError, RuntimeError):
     """A scaling-law fit could not be performed (too few points, bad columns, ...)."""

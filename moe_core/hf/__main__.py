@@ -11,6 +11,10 @@ with its tokenizer files, and prints the function-preservation error it measured
 random token batches: our MoE vs our source model, and (unless --no-verify) transformers' load
 of OUT_DIR vs our source model.
 
+OUT_DIR must be new or empty: an existing folder is replaced only with ``--overwrite`` and only
+if this project wrote it (it holds ``.upcycle-sweeps.json``); a file, a symlink, the source or a
+folder inside or around it are refused before any work, in one line.
+
 ``export`` writes one of this project's training checkpoints (a trial's ``step_…`` folder; an
 expert-parallel one's per-rank shards are joined, ``Checkpoint.full_model_state``) as a Hugging
 Face folder, and (unless --no-verify) prints transformers' logits error against ours.
@@ -30,6 +34,7 @@ import torch
 
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import UpcycleError, one_line
+from moe_core.fsio import guard_output_dir
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.model import build_model
@@ -85,6 +90,7 @@ def _grow(args: argparse.Namespace, src_cfg: Any, src_state: dict[str, torch.Ten
 def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     """A dense source → an MoE (dense_to_moe); an MoE source → more experts (expand_experts)."""
     src, out = Path(args.src), Path(args.out)
+    replacing = guard_output_dir(out, sources=(src,), overwrite=args.overwrite)
     src_cfg, src_state = load_pretrained(src)
     kind = "dense" if src_cfg.moe is None else "source"
     if src_cfg.moe is None:
@@ -94,6 +100,8 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     else:
         state, cfg = _grow(args, src_cfg, src_state)
     extra = {n: src / n for n in TOKENIZER_FILES if (src / n).is_file()}
+    if replacing:
+        print(replacing)
     arch = save_moe(state, cfg, out, arch=args.arch, dtype=_dtype(read_config(src)),
                     extra_files=extra)
     batches = _batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
@@ -126,6 +134,7 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def export(args: argparse.Namespace) -> dict[str, Any]:
+    replacing = guard_output_dir(args.out, sources=(args.checkpoint,), overwrite=args.overwrite)
     ck = load_checkpoint(args.checkpoint)
     if not isinstance(ck.meta.get("config"), dict):
         raise UpcycleError(f"{args.checkpoint}: its meta.json holds no training config")
@@ -133,6 +142,8 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     cfg = train_config_from_dict(ck.meta["config"]).model_config(
         vocab_size=int(state["tok_emb.weight"].shape[0]))
     out = Path(args.out)
+    if replacing:
+        print(replacing)
     arch = save_moe(state, cfg, out, arch=args.arch)
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "checkpoint":
                            str(args.checkpoint), "step": ck.step,
@@ -165,6 +176,9 @@ def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--seq-len", type=int, default=64, help="tokens per measured sequence")
     p.add_argument("--no-verify", action="store_true",
                    help="skip loading the result with transformers")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if this project wrote it (never a folder it did not "
+                        "write, nor the source)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 

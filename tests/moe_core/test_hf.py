@@ -387,3 +387,51 @@ def test_tokenizer_loads_through_tokenizers(tmp_path):
     _refused("tokenizer.json is missing", load_tokenizer, path)
     tok.save(str(path / "tokenizer.json"))
     assert load_tokenizer(path).encode("hello world again").ids == [1, 2, 0]
+
+
+def _tree(root):
+    """Every file under ``root`` with its bytes (hidden ones included)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_cli_upcycle_never_destroys_what_it_did_not_write(tmp_path, capsys):
+    """#32: an existing OUT folder, OUT = SRC, OUT inside SRC, OUT a file and OUT a symlink are
+    refused in one line before any work, exit 2, nothing touched; --overwrite replaces only a
+    folder this project wrote, and says so."""
+    from moe_core.fsio import WRITER_MARK
+    from moe_core.hf.__main__ import main
+
+    src = tiny_dense("llama", tmp_path / "src")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    afile = tmp_path / "afile"
+    afile.write_text("data")
+    (tmp_path / "link").symlink_to(mine)
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    up = ["--experts", "4", "--top-k", "2", "--batches", "1", "--seq-len", "8", "--no-verify"]
+    cases = [(mine, "exists and is not empty"), (src, "is the source"),
+             (src / "sub", "is inside the source"), (afile, "is a file"),
+             (tmp_path / "link", "is a symlink"), (tmp_path, "holds the source")]
+    for out, msg in cases:
+        for extra in ([], ["--overwrite"]):
+            assert main(["upcycle", str(src), str(out), *up, *extra]) == 2, (out, extra)
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "nothing was written" in err, err
+            assert msg in err or "was not written by this project" in err, err
+    assert _tree(tmp_path) == before  # nothing deleted, renamed, hidden or added
+    assert not list(tmp_path.glob(".old-*")) and not list(tmp_path.glob(".tmp-*"))
+
+    out = tmp_path / "moe"
+    assert main(["upcycle", str(src), str(out), *up]) == 0
+    assert (out / WRITER_MARK).is_file() and "replacing" not in capsys.readouterr().out
+    assert main(["upcycle", str(src), str(out), *up]) == 2  # ours, but no --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["upcycle", str(src), str(out), *up, "--overwrite"]) == 0
+    assert f"replacing {out}, written by moe_core.hf.save_moe" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["upcycle", str(src), str(empty), *up]) == 0  # an empty folder is fine
+    assert _tree(src) == {k[len("src/"):]: v for k, v in before.items() if k.startswith("src/")}
