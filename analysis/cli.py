@@ -29,10 +29,10 @@ from analysis.derived import (
     expert_upcycling_cost,
     skywork_advice,
 )
-from analysis.fit import DEFAULT_DELTA, FitResult, fit
-from analysis.laws import TABLE2, get_law
 from analysis.noise import format_noise, read_noise
 from moe_core.errors import FitError
+from scaling.fit import DEFAULT_DELTA, FitResult, fit
+from scaling.laws import TABLE2, get_law
 
 ERROR_EXIT = 2
 

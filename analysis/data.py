@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from analysis.laws import Law, Points, get_law
 from moe_core.errors import FitError
+from scaling.laws import Law, Points, get_law
 from sweeps import results as schema
 
 DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}

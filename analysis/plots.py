@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from analysis.derived import d_star, d_star_approx
-from analysis.laws import TABLE2, Points, get_law
 from analysis.sweep import Group, Sweep
 from moe_core.fsio import atomic_write
+from scaling.laws import TABLE2, Points, get_law
 
 
 def _plt():

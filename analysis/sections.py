@@ -13,10 +13,10 @@ import numpy as np
 from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
-from analysis.fit import FitResult, fit
-from analysis.laws import Points, get_law
 from analysis.sweep import Sweep
 from moe_core.errors import FitError
+from scaling.fit import FitResult, fit
+from scaling.laws import Points, get_law
 
 UPCYCLED_FORMS = ("upcycled_mul", "upcycled_mul_noint", "upcycled_add", "upcycled_add_noint")
 CONFIG_FORMS = ("model_config_mul", "model_config_mul_noint", "model_config_add_int",

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from analysis.fit import Points, fit
-from analysis.laws import TABLE2, get_law
+from scaling.fit import fit
+from scaling.laws import TABLE2, Points, get_law
 
 
 def data(n: int, seed: int = 0) -> Points:

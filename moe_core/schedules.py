@@ -230,3 +230,8 @@ def run_schedule(cfg: RunLike, parent: ParentLR | None = None,
     total = phase.start + phase.steps
     return RunSchedule(peak, replace(sched, kind="wsd", total_steps=total,
                                      decay_frac=phase.steps / total), total)
+
+
+def lr_schedule(peak: float, cfg: ScheduleConfig) -> tuple[float, ...]:
+    """Per-step LRs of a run of ``cfg.total_steps`` steps (:func:`lr_at`)."""
+    return tuple(lr_at(i, peak=peak, cfg=cfg) for i in range(cfg.total_steps))

@@ -1,4 +1,4 @@
-"""Recorded trials as ``moe_core.predict.Curve`` objects, and the predictor's calibration.
+"""Recorded trials as ``scaling.predict.Curve`` objects, and the predictor's calibration.
 
 A results file holds one row per (trial, eval) with the trial's config columns; a trial's LR
 schedule is rebuilt from them (``schedule.*``, ``upcycle.lr_policy.policy``, ``tokens_budget``,
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from moe_core.errors import ConfigError
-from moe_core.predict import Calibration, Curve, calibrate, lr_schedule
-from moe_core.schedules import LRPolicyConfig, ScheduleConfig, run_schedule
+from moe_core.schedules import LRPolicyConfig, ScheduleConfig, lr_schedule, run_schedule
+from scaling.predict import Calibration, Curve, calibrate
 from sweeps.results import read_rows
 
 

@@ -4,7 +4,7 @@ The loop (:class:`LawDesign`, pure; :class:`LawSearcher`, its Tune face):
 
 1. a small space-filling start (greedy maximin in log space over the cheaper half of the
    candidates, ``law.seed_trials`` of them);
-2. after each completed batch, refit the law (:func:`moe_core.scaling.fit.fit`, the fit
+2. after each completed batch, refit the law (:func:`scaling.fit.fit`, the fit
    ``analysis`` uses) and bootstrap it by trial (``law.bootstrap`` resamples): the target's
    ``law.ci`` percentile interval;
 3. propose the ``law.batch`` candidates that most shrink the target's variance per token spent.
@@ -45,9 +45,9 @@ from ray.tune.search import Searcher
 
 from moe_core.errors import FitError
 from moe_core.params import count_params
-from moe_core.scaling.crossing import sign_changes
-from moe_core.scaling.fit import NoiseComponents, fit, group_noise_bootstrap
-from moe_core.scaling.laws import Points, get_law
+from scaling.crossing import sign_changes
+from scaling.fit import NoiseComponents, fit, group_noise_bootstrap
+from scaling.laws import Points, get_law
 from sweeps import console
 from sweeps.plan import extends_stable
 from sweeps.spec import get_dotted, iter_grid
@@ -56,7 +56,7 @@ STATE_FILE = "law_search.json"
 CONFIRM = 2
 """Refits in a row (a batch apart) whose interval must be narrow enough before the search stops:
 stopping at the first narrow interval selects resamples that happen to agree, and such intervals
-held the truth too rarely on simulated studies (bench/law_search.py)."""
+held the truth too rarely on simulated studies (studies/law_search.py)."""
 
 SEED_QUANTILE = 0.25
 """The space-filling start picks among the candidates whose marginal cost is at most this
@@ -597,7 +597,7 @@ def _variable(t, key: str) -> float:
 
 def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
                parallel: int = 1) -> LawDesign:
-    """Drive a design without Ray (tests, ``bench/law_search.py``): run each issued candidate
+    """Drive a design without Ray (tests, ``studies/law_search.py``): run each issued candidate
     through ``evaluate`` in batches of up to ``parallel``, until the design finishes."""
     while True:
         batch = []

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from ray import tune
 
-from moe_core.scaling.crossing import sign_changes
-from moe_core.scaling.laws import TABLE2, get_law
+from scaling.crossing import sign_changes
+from scaling.laws import TABLE2, get_law
 
 
 def table2_at(N1: float) -> tuple[dict[str, float], dict[str, float]]:

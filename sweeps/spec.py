@@ -18,7 +18,6 @@ from typing import Any
 
 from moe_core.config import decode_value, from_mapping, unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError, shown
-from moe_core.predict import METHODS as PREDICTORS
 from moe_core.train.config import (
     TrainConfig,
     apply_overrides,
@@ -27,6 +26,7 @@ from moe_core.train.config import (
     parse_override_value,
     train_config_from_dict,
 )
+from scaling.predict import METHODS as PREDICTORS
 from sweeps.prune import PruneConfig, parse_prune
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
@@ -82,7 +82,7 @@ class AshaConfig:
     """Evaluations of the longest trial; None = derived from the base config."""
     rung_metric: str | None = None
     """What ASHA compares at its rungs: None = the spec's ``metric``; ``predicted_final`` = the
-    loss each trial is predicted to reach after its WSD decay (``moe_core.predict``)."""
+    loss each trial is predicted to reach after its WSD decay (``scaling.predict``)."""
     predictor: str = "multi_power"
     """rung_metric predicted_final: ``multi_power`` | ``branch_gain`` | ``ratio``."""
     calibration: str | None = None
@@ -225,7 +225,7 @@ class LawSearchConfig:
     """Bootstrap fits per refit."""
     noise: str = "groups"
     """groups: parametric bootstrap with noise shared by the trials of one parent, or of one WSD
-    stable run where there is no parent (``moe_core.scaling.fit.group_noise_bootstrap``) |
+    stable run where there is no parent (``scaling.fit.group_noise_bootstrap``) |
     trials: resample trials as if independent (intervals too narrow when branches share a
     stable run)."""
     icc: float | None = None

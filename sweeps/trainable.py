@@ -28,10 +28,10 @@ from ray import tune
 from moe_core.errors import DivergenceError
 from moe_core.hf import save_moe
 from moe_core.params import count_params
-from moe_core.predict import Calibration, Curve, predict_final
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
+from scaling.predict import Calibration, Curve, predict_final
 from sweeps import faults
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
@@ -95,7 +95,7 @@ class TrialReporter(Callback):
 
 class PostDecayPredictor:
     """``predicted_final`` of each eval row: the loss the trial is predicted to reach after its
-    WSD decay (``moe_core.predict``), from its evals so far and its own LR schedule."""
+    WSD decay (``scaling.predict``), from its evals so far and its own LR schedule."""
 
     def __init__(self, method: str, cal: Calibration, lrs: tuple[float, ...], decay_start: int,
                  tokens_per_step: int):

@@ -22,7 +22,7 @@ def test_moe_core_errors_is_cheap():
     assert out.stdout.strip() == "False"
 
 
-ANALYSIS = ("laws", "fit", "derived", "data", "decide", "sweep", "sections", "plots", "claims",
+ANALYSIS = ("fit", "derived", "data", "decide", "sweep", "sections", "plots", "claims",
             "cli", "report")
 
 
@@ -38,30 +38,28 @@ def test_analysis_imports_neither_torch_nor_ray():
 
 # analysis' own import graph (module → the analysis modules it imports, anywhere in the file),
 # plus its only ways into the rest of the project: the results schema, moe_core.errors, the
-# durable writes of moe_core.fsio and the law math of moe_core.scaling (none imports torch).
+# durable writes of moe_core.fsio and the law math of the scaling package (none imports torch).
 # `python -m analysis.fit` / `analysis.derived` run the packages' __main__, which import the
 # command lines (analysis.cli); the libraries themselves do not (cli imports them).
 ANALYSIS_GRAPH = {
-    "laws": set(),
     "fit": set(),
     "fit.__main__": {"cli"},
-    "derived": {"laws"},
+    "derived": set(),
     "derived.__main__": {"cli"},
-    "data": {"laws"},
-    "decide": {"data", "derived", "fit", "laws"},
+    "data": set(),
+    "decide": {"data", "derived"},
     "decide.__main__": {"cli"},
     "noise": {"data"},
     "noise.__main__": {"cli"},
     "sweep": {"data"},
-    "sections": {"data", "decide", "derived", "fit", "laws", "sweep"},
-    "plots": {"derived", "laws", "sweep"},
+    "sections": {"data", "decide", "derived", "sweep"},
+    "plots": {"derived", "sweep"},
     "claims": {"sweep"},
-    "cli": {"data", "decide", "derived", "fit", "laws", "noise"},
+    "cli": {"data", "decide", "derived", "noise"},
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
-OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "moe_core.scaling.laws",
-           "moe_core.scaling.crossing",
-           "moe_core.scaling.fit"}
+OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "scaling.laws",
+           "scaling.crossing", "scaling.fit"}
 
 
 def _analysis_modules() -> dict[str, Path]:
@@ -76,7 +74,7 @@ def _analysis_modules() -> dict[str, Path]:
 
 def _project_imports(path: Path) -> set[str]:
     """Modules of the project a file imports (``from pkg import mod`` as ``pkg.mod``)."""
-    packages = ("analysis", "sweeps", "moe_core")
+    packages = ("analysis", "sweeps", "moe_core", "scaling")
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -113,3 +111,25 @@ def test_fit_and_derived_do_not_load_the_command_lines():
             "print('analysis.cli' in sys.modules, 'analysis.report' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_scaling_imports_numpy_and_scipy_only():
+    """The scaling maths (laws, fits, crossings, post-decay prediction, design bounds) loads with
+    torch, Ray, DeepSpeed, transformers and pandas unimportable, and of the project only the
+    exception tree (moe_core.errors, stdlib only)."""
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'ray', 'deepspeed', 'transformers', 'pandas',"
+        " 'wandb', 'pyarrow'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import scaling, scaling.laws, scaling.fit, scaling.crossing, scaling.predict\n"
+        "import scaling.design\n"
+        "own = sorted(m for m in sys.modules if m.split('.')[0] in ('moe_core', 'sweeps', "
+        "'analysis'))\n"
+        "print(','.join(own))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "moe_core,moe_core.errors"

@@ -1,7 +1,7 @@
 """Should I upcycle? The decision the fitted laws imply, with bootstrap intervals (000 §5).
 
 From a D1 × D2 sweep of upcycled trials (the upcycled law) and from-scratch MoE runs (the
-from-scratch law), fitted together with E shared (000 §5, :func:`analysis.fit.fit_shared`):
+from-scratch law), fitted together with E shared (000 §5, :func:`scaling.fit.fit_shared`):
 
 - the predicted loss of upcycling a dense model of N1 parameters trained on D1 tokens for D2 more
   tokens, and of training the same MoE from scratch on the same D2 tokens, each with an interval;
@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
-from analysis.derived import compute_optimal, flops_6nd, gpu_hours, sign_changes
-from analysis.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
-from analysis.laws import Points, get_law
+from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
+from scaling.crossing import sign_changes
+from scaling.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
+from scaling.laws import Points, get_law
 
 D_RANGE = (1e3, 1e17)
 """Tokens over which D* is searched (000 Eq. 13)."""
@@ -269,7 +270,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            icc: float | None = None) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
-    (:func:`moe_core.scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
+    (:func:`scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"trials"``: resample trials."""
     if noise not in ("trials", "groups"):
         raise FitError(f"--noise {noise}: use trials or groups")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.laws import get_law
 from moe_core.errors import FitError
-from moe_core.scaling.crossing import Crossing, DStar, sign_changes  # noqa: F401
+from scaling.crossing import DStar, sign_changes
+from scaling.laws import get_law
 
 # 000 §5.2 / App. F.3: Mixtral-like 8×top-2 MoE has N2 ≈ 1.75·N1 active parameters.
 ACTIVE_RATIO_8X2 = 1.75

@@ -164,7 +164,7 @@ def format_noise(n: NoiseStructure) -> list[str]:
         for d in n.by_distance:
             out.append(f"  {d['distance']:g} octaves of {n.axis} apart: correlation "
                        f"{d['corr']:.2f} ({d['pairs']} pairs)")
-        out.append("for sweeps.simulate / bench/law_search.py: "
+        out.append("for sweeps.simulate / studies/law_search.py: "
                    f"sigma = {n.sigma_own:.4g}, sigma_group = {n.sigma_group:.4g}"
                    if n.icc > 0 else
                    f"no shared component: given the {n.group}, trials are independent evidence"

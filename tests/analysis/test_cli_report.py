@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.derived import upcycling_efficiency
-from analysis.laws import get_law
+from scaling.laws import get_law
 from sweeps.results import RESULTS_FILE, write_rows
 
 TRUTH = {"A": 16.3, "alpha1": 0.043, "alpha2": 0.085, "alpha3": 2e-3, "E": 1.2}

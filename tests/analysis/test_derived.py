@@ -19,8 +19,8 @@ from analysis.derived import (
     skywork_advice,
     upcycling_efficiency,
 )
-from analysis.laws import TABLE2
 from moe_core.errors import FitError
+from scaling.laws import TABLE2
 
 MOE, UPC = TABLE2["moe"], TABLE2["upcycled"]
 
@@ -57,7 +57,7 @@ def test_d_star_reports_no_crossover():
 
 
 def test_sign_changes_finds_every_crossing_both_ways():
-    from analysis.derived import sign_changes
+    from scaling.crossing import sign_changes
 
     # gap < 0 below 1e6 (scratch ahead), > 0 until 1e9, < 0 again after: − → + then + → −
     def gap(lnd):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moe_core.errors import SearchSpaceError
-from moe_core.scaling.fit import NoiseComponents
+from scaling.fit import NoiseComponents
 from sweeps.law_search import Candidate, LawDesign, LawSearcher, Ledger, run_design
 from sweeps.simulate import SimulatedStudy
 from sweeps.spec import parse_law_block

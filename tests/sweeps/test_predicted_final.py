@@ -7,11 +7,11 @@ import math
 import pytest
 
 from moe_core.errors import ConfigError
-from moe_core.predict import Calibration, predict_final
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train import Trainer
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import load_checkpoint
+from scaling.predict import Calibration, predict_final
 from sweeps.curves import curves_from_rows, load_calibration
 from sweeps.plan import build_plan
 from sweeps.results import config_columns, write_rows

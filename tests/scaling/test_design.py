@@ -1,19 +1,16 @@
-"""bench/law_design_bound.py's numerical claims, against direct computations: the latent-effect
-information is the generalised-least-squares information under equicorrelated branch noise, and
-the relaxed once-each programme returns a design that reaches the width it was asked for."""
+"""scaling.design's numerical claims (studies/law_design_bound.py's maths), against direct
+computations: the law's Jacobian is Eq. 8's hand derivative, g moves D* as a recomputed crossing
+does, the latent-effect information is the generalised-least-squares information under
+equicorrelated branch noise, and the relaxed once-each programme returns a design that reaches
+the width it was asked for."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "law_design_bound.py"
-_spec = importlib.util.spec_from_file_location("law_design_bound", _PATH)
-bound = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bound)
+import scaling.design as bound
+from scaling.laws import TABLE2, get_law
 
 
 def _gls_variance(rows, sizes, g, sigma, sg):
@@ -107,3 +104,54 @@ def test_fading_shared_noise_spans_equicorrelated_to_independent():
     for t, m in enumerate(member):
         np.testing.assert_allclose(short[t], rows[m].T @ rows[m] / (0.003 ** 2 + 0.004 ** 2),
                                    rtol=1e-9)
+
+
+def _hand_jacobian(th, E, l1, l2):
+    """∂ ln L/∂(ln A, α1, α2, α3) of 000 Eq. 8 at log tokens, by hand: with
+    t = A·D1^−α1·D2^(−α2+α3·ln D1), ∂ ln(t + E)/∂θ = t/(t + E)·∂ ln t/∂θ."""
+    t = np.exp(th[0] - th[1] * l1 - th[2] * l2 + th[3] * l1 * l2)
+    return ((t / (t + E)) * np.array([np.ones_like(l1), -l1, -l2, l1 * l2])).T
+
+
+def test_the_laws_jacobian_is_the_hand_derivative_of_eq8():
+    u = TABLE2["upcycled"]
+    E = 0.3
+    theta = {"ln_A": np.log(u["A"]), "alpha1": u["alpha1"], "alpha2": u["alpha2"],
+             "alpha3": u["alpha3"], "ln_E": np.log(E)}
+    l1, l2 = np.log(np.array([5e8, 2e9, 8e9])), np.log(np.array([1e9, 5e8, 4e9]))
+    J = bound.jacobian(get_law("upcycled_mul"), theta, ("ln_A", "alpha1", "alpha2", "alpha3"),
+                       {"D1": np.exp(l1), "D2": np.exp(l2)})
+    th = np.array([theta["ln_A"], u["alpha1"], u["alpha2"], u["alpha3"]])
+    assert np.allclose(J, _hand_jacobian(th, E, l1, l2), rtol=1e-7, atol=1e-10)
+
+
+def test_dstar_gradient_moves_dstar_as_a_refit_would():
+    """g·δθ predicts the shift of ln D* when θ moves by δθ (the crossing recomputed)."""
+    from scipy.optimize import brentq
+
+    law, free = get_law("upcycled_mul"), ("ln_A", "alpha1", "alpha2", "alpha3")
+    u = TABLE2["upcycled"]
+    theta = {"ln_A": np.log(u["A"]), "alpha1": u["alpha1"], "alpha2": u["alpha2"],
+             "alpha3": u["alpha3"], "ln_E": np.log(0.3)}
+    s = {"A": 32.0, "alpha": 0.161, "E": 0.3}
+    sc = get_law("chinchilla_d")
+
+    def scratch(l):
+        return sc.log_predict(s, {"D": np.exp(l)})
+
+    def ln_dstar(th):
+        def gap(lnd):
+            d = np.array([np.exp(lnd)])
+            return float(scratch(np.array([lnd]))[0]
+                         - law.log_predict({"A": np.exp(th["ln_A"]), "alpha1": th["alpha1"],
+                                            "alpha2": th["alpha2"], "alpha3": th["alpha3"],
+                                            "E": np.exp(th["ln_E"])}, {"D1": d, "D2": d})[0])
+        return brentq(gap, np.log(1e3), np.log(1e17))
+
+    l0 = ln_dstar(theta)
+    g = bound.dstar_gradient(law, theta, free, scratch, l0)
+    for j, k in enumerate(free):  # central differences of the recomputed crossing
+        up, dn = dict(theta), dict(theta)
+        up[k] += 1e-5
+        dn[k] -= 1e-5
+        assert (ln_dstar(up) - ln_dstar(dn)) / 2e-5 == pytest.approx(g[j], rel=1e-4), k

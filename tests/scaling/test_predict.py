@@ -1,11 +1,12 @@
-"""Post-decay prediction (moe_core.predict) on synthetic WSD curves with a known decay gain."""
+"""Post-decay prediction (scaling.predict) on synthetic WSD curves with a known decay gain."""
 
 import math
 
 import numpy as np
 import pytest
 
-from moe_core.predict import (
+from moe_core.schedules import ScheduleConfig, lr_schedule
+from scaling.predict import (
     Calibration,
     Curve,
     calibrate,
@@ -14,10 +15,8 @@ from moe_core.predict import (
     fit_ratio,
     loss_drop,
     lr_area,
-    lr_schedule,
     predict_final,
 )
-from moe_core.schedules import ScheduleConfig
 
 L0, A, ALPHA = 1.5, 0.8, 0.4
 B, C, BETA, GAMMA = 300.0, 2.0, 0.6, 0.5

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from analysis.data import load_points
-from analysis.fit import Points, fit, fit_shared
-from analysis.laws import LAWS, TABLE2, Law, Param, get_law, register
 from moe_core.errors import FitError
+from scaling.fit import fit, fit_shared
+from scaling.laws import LAWS, TABLE2, Law, Param, Points, get_law, register
 
 
 def _grid_d1d2(n1=5, n2=5, lo=1e9, hi=1e11):

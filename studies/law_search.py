@@ -24,7 +24,7 @@ each trial trains its own budget). Prints one line per study, the means, and a J
 it never does), ``coverage`` (share of studies whose searcher interval at that stop holds the true
 D*), and the same for the paired target.
 
-    python bench/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
+    python studies/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
                                 [--jobs 2]
 """
 

@@ -115,7 +115,7 @@ class Points:
     """The points one law is fitted to: variables (raw counts) and the loss L (nats).
 
     Read from results by :func:`analysis.data.load_points`, fitted by
-    :func:`moe_core.scaling.fit.fit`.
+    :func:`scaling.fit.fit`.
     """
 
     x: dict[str, np.ndarray]

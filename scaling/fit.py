@@ -32,7 +32,7 @@ from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 
 from moe_core.errors import FitError
-from moe_core.scaling.laws import Law, Points, get_law
+from scaling.laws import Law, Points, get_law
 
 DEFAULT_DELTA = 1e-3
 
@@ -488,7 +488,7 @@ def group_noise_bootstrap(law: Law | str, pts: Points, result: FitResult,
     A bootstrap by trial treats the trials of one stable run as independent evidence. Measured
     on this project's own runs they are not (``analysis.noise``: ICC 0.69 on the D1 × D2 grid),
     and on simulated studies with that structure the law searcher's 90 % D* intervals then held
-    the truth in 25 % of studies (bench/law_search.py --sigma-group)."""
+    the truth in 25 % of studies (studies/law_search.py --sigma-group)."""
     law = get_law(law) if isinstance(law, str) else law
     comp = noise_components(law, pts, result, groups, icc)
     block, bounds, _ = _make_block(law, pts, result.fixed)

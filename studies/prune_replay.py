@@ -1,28 +1,35 @@
 """Replay recorded sweeps through ASHA: raw loss vs predicted post-decay loss, with and without
 health rules; and the predictors' error and ranking agreement on the same real curves.
 
-    python bench/prune_replay.py [RESULTS ...] [--replays 400] [--seed 0] [--method multi_power]
-    (default RESULTS: /work/data/results/upcycle_lr /work/data/results/scaling_d1_d2)
+    python studies/prune_replay.py [RESULTS ...] [--replays 400] [--seed 0] [--method multi_power]
+
+RESULTS default to ``results/upcycle_lr results/scaling_d1_d2``, which these two commands write
+(about 3 and 4 minutes on 2 CPU cores):
+
+    make demo            # python -m sweeps.run search_spaces/upcycle_lr.yaml
+    python -m sweeps.run search_spaces/scaling_d1_d2.yaml
+
+A missing RESULTS folder is one line naming the command that makes it (exit 2).
 
 1. **Validation.** For every trial and every eval of its WSD stable phase (a *rung*: eval
-   index 1, 2, ...), each predictor (``moe_core.predict``: ``branch_gain``, ``multi_power``,
+   index 1, 2, ...), each predictor (``scaling.predict``: ``branch_gain``, ``multi_power``,
    ``ratio``) predicts the loss at the trial's last step after its decay; the raw loss is the
    baseline. Reported per sweep and rung: mean absolute error against the actual final loss, and
    the Spearman correlation with it across the trials of a comparable set (same token budget).
    Calibration is fitted on the *other* sweep (cross), or on the same sweep without the
    held-out trial's group (LOGO: trials sharing its parent and LR policy, i.e. its stable run
    or its other seeds).
-2. **Replay.** Each comparable set whose trials report more evals than the grace period
-   (the others end before ASHA's first rung) is replayed through Ray
-   Tune's own ASHA rung rule (``ray.tune.schedulers.async_hyperband._Bracket``, grace period 2,
-   reduction factor 3, as ``scheduler: asha`` defaults): trials start in a random order, 2 at a
-   time, each advancing eval by eval in token time; at each eval the scheduler sees the raw
-   ``val_loss`` or ``predicted_final`` (cross calibration), and optionally the health stopper
-   (``sweeps.health.HealthStopper`` with ``HEALTH`` below) first. Resampling: every replay
-   draws a random order and a random subset of at least 3 of the set's trials; ``--replays``
-   replays per set and arm, the same draws for every arm. Reported: the share of replays in
-   which the true best trial of the drawn subset (lowest final loss) runs to its end, the
-   tokens saved (1 − tokens trained / tokens of every trial run to its end), and the regret
+2. **Replay.** Each comparable set whose trials report more evals than the grace period (the
+   others end before ASHA's first rung) is replayed through Ray Tune's own ASHA
+   (``ray.tune.schedulers.AsyncHyperBandScheduler``, one bracket, grace period 2, reduction
+   factor 3, as ``scheduler: asha`` defaults, fed through its public trial hooks): trials start
+   in a random order, 2 at a time, each advancing eval by eval in token time; at each eval the
+   scheduler sees the raw ``val_loss`` or ``predicted_final`` (cross calibration), and optionally
+   the health stopper (``sweeps.health.HealthStopper`` with ``HEALTH`` below) first. Resampling:
+   every replay draws a random order and a random subset of at least 3 of the set's trials;
+   ``--replays`` replays per set and arm, the same draws for every arm. Reported: the share of
+   replays in which the true best trial of the drawn subset (lowest final loss) runs to its end,
+   the tokens saved (1 − tokens trained / tokens of every trial run to its end), and the regret
    (final loss of the best trial that finished minus the true best).
 
 Ends with one JSON line (``best_survival_raw``, ``best_survival_predicted``,
@@ -35,21 +42,24 @@ import argparse
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ray.tune.schedulers.async_hyperband import _Bracket
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from scipy.stats import spearmanr
 
-from moe_core.predict import METHODS, Calibration, Curve, calibrate, predict_final
+from scaling.predict import METHODS, Calibration, Curve, calibrate, predict_final
 from sweeps.curves import curves_from_rows
 from sweeps.health import HealthStopper
 from sweeps.prune import parse_prune
 from sweeps.results import read_rows
 
-DEFAULT = ["/work/data/results/upcycle_lr", "/work/data/results/scaling_d1_d2"]
+DEFAULT = ["results/upcycle_lr", "results/scaling_d1_d2"]
+MAKES = {"upcycle_lr": "make demo", "scaling_d1_d2":
+         "python -m sweeps.run search_spaces/scaling_d1_d2.yaml"}
 HEALTH = {
     "max_load_fraction": {"above": 0.5, "for_evals": 3},
     "dead_experts": {"above": 0},
@@ -63,6 +73,12 @@ GRACE, RF, CONCURRENCY = 2, 3.0, 2
 ``--rf``) and the trials running at once."""
 
 
+def _refuse(msg: str) -> None:
+    """One line on stderr, exit 2 (the project's input-error code)."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 class Sweep:
     """One recorded sweep: rows, curves and comparable sets (trials with the same budget)."""
 
@@ -70,7 +86,7 @@ class Sweep:
         self.path = path
         self.rows = [r for r in read_rows(path) if r.get("status") == "ok"]
         if not self.rows:
-            raise SystemExit(f"{path}: no finished trial")
+            _refuse(f"{path}: no finished trial")
         self.name = str(self.rows[0]["sweep"])
         self.curves = {t: c for t, c in curves_from_rows(self.rows).items()
                        if c.final_loss is not None}
@@ -148,8 +164,18 @@ def validation(sweeps: Sequence[Sweep], cals: Mapping[str, Mapping[str, Calibrat
 
 
 class _T:
+    """What ASHA's trial hooks read of a trial: its id."""
+
     def __init__(self, trial_id: str):
         self.trial_id = trial_id
+
+
+def asha(grace: int, max_t: int, rf: float) -> AsyncHyperBandScheduler:
+    """Ray Tune's ASHA as ``scheduler: asha`` builds it, with one bracket: the metric is the
+    eval's loss (``mode=min``), time the eval index; no forced stop at ``max_t``."""
+    return AsyncHyperBandScheduler(time_attr="rung", metric="loss", mode="min",
+                                   grace_period=grace, max_t=max_t, reduction_factor=rf,
+                                   brackets=1, stop_last_trials=False)
 
 
 def replay_once(s: Sweep, trials: Sequence[str], metric: str, cal: Calibration | None,
@@ -158,7 +184,9 @@ def replay_once(s: Sweep, trials: Sequence[str], metric: str, cal: Calibration |
     """One asynchronous ASHA replay of ``trials`` (in this start order): (trials that ran to
     their end, tokens trained, tokens of every trial run to its end)."""
     max_t = max(len(s.curves[t].steps) for t in trials)
-    bracket = _Bracket(min_t=grace, max_t=max_t, reduction_factor=rf, s=0)
+    sched = asha(grace, max_t, rf)
+    for t in trials:
+        sched.on_trial_add(None, _T(t))
     stopper = HealthStopper(parse_prune(HEALTH)) if health else None
     queue, running, clock, finished, spent = list(trials), {}, 0.0, set(), 0
     full = sum(s.curves[t].steps[-1] * s.curves[t].tokens_per_step for t in trials)
@@ -180,8 +208,8 @@ def replay_once(s: Sweep, trials: Sequence[str], metric: str, cal: Calibration |
         if not stop:
             value = c.losses[i] if metric == "raw" else predict_final(c.upto(c.steps[i]), cal,
                                                                        method)
-            # Ray's ASHA maximises metric_op·value; mode=min is −loss
-            stop = bracket.on_result(_T(t), i + 1, -value) == "STOP"
+            stop = sched.on_trial_result(None, _T(t), {"rung": i + 1, "loss": value}) \
+                == TrialScheduler.STOP
         last = i + 1 == len(c.steps)
         if stop or last:
             spent += c.steps[i] * c.tokens_per_step
@@ -240,7 +268,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--method", default="branch_gain", choices=METHODS,
                     help="predictor of the replay's predicted arms")
     args = ap.parse_args(argv)
-    sweeps = [Sweep(p) for p in args.results if Path(p).exists()]
+    for p in args.results:
+        if not (Path(p) / "results.parquet").exists() and not Path(p).is_file():
+            make = MAKES.get(Path(p).name, "python -m sweeps.run <its spec>")
+            _refuse(f"{p}: no recorded sweep (results.parquet); make it with `{make}`, or give "
+                    "RESULTS")
+    sweeps = [Sweep(p) for p in args.results]
     cals = calibrations(sweeps)
     for s in sweeps:
         c = cals[s.name]["cross"]

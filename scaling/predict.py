@@ -17,7 +17,7 @@ will reach at its last step ``T`` after its decay, from the evals it has reporte
 The shared parameters (α, the gain or decay law, the ratio) are fitted once on finished curves
 (``calibrate``); each run's own ``L0, A`` are refitted on its stable evals at every prediction
 (linear least squares). Curves are :class:`Curve` objects: the evals so far plus the run's full
-per-step LR schedule (``lr_schedule``).
+per-step LR schedule (``moe_core.schedules.lr_schedule``, which the caller supplies).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
-
-from moe_core.schedules import ScheduleConfig, lr_at
 
 METHODS = ("branch_gain", "multi_power", "ratio")
 _ALPHAS = np.linspace(0.01, 2.0, 200)
@@ -72,11 +70,6 @@ class Curve:
             if s == self.total:
                 return v
         return None
-
-
-def lr_schedule(peak: float, cfg: ScheduleConfig) -> tuple[float, ...]:
-    """Per-step LRs of a run of ``cfg.total_steps`` steps (``moe_core.schedules.lr_at``)."""
-    return tuple(lr_at(i, peak=peak, cfg=cfg) for i in range(cfg.total_steps))
 
 
 def lr_area(lrs: Sequence[float], steps: np.ndarray) -> np.ndarray:
