@@ -8,7 +8,7 @@ Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
 
 - the full grid: the 5 × 5 D1 × D2 grid {0.5, 1, 2, 4, 8}·1e9 (the shape of
   search_spaces/scaling_d1_d2.yaml), every trial run; its 90 % D* interval's relative width;
-- the searcher (sweeps.law_search, target dstar): candidates a 9 × 9 log grid over the same box
+- the searcher (sweeps.law, target dstar): candidates a 9 × 9 log grid over the same box
   (``--d1-points``, ``--d2-points``), up to ``--max-trials`` trials. Its stopping rule is applied
   afterwards to its refit history, exactly as the live rule does (width ≤ W on ``CONFIRM``
   refits in a row, no stop before ``min_trials``; proposals do not depend on W), for two targets
@@ -39,7 +39,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from sweeps.law_search import CONFIRM, Candidate, LawDesign, run_design
+from sweeps.law.design import CONFIRM, Candidate, LawDesign, run_design
 from sweeps.simulate import SimulatedStudy
 from sweeps.spec import parse_law_block
 

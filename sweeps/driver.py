@@ -24,13 +24,9 @@ from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
-from sweeps.law_search import (
-    LawSearcher,
-    candidates_from_plan,
-    describe_outcome,
-    outcome,
-    read_law_state,
-)
+from sweeps.law.candidates import candidates_from_plan
+from sweeps.law.report import describe_outcome, outcome
+from sweeps.law.searcher import LawSearcher, read_law_state
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.results import (
@@ -207,7 +203,7 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
 
 def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path | None = None):
     """None (Tune's variant generator: grid and random), Optuna TPE / GridSampler, or the
-    law-driven :class:`sweeps.law_search.LawSearcher` (``algorithm: law``; it keeps its state
+    law-driven :class:`sweeps.law.searcher.LawSearcher` (``algorithm: law``; it keeps its state
     in ``results_dir``)."""
     if spec.algorithm == "law":
         plan = plan if plan is not None else build_plan(spec)

@@ -84,7 +84,7 @@ class SimulatedStudy:
         return self.true_loss(x) * math.exp(self.sigma * eps + shared)
 
     def loss_of(self, candidate) -> float:
-        """:meth:`loss` of a :class:`sweeps.law_search.Candidate` (``run_design``'s evaluate);
+        """:meth:`loss` of a :class:`sweeps.law.design.Candidate` (``run_design``'s evaluate);
         its WSD branch group is its noise group."""
         return self.loss(candidate.x, group=candidate.branch)
 

@@ -199,7 +199,7 @@ DEFAULT_VARIABLE_KEYS = {"D1": "parent.tokens", "D2": "tokens", "D": "tokens"}
 
 @dataclass(frozen=True, slots=True)
 class LawSearchConfig:
-    """``algorithm: law``'s ``law:`` block (:mod:`sweeps.law_search`): which law to fit after
+    """``algorithm: law``'s ``law:`` block (:mod:`sweeps.law`): which law to fit after
     every batch, the quantity whose bootstrap interval to shrink, the candidates and when to
     stop."""
 

@@ -15,7 +15,8 @@ import sweeps.parents as parents
 from moe_core.errors import DivergenceError
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.wsd import train_stable
-from sweeps.law_search import Ledger, candidates_from_plan
+from sweeps.law.candidates import candidates_from_plan
+from sweeps.law.design import Ledger
 from sweeps.plan import build_plan, extends_stable, on_demand_starts
 from sweeps.spec import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC

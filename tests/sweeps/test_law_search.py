@@ -11,7 +11,8 @@ import pytest
 
 from moe_core.errors import SearchSpaceError
 from scaling.fit import NoiseComponents
-from sweeps.law_search import Candidate, LawDesign, LawSearcher, Ledger, run_design
+from sweeps.law.design import Candidate, LawDesign, Ledger, run_design
+from sweeps.law.searcher import LawSearcher
 from sweeps.simulate import SimulatedStudy
 from sweeps.spec import parse_law_block
 
@@ -253,7 +254,7 @@ def test_searcher_announces_refits_and_its_outcome(monkeypatch):
     """A progress line per refit (in the sweep's driver), and the summary's ``law`` entry: why
     it stopped, its final interval, what it spent."""
     from sweeps import console
-    from sweeps.law_search import describe_outcome, outcome
+    from sweeps.law.report import describe_outcome, outcome
 
     lines = []
     monkeypatch.setattr(console, "progress", lines.append)

@@ -1,62 +1,26 @@
-"""``algorithm: law``: a Ray Tune ``Searcher`` that runs only the trials a scaling-law answer needs.
-
-The loop (:class:`LawDesign`, pure; :class:`LawSearcher`, its Tune face):
-
-1. a small space-filling start (greedy maximin in log space over the cheaper half of the
-   candidates, ``law.seed_trials`` of them);
-2. after each completed batch, refit the law (:func:`scaling.fit.fit`, the fit
-   ``analysis`` uses) and bootstrap it by trial (``law.bootstrap`` resamples): the target's
-   ``law.ci`` percentile interval;
-3. propose the ``law.batch`` candidates that most shrink the target's variance per token spent.
-   The expected shrinkage is the linear-Gaussian (ensemble Kalman) update computed from the
-   bootstrap ensemble itself: observing ln L at candidate c with noise σ² removes
-   Cov(T, ln L̂_c)² / (Var ln L̂_c + σ²) from Var T, where T is the target (ln D*, α3, ln L at a
-   point) and L̂_c each resample's prediction at c. This is the first-order expected reduction of
-   the interval (no nested refits: one refit per batch), exact for a law linear in its
-   parameters; a batch is chosen a package at a time (``LawDesign._best_package``), conditioning
-   the ensemble covariance on each pick. Gains are divided by marginal costs in FLOPs (6·N·D):
-   the parent's 6·N1·D1 unless a chosen trial already trains that parent, and the trial's
-   6·N2·D2 less the WSD stable phase its branch group already trains (sweeps.plan); a package is
-   a candidate that pays such a shared cost plus the branches that payment serves;
-4. stop when the interval's width relative to the estimate is at most ``law.ci_width`` on two
-   refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
-   left.
-
-Ray Tune does not carry a searcher's state through ``Tuner.restore`` reliably
-(ray-project/ray#30861): :meth:`LawSearcher.save` / :meth:`restore` write and read the whole
-design (observations, pending trials, the queue, the RNG), and the searcher also keeps the state
-in ``law_search.json`` next to the results after every change, which a ``--resume`` reads
-first.
-"""
+"""The law search's design, pure (numpy / scipy; no Ray): candidates and their costs, the
+bootstrap refit, and the proposal rule. :class:`LawDesign` is the loop of :mod:`sweeps.law`;
+:func:`run_design` drives it without Ray (tests, ``studies/law_search.py``)."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ray.tune.search import Searcher
 
 from moe_core.errors import FitError
-from moe_core.params import count_params
 from scaling.crossing import sign_changes
 from scaling.fit import NoiseComponents, fit, group_noise_bootstrap
 from scaling.laws import Points, get_law
-from sweeps import console
-from sweeps.plan import extends_stable
-from sweeps.spec import get_dotted, iter_grid
 
-STATE_FILE = "law_search.json"
 CONFIRM = 2
 """Refits in a row (a batch apart) whose interval must be narrow enough before the search stops:
 stopping at the first narrow interval selects resamples that happen to agree, and such intervals
 held the truth too rarely on simulated studies (studies/law_search.py)."""
+
 
 SEED_QUANTILE = 0.25
 """The space-filling start picks among the candidates whose marginal cost is at most this
@@ -546,55 +510,6 @@ class LawDesign:
         self.narrow = int(st.get("narrow", 0))
 
 
-def candidates_from_plan(spec, plan) -> list[Candidate]:
-    """The spec's candidates (its grid points, or a log-spaced grid over ``law.candidates.box``
-    × seeds) with the law's variables and costs from the sweep plan: parents are shared, and a
-    trial that branches (``sweeps.plan.extends_stable``) shares its group's WSD stable run,
-    which is trained on demand only to the longest chosen member's decay start (its
-    ``stable_flops``: 6·N2·tokens up to its own decay start)."""
-    cfg = spec.law
-    if cfg.candidates == "grid":
-        points = list(iter_grid(spec))
-    else:
-        axes = [(k, np.geomspace(lo, hi, cfg.points)) for k, lo, hi in cfg.box]
-        grid = [dict(zip([k for k, _ in axes], combo)) for combo in
-                itertools.product(*[v for _, v in axes])]
-        points = [{**{k: _rounded(v) for k, v in g.items()}, **({"seed": s} if s is not None
-                                                                  else {})}
-                  for g in grid for s in (spec.seeds or (None,))]
-    out = []
-    for pt in points:
-        t = plan.trial(spec, pt)
-        x = {v: _variable(t, key) for v, key in cfg.variable_keys().items()}
-        parent_flops = 0.0
-        if t.parent_key is not None:
-            pc = t.config.parent_run()
-            parent_flops = 6.0 * count_params(pc.model_config()).non_embedding_active * \
-                pc.steps * pc.tokens_per_step
-        branch = extends_stable(spec, t)
-        out.append(Candidate(x=x, point=dict(pt), trial_flops=6.0 * t.N_active * t.tokens,
-                             parent=t.parent_key, parent_flops=parent_flops,
-                             branch=t.stable_key if branch else None,
-                             stable_flops=6.0 * t.N_active * t.decay_start *
-                             t.config.tokens_per_step if branch else 0.0))
-    return out
-
-
-def _rounded(v: float) -> float | int:
-    return int(round(v)) if v >= 1 else float(v)
-
-
-def _variable(t, key: str) -> float:
-    """A law variable's value in a trial: tokens as trained (steps × tokens per step), the
-    parent's likewise, any other config key as set."""
-    if key == "tokens":
-        return float(t.tokens)
-    if key == "parent.tokens":
-        pc = t.config.parent_run()
-        return float(pc.steps * pc.tokens_per_step)
-    return float(get_dotted(t.config.to_dict(), key))
-
-
 def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
                parallel: int = 1) -> LawDesign:
     """Drive a design without Ray (tests, ``studies/law_search.py``): run each issued candidate
@@ -614,165 +529,3 @@ def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
             continue
         for i in batch:
             design.observe(i, evaluate(design.candidates[i]))
-
-
-class LawSearcher(Searcher):
-    """``algorithm: law`` as a Ray Tune ``Searcher`` (see the module's docstring). Suggests
-    candidates' search points; each trial's ``metric`` at its end is the observed loss."""
-
-    def __init__(self, cfg, candidates: Sequence[Candidate], *, metric: str = "val_loss",
-                 mode: str = "min", state_dir: str | Path | None = None, seed: int = 0):
-        super().__init__(metric=metric, mode=mode)
-        self.design = LawDesign(cfg, candidates, seed=seed)
-        self.trials: dict[str, int] = {}
-        self.state_dir = Path(state_dir) if state_dir else None
-        if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
-            self._load_json(self.state_dir / STATE_FILE)
-        self._shown = len(self.design.history)
-        """Refits already announced (one progress line each)."""
-
-    def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        self._metric = metric or self._metric
-        self._mode = mode or self._mode
-        return True
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        if trial_id in self.trials:  # asked again for a trial it already placed
-            return dict(self.design.candidates[self.trials[trial_id]].point)
-        i = self.design.take()
-        self._announce()
-        if i is None:
-            self._persist()
-            return Searcher.FINISHED if self.design.finished and not self.design.pending \
-                else None
-        self.trials[trial_id] = i
-        self._persist()
-        return dict(self.design.candidates[i].point)
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None,
-                          error: bool = False) -> None:
-        i = self.trials.get(trial_id)
-        if i is None:
-            return
-        loss = None if error or not result else result.get(self._metric)
-        self.design.observe(i, loss if isinstance(loss, (int, float)) else None)
-        # Tune asks for no trial past its sample count, so the refit after the last trial
-        # happens here, not in suggest()
-        self.design.settle()
-        self._announce()
-        self._persist()
-
-    def _announce(self) -> None:
-        """A progress line per new refit (the searcher runs in the sweep's driver)."""
-        for h in self.design.history[self._shown:]:
-            console.progress(describe_refit(self.design.cfg, h, self.design.narrow))
-        self._shown = len(self.design.history)
-
-    # ---- state: Tune's save/restore and our own file -------------------------------------
-
-    def get_state(self) -> dict[str, Any]:
-        return {"design": self.design.state(), "trials": dict(self.trials)}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.design.load_state(state["design"])
-        self.trials = dict(state["trials"])
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.get_state(), f)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.set_state(pickle.load(f))
-
-    def flush(self) -> None:
-        """Announce refits not yet announced and write the state file."""
-        self._announce()
-        self._persist()
-
-    def _persist(self) -> None:
-        if self.state_dir is None:
-            return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.get_state(), default=float))
-        tmp.replace(self.state_dir / STATE_FILE)
-
-    def _load_json(self, path: Path) -> None:
-        self.set_state(json.loads(path.read_text()))
-
-
-def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
-    """The searcher's state file in a results directory (None when absent)."""
-    path = Path(results_dir) / STATE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _target_name(cfg) -> str:
-    return {"dstar": "D*", "alpha3": "alpha3"}.get(cfg.target, "L at " + ", ".join(
-        f"{k}={v:.3g}" for k, v in cfg.loss_at))
-
-
-def _num(cfg, v: float | None) -> str:
-    if v is None:
-        return "inf" if cfg.target == "dstar" else "-"
-    return f"{v:.3f}" if cfg.target == "alpha3" else f"{v:.4g}"
-
-
-def _estimate_text(cfg, e: Mapping[str, Any]) -> str:
-    """"D* = …, 90% interval […, …], relative width …" of an estimate (``Estimate.to_dict``)."""
-    lo, hi = e["ci"]
-    w = e["rel_width"]
-    return (f"{_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
-            f"[{_num(cfg, lo)}, {_num(cfg, hi)}], relative width "
-            f"{'unbounded' if w is None else format(w, '.3g')}")
-
-
-def describe_refit(cfg, h: Mapping[str, Any], narrow: int) -> str:
-    """One progress line for a refit (an entry of ``LawDesign.history``)."""
-    goal = "" if cfg.ci_width is None else (
-        f"; stops at <= {cfg.ci_width:g} on {CONFIRM} refits in a row ({narrow}/{CONFIRM})")
-    nz = h.get("noise")
-    noise = "" if not nz or nz.get("by") != "groups" else (
-        f"; noise {nz['sigma']:.3g} in ln L, ICC {nz['icc']:.2f} "
-        f"({'given' if getattr(cfg, 'icc', None) is not None else 'estimated'})")
-    return (f"law refit after {h['trials']} trials ({h['flops']:.3g} FLOPs): "
-            f"{_estimate_text(cfg, h)}{noise}{goal}")
-
-
-def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:
-    """How a law search ended (or stands), from its state: why it stopped, its last refit, and
-    what it spent (the sweep's summary ``law`` entry)."""
-    d = state["design"]
-    issued = len(d["observed"]) + len(d["failed"]) + len(d["pending"])
-    cap = min(cfg.max_trials or n_candidates, n_candidates)
-    last = d["history"][-1] if d["history"] else None
-    if int(d.get("narrow", 0)) >= CONFIRM:
-        stop = "narrow"  # the interval was narrow enough on CONFIRM refits in a row
-    elif d["pending"] or d["queue"]:
-        stop = None  # still running (an interrupted sweep)
-    elif issued >= cap:
-        stop = "max_trials"
-    else:
-        stop = "exhausted"
-    return {"target": cfg.target, "ci": cfg.ci, "ci_width": cfg.ci_width, "stop": stop,
-            "trials": issued, "max_trials": cap, "failed": len(d["failed"]),
-            "refits": len(d["history"]), "flops": float(d["spent"]),
-            "estimate": None if last is None else {k: last[k] for k in
-                                                   ("value", "ci", "rel_width", "trials")}}
-
-
-def describe_outcome(cfg, out: Mapping[str, Any]) -> str:
-    """The closing line of a law sweep."""
-    why = {"narrow": f"its interval was <= {cfg.ci_width:g} wide on {CONFIRM} refits in a row"
-           if cfg.ci_width is not None else "narrow",
-           "max_trials": f"max_trials ({out['max_trials']}) reached"
-           + ("" if cfg.ci_width is None else
-              f" before the interval was <= {cfg.ci_width:g} wide on {CONFIRM} refits in a row"),
-           "exhausted": "no candidate left",
-           None: "not finished (--resume continues it)"}[out["stop"]]
-    e = out["estimate"]
-    if e is None:
-        return f"law search: no refit yet after {out['trials']} trials; {why}"
-    return (f"law search: {_estimate_text(cfg, e)} from {e['trials']} trials; "
-            f"{out['trials']} run, {out['flops']:.3g} FLOPs; stopped: {why}")
