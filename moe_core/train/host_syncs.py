@@ -37,6 +37,7 @@ _SYNC_OPS = {
     "_local_scalar_dense": 1, "nonzero": 1, "masked_select": 1, "unique": 1,
     "_unique": 1, "_unique2": 1, "unique_dim": 1, "unique_consecutive": 1, "bincount": 2,
 }
+_HERE = os.path.abspath(__file__).replace(os.sep, "/")
 _HOST_SIDE = ("torch/optim/",)
 """Frames whose scalar reads are of host tensors on CUDA too (AdamW's step counters)."""
 
@@ -76,15 +77,16 @@ def _site() -> str:
         path = fr.filename.replace(os.sep, "/")
         if "/torch/" in path and "/torch/optim/" not in path:
             continue
-        if path.endswith(__file__.replace(os.sep, "/").rsplit("/", 1)[-1]):
+        if path == _HERE:
             continue
         if "site-packages/" in path:
             path = path.split("site-packages/", 1)[1]
-        else:
-            for root in ("moe_core/", "sweeps/", "bench/", "tests/"):
-                if f"/{root}" in path:
-                    path = root + path.split(f"/{root}", 1)[1]
-                    break
+        else:  # from the outermost project folder: tests/moe_core/..., not moe_core/...
+            hits = [(path.find(f"/{r}"), r) for r in ("moe_core/", "sweeps/", "bench/", "tests/")
+                    if f"/{r}" in path]
+            if hits:
+                i, root = min(hits)
+                path = path[i + 1:]
         return f"{path}:{fr.lineno}"
     return "?"
 
