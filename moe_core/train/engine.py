@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from moe_core import loss as lm_loss
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
 from moe_core.train.config import TrainConfig
@@ -60,14 +61,12 @@ def pick_fused_head(setting: bool | str, device: torch.device) -> bool:
     installed (``pip install -e '.[gpu]'``), else the chunked loss; ``false`` = never; ``true``
     = always, an error where it cannot run (no liger-kernel; no CUDA device and no Triton
     interpreter, ``TRITON_INTERPRET=1``)."""
-    from moe_core.loss import liger_available
-
     if setting is False:
         return False
     runs_here = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     if setting == "auto":
-        return device.type == "cuda" and liger_available()
-    if not liger_available() or not runs_here:
+        return device.type == "cuda" and lm_loss.liger_available()
+    if not lm_loss.liger_available() or not runs_here:
         raise ConfigError(
             "model.fused_head=true needs liger-kernel and triton (pip install -e '.[gpu]') and "
             f"a CUDA device (this run is on {device.type}); set model.fused_head: auto")
@@ -176,7 +175,11 @@ def clip_gradients(model: torch.nn.Module, max_norm: float,
     leaves expert gradients out of the norm, and ``clip_grad_norm_`` (fp32) averages per-rank
     norms that cover different experts (deepspeedai/DeepSpeed#8475, #8613). On one expert rank
     the arithmetic is ``clip_grad_norm_``'s step for step, so fp32 single-rank runs are
-    unchanged bit for bit. In bf16 the scaled gradients are rounded to bf16 once more."""
+    unchanged bit for bit. In bf16 the scaled gradients are rounded to bf16 once more.
+
+    All on the device, no host read: the per-tensor norms come from one ``torch._foreach_norm``
+    (bf16 gradients read in place and accumulated in fp32, no fp32 copy of each gradient) and
+    the scaling is one ``torch._foreach_mul_`` per dtype, not one launch per parameter."""
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad.detach() for p in params]
     # one fused norm per dtype group on the device (no fp32 copy of a bf16 gradient, no sync);
