@@ -25,7 +25,9 @@ import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from moe_core.train import Trainer, train_config_from_dict
@@ -53,13 +55,24 @@ def force_cuda_paths() -> None:
     layer.ATOMIC_FREE = True
 
 
+def data(vocab: int, seq: int, tokens: int) -> dict:
+    """A synthetic Markov chain for small vocabularies; random tokens for a real LM head (the
+    chain's [V, V] table would not fit at 32,768 words; throughput does not need the text)."""
+    tmp = Path(tempfile.mkdtemp())
+    if vocab <= 4096:
+        return {"source": "synthetic", "synthetic_vocab": vocab, "seq_len": seq,
+                "synthetic_tokens": max(200_000, tokens), "cache_dir": str(tmp)}
+    np.random.default_rng(0).integers(0, vocab, size=tokens, dtype=np.uint16).tofile(
+        tmp / "tokens.bin")
+    return {"source": "tokens", "path": str(tmp / "tokens.bin"), "dtype": "uint16",
+            "token_vocab_size": vocab, "seq_len": seq, "cache_dir": str(tmp)}
+
+
 def cfg_dict(a: argparse.Namespace, mode: str) -> dict:
     optim = {"lr": 3e-3, "zero_stage": STAGE[mode]}
     optim.update({"dtype": "fp32"} if mode == "fp32" else {"bf16_mode": mode})
     return {"name": f"bench-{mode}", "seed": 0, "model": {"preset": a.preset},
-            "data": {"source": "synthetic", "synthetic_vocab": a.vocab,
-                     "synthetic_tokens": 200_000, "seq_len": a.seq,
-                     "cache_dir": tempfile.mkdtemp()},
+            "data": data(a.vocab, a.seq, 4 * a.batch * a.seq * (a.steps + 4) + 200_000),
             "batch": {"global_batch": a.batch, "micro_batch": a.micro}, "optim": optim,
             "schedule": {"kind": "constant", "warmup_steps": 0},
             "eval": {"every_steps": 10**6, "batches": 1},
