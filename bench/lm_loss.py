@@ -1,5 +1,6 @@
 """LM head + cross-entropy, fwd+bwd: the plain path (logits, their fp32 copy, F.cross_entropy)
-vs ``moe_core.loss.linear_cross_entropy`` (``model.chunked_loss``), side by side in one run.
+vs ``moe_core.loss.linear_cross_entropy`` (``model.chunked_loss``), side by side in one run; on
+CUDA with liger-kernel installed also Liger's fused kernel (``model.fused_head``, "fused").
 
 Prints each path's median time and the peak memory it adds over its inputs (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: the growth of the process's peak RSS, each path in a
@@ -22,14 +23,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from moe_core.loss import linear_cross_entropy
+from moe_core.loss import fused_linear_cross_entropy, liger_available, linear_cross_entropy
 
 
 def plain(h, w, t):
     return F.cross_entropy((h @ w.t()).float(), t)
 
 
-PATHS = {"plain": plain, "chunked": linear_cross_entropy}
+PATHS = {"plain": plain, "chunked": linear_cross_entropy,
+         "fused": fused_linear_cross_entropy}  # Liger FLCE (model.fused_head): CUDA only
 
 
 def measure(name: str, n: int, d: int, vocab: int, repeats: int, device: str) -> dict:
@@ -77,7 +79,8 @@ def main() -> None:
     a = ap.parse_args()
     n = a.tokens or (32 * 1024 if a.device == "cuda" else 4 * 1024)
     rows = {}
-    for name in ("plain", "chunked"):
+    fused = a.device == "cuda" and liger_available()
+    for name in ("plain", "chunked", "fused") if fused else ("plain", "chunked"):
         args = (name, n, a.d, a.vocab, a.repeats, a.device)
         if a.device == "cuda":
             rows[name] = measure(*args)
@@ -96,6 +99,10 @@ def main() -> None:
            "chunked_vs_plain_time": rows["chunked"]["time_s"] / rows["plain"]["time_s"],
            "chunked_vs_plain_peak": rows["chunked"]["peak_extra_gib"]
            / max(rows["plain"]["peak_extra_gib"], 1e-9)}
+    if fused:
+        out["fused_vs_chunked_time"] = rows["fused"]["time_s"] / rows["chunked"]["time_s"]
+        out["fused_vs_plain_peak"] = (rows["fused"]["peak_extra_gib"]
+                                      / max(rows["plain"]["peak_extra_gib"], 1e-9))
     print(f"chunked / plain: time {out['chunked_vs_plain_time']:.2f}x, "
           f"peak memory {out['chunked_vs_plain_peak']:.2f}x")
     print(json.dumps(out))

@@ -110,3 +110,33 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
                  for s in range(0, h.shape[0], chunk)),
                 torch.zeros((), dtype=torch.float32, device=h.device))
     return total / n.to(torch.float32)
+
+
+def liger_available() -> bool:
+    """Whether liger-kernel and triton are installed (the ``gpu`` extra); nothing is imported."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton"))
+
+
+def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                               ignore_index: int = -100) -> torch.Tensor:
+    """The same mean cross-entropy as :func:`linear_cross_entropy`, by liger-kernel's
+    FusedLinearCrossEntropy: Triton kernels that form each chunk's logits, softmax and
+    gradients in place, the weight gradient accumulated in fp32 (``accum_dtype``). It runs on
+    CUDA (on a CPU only under the Triton interpreter, ``TRITON_INTERPRET=1``, which the tests
+    use). It reads the number of counted targets once per call (one host sync)."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy(h, weight, targets, ignore_index=ignore_index,
+                                            reduction="mean", accum_dtype=torch.float32)
+
+
+def head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+              fused: bool) -> torch.Tensor:
+    """The LM head's loss without the [tokens, vocab] logits: Liger's fused kernel when
+    ``fused`` and a gradient is wanted, else the chunked path (the CPU path, the evaluation
+    path, and the reference the fused one is tested against)."""
+    if fused and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return fused_linear_cross_entropy(h, weight, targets)
+    return linear_cross_entropy(h, weight, targets)

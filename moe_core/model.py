@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
-from moe_core.loss import linear_cross_entropy
+from moe_core.loss import head_loss
 from moe_core.moe.layer import MoELayer
 from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, checkpointed, rope_cache
 
@@ -117,6 +117,7 @@ class Transformer(FixedDtypeBuffers):
         self.activation_checkpointing = False
         """Recompute each block's activations in the backward (``enable_speedups``)."""
         self.chunked_loss = False
+        self.fused_head = False
         """With targets, LM head + cross-entropy in token chunks without the logits
         (``moe_core.loss``; ``enable_speedups``)."""
         self._compiled: list[Any] | None = None  # one compiled callable per block, unregistered
@@ -153,7 +154,7 @@ class Transformer(FixedDtypeBuffers):
 
     def enable_speedups(self, *, compile: bool = False, activation_checkpointing: bool = False,
                         chunked_loss: bool = False, backend: str = "inductor",
-                        key: str = "model.compile") -> bool:
+                        key: str = "model.compile", fused_head: bool = False) -> bool:
         """Regional ``torch.compile`` (each block separately, not the whole model), activation
         checkpointing per block and the chunked LM-head loss (``moe_core.loss``); returns
         whether compilation is on. Parameters, buffers and the
@@ -162,6 +163,7 @@ class Transformer(FixedDtypeBuffers):
         naming ``key`` is logged and the model runs eager."""
         self.activation_checkpointing = activation_checkpointing
         self.chunked_loss = chunked_loss
+        self.fused_head = fused_head  # Liger's fused linear cross-entropy (moe_core.loss)
         self._compiled, self.compile_key = None, key
         if compile:
             try:
@@ -213,8 +215,9 @@ class Transformer(FixedDtypeBuffers):
             if a is not None:
                 aux = aux + a
         h, logits, loss = self.norm(x), None, None
-        if targets is not None and self.chunked_loss:
-            loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten())
+        if targets is not None and (self.chunked_loss or self.fused_head):
+            loss = head_loss(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                             fused=self.fused_head)
         else:
             logits = self.lm_head(h)
             if targets is not None:

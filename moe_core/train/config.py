@@ -48,7 +48,13 @@ class ModelSpec:
     materialised (about 10 GiB at 32k vocabulary and 32 × 1,024 tokens). The loss and
     gradients agree with the plain path to rounding, not bit for bit."""
 
-    EXECUTION_KEYS = ("compile", "activation_checkpointing", "chunked_loss")
+    fused_head: bool | Literal["auto"] = "auto"
+    """The LM head's loss by liger-kernel's fused linear cross-entropy (the ``gpu`` extra):
+    ``auto`` on CUDA when liger-kernel is installed (else the chunked loss, or the plain head
+    without ``chunked_loss``), ``false`` never, ``true`` always (an error where it cannot run).
+    Evaluation keeps the chunked loss. Same loss and gradients to rounding."""
+
+    EXECUTION_KEYS = ("compile", "activation_checkpointing", "chunked_loss", "fused_head")
     """Options that change how fast a run computes and what memory it takes, not what it
     computes: left out of a parent's identity (``runner.parent_key``)."""
 
@@ -61,6 +67,10 @@ class ModelSpec:
         preset(self.preset)
         for key in self.EXECUTION_KEYS:
             v = getattr(self, key)
+            if key == "fused_head":
+                _check(isinstance(v, bool) or v == "auto",
+                       f"model.fused_head={v!r} must be auto, true or false")
+                continue
             _check(isinstance(v, bool), f"model.{key}={v!r} must be true or false")
 
 
@@ -80,6 +90,12 @@ class OptimConfig:
     """``auto``: bf16 on a CUDA device that supports it, fp32 otherwise."""
     expert_parallel: int = 0
     """Expert-parallel ranks for MoE runs (DeepSpeed-MoE groups); 0 = all ranks."""
+    bf16_mode: Literal["auto", "deepspeed", "bf16_optimizer", "torch_autocast"] = "auto"
+    """How a bf16 run keeps its weights and optimizer (``moe_core.train.engine.bf16_mode``):
+    ``torch_autocast`` (fp32 weights, bf16 compute, plain torch AdamW), ``bf16_optimizer``
+    (DeepSpeed's BF16_Optimizer: bf16 weights, ZeRO 1, fp32 gradient accumulation) or
+    ``deepspeed`` (bf16 weights, DeepSpeed's wrapper for the stage: the ZeRO-0 unfused one);
+    ``auto``: bf16_optimizer at ZeRO 1, deepspeed at 0 and 2 (docs/gpu-training-step.md)."""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr={self.lr} must be > 0")
@@ -97,6 +113,17 @@ class OptimConfig:
         _check(
             self.expert_parallel >= 0,
             f"optim.expert_parallel={self.expert_parallel} must be >= 0 (0 = all ranks)",
+        )
+        _check(
+            self.bf16_mode in ("auto", "deepspeed", "bf16_optimizer", "torch_autocast"),
+            f"optim.bf16_mode={self.bf16_mode!r} must be 'auto', 'deepspeed', "
+            "'bf16_optimizer' or 'torch_autocast'",
+        )
+        _check(
+            self.bf16_mode != "bf16_optimizer" or self.zero_stage == 1,
+            f"optim.bf16_mode=bf16_optimizer needs optim.zero_stage=1 (DeepSpeed's "
+            f"BF16_Optimizer is ZeRO 1), not {self.zero_stage}; set optim.zero_stage: 1 or "
+            "another bf16_mode",
         )
         _check(
             self.dtype in ("auto", "fp32", "bf16"),

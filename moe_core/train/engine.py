@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from moe_core import loss as lm_loss
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
 from moe_core.train.config import TrainConfig
@@ -55,6 +56,23 @@ def pick_dtype(cfg_dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def pick_fused_head(setting: bool | str, device: torch.device) -> bool:
+    """``model.fused_head``: ``auto`` = Liger's fused LM-head loss on CUDA when liger-kernel is
+    installed (``pip install -e '.[gpu]'``), else the chunked loss; ``false`` = never; ``true``
+    = always, an error where it cannot run (no liger-kernel; no CUDA device and no Triton
+    interpreter, ``TRITON_INTERPRET=1``)."""
+    if setting is False:
+        return False
+    runs_here = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if setting == "auto":
+        return device.type == "cuda" and lm_loss.liger_available()
+    if not lm_loss.liger_available() or not runs_here:
+        raise ConfigError(
+            "model.fused_head=true needs liger-kernel and triton (pip install -e '.[gpu]') and "
+            f"a CUDA device (this run is on {device.type}); set model.fused_head: auto")
+    return True
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices, none on norm weights (1-D); MoE expert parameters in their own
     groups (DeepSpeed's ``split_params_into_different_moe_groups_for_optimizer``)."""
@@ -86,9 +104,55 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> d
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if dtype == torch.bfloat16:
+    mode = bf16_mode(cfg, dtype)
+    if mode in ("deepspeed", "bf16_optimizer"):
         ds["bf16"] = {"enabled": True}
+    if mode == "bf16_optimizer":  # bf16 weights at ZeRO 1 + fp32 accumulation: BF16_Optimizer
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    elif mode == "torch_autocast":  # fp32 weights; no optimizer wrapper at all
+        ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     return ds
+
+
+DEFAULT_BF16_MODE = {0: "deepspeed", 1: "bf16_optimizer", 2: "deepspeed"}
+"""``optim.bf16_mode: auto`` per ZeRO stage, until a GPU measurement decides (see
+docs/gpu-training-step.md). ZeRO 1 gets DeepSpeed's ``BF16_Optimizer`` (fp32 gradient
+accumulation, the norm on the device: 4 host syncs a step on CPU against the unfused wrapper's
+one per parameter). ZeRO 0 keeps DeepSpeed's wrapper for now: ``torch_autocast`` has no
+optimizer sync at all, but under autocast the MoE layer's router ``F.linear`` runs in bf16 (its
+fp32 logits are a design rule, ``moe_core/moe/layer.py``) and the experts leave the bf16
+grouped-GEMM path; both fixes belong to the layer."""
+
+
+def bf16_mode(cfg: TrainConfig, dtype: torch.dtype) -> str | None:
+    """How a bf16 run is done (``optim.bf16_mode``, ``auto`` resolved by ZeRO stage); None for
+    an fp32 run. ``deepspeed``: bf16 weights and DeepSpeed's wrapper for the stage (ZeRO 0:
+    ``FP16_UnfusedOptimizer``, the behaviour before the option existed); ``bf16_optimizer``:
+    bf16 weights, ZeRO 1, fp32 gradient accumulation (DeepSpeed's ``BF16_Optimizer``);
+    ``torch_autocast``: fp32 weights and AdamW state, bf16 compute under ``torch.autocast``,
+    the plain torch AdamW (fused on CUDA)."""
+    if dtype != torch.bfloat16:
+        return None
+    mode = cfg.optim.bf16_mode
+    if mode == "auto":
+        mode = DEFAULT_BF16_MODE[min(cfg.optim.zero_stage, 2)]
+    return mode
+
+
+def param_dtype(cfg: TrainConfig, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the model's weights are kept in: fp32 under ``torch_autocast`` (bf16 is the
+    compute dtype only), else the run's dtype."""
+    return torch.float32 if bf16_mode(cfg, dtype) == "torch_autocast" else dtype
+
+
+def autocast(cfg: TrainConfig, dtype: torch.dtype, device: torch.device) -> Any:
+    """The autocast context of a ``torch_autocast`` run (evaluation runs outside the engine's
+    forward and needs it too); a no-op context otherwise."""
+    import contextlib
+
+    if bf16_mode(cfg, dtype) != "torch_autocast":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def clips_in_loop(cfg: TrainConfig) -> bool:
@@ -111,9 +175,16 @@ def clip_gradients(model: torch.nn.Module, max_norm: float,
     leaves expert gradients out of the norm, and ``clip_grad_norm_`` (fp32) averages per-rank
     norms that cover different experts (deepspeedai/DeepSpeed#8475, #8613). On one expert rank
     the arithmetic is ``clip_grad_norm_``'s step for step, so fp32 single-rank runs are
-    unchanged bit for bit. In bf16 the scaled gradients are rounded to bf16 once more."""
+    unchanged bit for bit. In bf16 the scaled gradients are rounded to bf16 once more.
+
+    All on the device, no host read: the per-tensor norms come from one ``torch._foreach_norm``
+    (bf16 gradients read in place and accumulated in fp32, no fp32 copy of each gradient) and
+    the scaling is one ``torch._foreach_mul_`` per dtype, not one launch per parameter."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norms = [p.grad.detach().float().norm(2.0) for p in params]
+    grads = [p.grad.detach() for p in params]
+    # one fused norm per dtype group on the device (no fp32 copy of a bf16 gradient, no sync);
+    # fp32 gradients: the same per-tensor norms as ``p.grad.norm()``, so bit for bit
+    norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
     if ep_group is None:
         total = torch.stack(norms).pow(2.0).sum().float()
     else:
@@ -126,8 +197,8 @@ def clip_gradients(model: torch.nn.Module, max_norm: float,
     total = total.pow(0.5)
     coef = torch.tensor([float(max_norm)], device=total.device) / (total + 1e-6)
     coef = torch.min(torch.tensor([1.0], device=coef.device), coef)
-    for p in params:
-        p.grad.mul_(coef.to(p.grad.device))
+    for dtype in {g.dtype for g in grads}:  # one launch per dtype, not one per parameter
+        torch._foreach_mul_([g for g in grads if g.dtype == dtype], coef.reshape(()))
     return total
 
 
@@ -216,12 +287,22 @@ def build_engine(model: Transformer, cfg: TrainConfig, world: int, dtype: torch.
 
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.optim.weight_decay), lr=peak, betas=tuple(cfg.optim.betas),
-        eps=cfg.optim.eps,
+        eps=cfg.optim.eps, **adamw_impl(cfg, dtype, next(model.parameters()).device),
     )
     engine, ds_opt, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=deepspeed_config(cfg, world, dtype)
     )
     return engine, ds_opt
+
+
+def adamw_impl(cfg: TrainConfig, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """AdamW's implementation keyword: ``fused=True`` (one kernel for all parameters, its step
+    counters on the device, no host read) for a ``torch_autocast`` run, where the optimizer is
+    the plain torch one; otherwise torch's default (foreach), as before the option existed,
+    so fp32 runs and DeepSpeed's wrappers are unchanged bit for bit."""
+    if bf16_mode(cfg, dtype) == "torch_autocast" and device.type in ("cuda", "cpu"):
+        return {"fused": True}
+    return {}
 
 
 def expert_parallel_layer(cfg: TrainConfig, world: int) -> tuple[int, type | None]:

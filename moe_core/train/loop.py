@@ -34,6 +34,7 @@ from moe_core.train.init import (
     needs_calibration,
     with_own_groups,
 )
+from moe_core.train.prefetch import Prefetcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class Trainer:
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
                                                        self.plan.peak)
         self.clip_in_loop = eng.clips_in_loop(cfg)
+        self.batches = Prefetcher(self.batcher.batch, self.device, self.gas)
         self.ep_group = next((m.ep_group for m in self.model.moe_layers()), None) \
             if self.ep > 1 else None
         self.start = self._restore(resume)
@@ -144,12 +146,13 @@ class Trainer:
             for m in model.moe_layers():
                 m.shard_experts(self.rank % self.ep, self.ep)
         model = model.to(self.device)
-        if self.dtype != torch.float32:
+        if eng.param_dtype(cfg, self.dtype) != torch.float32:  # torch_autocast keeps fp32
             model = model.to(self.dtype)
         self.reference = parent_reference_mlp(self.parent, model)  # on the model's device
         model.enable_speedups(compile=cfg.model.compile,
                               activation_checkpointing=cfg.model.activation_checkpointing,
-                              chunked_loss=cfg.model.chunked_loss)
+                              chunked_loss=cfg.model.chunked_loss,
+                              fused_head=eng.pick_fused_head(cfg.model.fused_head, self.device))
         return model
 
     def _restore(self, resume: Checkpoint | None) -> int:
@@ -204,22 +207,22 @@ class Trainer:
         step = self.step_count + 1
         lr = self.plan.lr(step - 1)
         eng.set_lr(self.optimizer, lr)
-        ce_sum = aux_sum = 0.0
+        # loss and aux summed on the device in fp64 (the sums the Python floats made before,
+        # bit for bit) and read once per step: no host sync per micro-batch
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for micro in range(self.gas):
-            x, y = self.batcher.batch(step - 1, micro)
-            out = self.engine(x.to(self.device), y.to(self.device))
+            x, y = self.batches.get(step - 1, micro)
+            out = self.engine(x, y)
             self.engine.backward(out.loss + out.aux_loss)
             if micro == self.gas - 1 and self.clip_in_loop:  # gradients now reduced
                 eng.clip_gradients(self.model, self.cfg.optim.grad_clip, self.ep_group)
             self.engine.step()
-            ce_sum += float(out.loss.detach())
-            aux_sum += float(out.aux_loss.detach())
-        stats = torch.tensor([ce_sum / self.gas, aux_sum / self.gas], dtype=torch.float64,
-                             device=self.device)  # nccl reduces CUDA tensors only
-        if self.world > 1:
+            sums += torch.stack([out.loss.detach(), out.aux_loss.detach()]).double()
+        stats = sums / self.gas
+        if self.world > 1:  # nccl reduces CUDA tensors only: stats live on the device
             torch.distributed.all_reduce(stats)
             stats /= self.world
-        train_loss, aux = float(stats[0]), float(stats[1])
+        train_loss, aux = stats.tolist()
         if not math.isfinite(train_loss):
             raise DivergenceError(step, f"train loss is {train_loss} (lr={lr:.3g})")
         eng.sync_balancing(self.model, self.world)
@@ -235,7 +238,8 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Evaluate now; the metrics row joins the curve."""
-        m = evaluate(self.model, self.val, self.device, self.reference)
+        with eng.autocast(self.cfg, self.dtype, self.device):
+            m = evaluate(self.model, self.val, self.device, self.reference)
         step = self.step_count
         m.update(step=step, tokens=step * self.cfg.tokens_per_step, lr=self.lr,
                  train_loss=self.train_loss, aux_loss=self.aux_loss, wall_s=self.elapsed())

@@ -83,16 +83,20 @@ def bf16(monkeypatch):
     monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
 
 
-@pytest.mark.parametrize("stage,cls", [(0, FP16_UnfusedOptimizer), pytest.param(
-    1, DeepSpeedZeroOptimizer, marks=pytest.mark.slow)])
-def test_bf16_resume_equals_uninterrupted(tmp_path, bf16, stage, cls):
+@pytest.mark.parametrize("stage,mode,cls", [
+    (0, "auto", FP16_UnfusedOptimizer),
+    pytest.param(1, "deepspeed", DeepSpeedZeroOptimizer, marks=pytest.mark.slow),
+    (1, "auto", BF16_Optimizer),
+    (0, "torch_autocast", torch.optim.AdamW)])
+def test_bf16_resume_equals_uninterrupted(tmp_path, bf16, stage, mode, cls):
     cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2,
                                    "router": {"loss_free_rate": 0.01}},
-                    optim={"lr": 3e-3, "zero_stage": stage})
+                    optim={"lr": 3e-3, "zero_stage": stage, "bf16_mode": mode})
     full, s_full = fit(cfg)
     killed = Trainer(cfg, out_dir=tmp_path / "ck", checkpoint_steps=[4])
     assert type(killed.optimizer) is cls
-    assert next(killed.model.parameters()).dtype == torch.bfloat16
+    assert next(killed.model.parameters()).dtype == (
+        torch.float32 if mode == "torch_autocast" else torch.bfloat16)
     part = killed.fit(until=4)
     rest, s_rest = fit(cfg, resume_from=part.checkpoints[4])
     assert [m["val_loss"] for m in part.curve + rest.curve] == [m["val_loss"]
@@ -100,8 +104,10 @@ def test_bf16_resume_equals_uninterrupted(tmp_path, bf16, stage, cls):
     assert _equal(s_rest, s_full)
 
 
-def test_bf16_branch_equals_single_run(tmp_path, bf16):
-    cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2})
+@pytest.mark.parametrize("mode", ["auto", "torch_autocast"])
+def test_bf16_branch_equals_single_run(tmp_path, bf16, mode):
+    cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2},
+                    optim={"lr": 3e-3, "bf16_mode": mode})
     s, n = 6, 4
     single, s_single = fit(dataclasses.replace(
         cfg, tokens=(s + n) * cfg.tokens_per_step,
