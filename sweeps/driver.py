@@ -33,6 +33,7 @@ from sweeps.law_search import (
 )
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
+from sweeps.preflight import check_cluster, custom_resources, enforce
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -110,6 +111,8 @@ class ResultsCallback(tune.Callback):
             row.update(verdict.columns())
         self.sink.add(row)
         self._track_best(row)
+        if row.get("status") == "failed":  # sweeps.not_retried: a configuration error
+            console.progress(f"trial {trial.trial_id} failed: {row.get('reason')}")
 
     def _placeholder(self, trial) -> dict[str, Any]:
         knobs = self.plan.trial(self.spec, dict(trial.config)).knobs
@@ -431,6 +434,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     hide_wandb_key()
     _start_ray(spec, address, verbose)
     signals.install()  # after ray.init, which replaces the SIGTERM handler
+    enforce(check_cluster(spec, [n["Resources"] for n in ray.nodes() if n.get("Alive")],
+                          "the Ray cluster" if address else "the local Ray", fit=address is None),
+            console.progress)
     results_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         prev = archive_previous(results_dir)
@@ -460,8 +466,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                                  plan.trial(spec, c.point) for c in
                                  candidates_from_plan(spec, plan))) if law else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
-        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
+        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus, **custom_resources(spec)}
+        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20,  # a token bundle
+                                           **custom_resources(spec)},
     )
     tuner = _tuner(spec, plan, trainable, results_dir,
                    _callbacks(spec, plan, results_dir, health),

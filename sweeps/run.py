@@ -13,7 +13,7 @@ import os
 import sys
 
 from moe_core.errors import SearchSpaceError, UpcycleError, one_line
-from sweeps import console, signals
+from sweeps import console, preflight, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -33,6 +33,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--results", default=None, help="results root (default: spec's, 'results')")
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="at most this many trials at once")
+    ap.add_argument("--gpu", default=None, metavar="TYPE",
+                    help="cost forecast and memory check for this GPU (h100, h200, a100, l4...)")
+    ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
+                    help="price of one GPU-hour, for the forecast's cost")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
     ap.add_argument("--verbose", action="store_true",
                     help="Ray Tune's status tables and the trials' own log lines")
@@ -51,8 +55,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
         spec = load_spec(args.spec, args.overrides, results=args.results)
         plan = build_plan(spec)
+        checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
+            spec, plan, gpu=args.gpu, concurrent=args.max_concurrent,
+            nodes=preflight.cluster_nodes(args.address) if args.dry_run else None,
+            local=args.address is None)
         if args.dry_run:
             console.print_plan(spec, plan)
+            console.print_forecast(spec, plan, gpu=args.gpu, price=args.price,
+                                   max_concurrent=args.max_concurrent)
+        preflight.enforce(checks, console.progress)
+        if args.dry_run:
             return 0
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
