@@ -14,6 +14,7 @@ from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
 from analysis.fit import FitResult, fit
+from analysis.glossary import glossary_lines
 from analysis.laws import Points, get_law
 from analysis.sweep import Sweep
 from moe_core.errors import FitError
@@ -127,7 +128,10 @@ def groups_section(s: Sweep) -> Section:
     lines = ["## Results by configuration", "",
              f"Knobs: {', '.join(s.knobs) or '(none)'}; mean ± std over seeds of each "
              "trial's final eval, best first.", ""]
-    return Section(lines + md_table(["configuration", "seeds", "val_loss", *cols], rows), data)
+    table = md_table(["configuration", "seeds", "val_loss", *cols], rows)
+    meaning = glossary_lines(cols)  # each router statistic in one line
+    return Section(lines + table + (["", "Router statistics:", *meaning] if meaning else []),
+                   data)
 
 
 # ---- scaling laws ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps import console, faults, signals
+from sweeps import console, faults, progress, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law_search import (
@@ -113,6 +113,23 @@ class ResultsCallback(tune.Callback):
         self._track_best(row)
         if row.get("status") == "failed":  # sweeps.not_retried: a configuration error
             console.progress(f"trial {trial.trial_id} failed: {row.get('reason')}")
+        self._ticker().reported(trial.trial_id)
+
+    def _ticker(self) -> progress.Ticker:
+        """A progress line per running trial every 30 s (made on first use: a callback
+        unpickled from an older sweep's state has none)."""
+        if getattr(self, "ticker", None) is None:
+            self.ticker = progress.Ticker()
+        return self.ticker
+
+    def on_step_end(self, iteration, trials, **info):
+        if not self._ticker().due():
+            return
+        running = [t for t in trials if getattr(t, "status", "") == "RUNNING"]
+        for msg in self.ticker.lines(
+                (t.trial_id, self.sink.rows_of(t.trial_id),
+                 self.plan.trial(self.spec, dict(t.config)).config.steps) for t in running):
+            console.progress(msg)
 
     def _placeholder(self, trial) -> dict[str, Any]:
         knobs = self.plan.trial(self.spec, dict(trial.config)).knobs

@@ -35,7 +35,8 @@ def test_trial_drivers_run_only_where_trial_driver_exists(tmp_path):
                 "logging": {"wandb": {"enabled": False}}}
         f = tmp_path / "spec.yaml"
         f.write_text(yaml.safe_dump(spec))
-        env = dict(os.environ, UPCYCLE_CACHE=str(tmp_path / "cache"))
+        env = dict(os.environ, UPCYCLE_CACHE=str(tmp_path / "cache"),
+                   UPCYCLE_SWEEPS_PROGRESS_S="1")  # progress lines every second
         env.pop("RAY_ADDRESS", None)
         out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f), "--address",
                               cluster.address], env=env, capture_output=True, text=True,
@@ -44,6 +45,9 @@ def test_trial_drivers_run_only_where_trial_driver_exists(tmp_path):
         rows = pq.read_table(tmp_path / "r" / "td" / "results.parquet").to_pylist()
         assert len({r["trial_id"] for r in rows}) == 3
         assert {r["status"] for r in rows} == {"ok"}
+        # the driver's progress lines: per running trial, step of 8, losses and tokens/s
+        ticks = [x for x in out.stderr.splitlines() if "/8  train_loss" in x]
+        assert ticks and all("tok/s" in x for x in ticks), out.stderr[-3000:]
         ray.init(address=cluster.address, log_to_driver=False)
         try:
             trial_actors = [a for a in actors().values()
