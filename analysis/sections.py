@@ -14,9 +14,8 @@ from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
 from analysis.fit import FitResult, fit
-from analysis.glossary import glossary_lines
 from analysis.laws import Points, get_law
-from analysis.sweep import Sweep
+from analysis.sweep import Sweep, glossary_lines
 from moe_core.errors import FitError
 
 UPCYCLED_FORMS = ("upcycled_mul", "upcycled_mul_noint", "upcycled_add", "upcycled_add_noint")

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sweeps.cost import forecast, jobs_from_plan
 from sweeps.plan import SweepPlan, disk_estimate
 from sweeps.results import KNOB_PREFIX, format_knob
 from sweeps.spec import SweepSpec
@@ -149,8 +150,6 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     """The cost forecast of ``--dry-run`` (``sweeps.cost``): GPU-hours (CPU trials: trial-hours
     on this machine's measured CPU), wall time at the concurrency the sweep would run with, the
     cost at ``price`` per GPU-hour, and where each throughput figure comes from."""
-    from sweeps.cost import forecast, jobs_from_plan
-
     r = spec.resources
     device = gpu or ("cpu" if r.gpus == 0 else None)
     con = make_console()

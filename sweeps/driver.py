@@ -285,6 +285,18 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
             "start the head there (ray start --head) or fix the address") from None
 
 
+def cluster_nodes(address: str) -> list[dict[str, float]]:
+    """Each alive node's resources of the running cluster at ``address`` (``--dry-run
+    --address`` checks them, ``sweeps.preflight.check_cluster``): connects, reads, disconnects."""
+    check_address(address)
+    ray.init(address=address, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    finally:
+        ray.shutdown()
+
+
 def archive_previous(results_dir: Path) -> Path | None:
     """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
     so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from moe_core.errors import ConfigError, one_line
+from sweeps.results import json_safe
 
 DETERMINISTIC = (ConfigError,)
 """Exception types a retry cannot fix."""
@@ -40,35 +41,33 @@ def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any
     return row
 
 
-def fail_once(fn: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a Tune function trainable ``fn(config, *, report, spec, plan, ...)``: a
+def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[..., None]]:
+    """Decorate a Tune function trainable ``fn(config, *, report, spec, plan, ...)``: a
     ``DETERMINISTIC`` error becomes a final failed row sent through ``report`` (default
-    ``tune.report``) instead of an exception Tune would retry."""
+    ``tune.report``) instead of an exception Tune would retry. ``static(spec, trial_plan,
+    parent, trial_id)`` gives the row's columns when the trial reported nothing yet."""
 
-    @functools.wraps(fn)
-    def wrapper(config: dict[str, Any], **kw: Any) -> None:
-        from ray import tune
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def wrapper(config: dict[str, Any], **kw: Any) -> None:
+            from ray import tune
 
-        report = kw.get("report") or tune.report
-        last: dict[str, Any] = {}
+            report = kw.get("report") or tune.report
+            last: dict[str, Any] = {}
 
-        def recording(row: dict[str, Any], checkpoint: Any = None) -> None:
-            report(row, checkpoint=checkpoint)
-            last.clear()
-            last.update(row)
+            def recording(row: dict[str, Any], checkpoint: Any = None) -> None:
+                report(row, checkpoint=checkpoint)
+                last.clear()
+                last.update(row)
 
-        try:
-            fn(config, **{**kw, "report": recording})
-        except DETERMINISTIC as e:
-            def static() -> dict[str, Any]:
-                from sweeps.trainable import static_columns
-
+            try:
+                fn(config, **{**kw, "report": recording})
+            except DETERMINISTIC as e:
                 spec, plan = kw["spec"], kw["plan"]
-                return static_columns(spec, plan.trial(spec, config), None,
-                                      tune.get_context().get_trial_id())
+                row = failed_row(last, lambda: static(spec, plan.trial(spec, config), None,
+                                                      tune.get_context().get_trial_id()), e)
+                report(json_safe(row), checkpoint=None)
 
-            from sweeps.results import json_safe
+        return wrapper
 
-            report(json_safe(failed_row(last, static, e)), checkpoint=None)
-
-    return wrapper
+    return decorate

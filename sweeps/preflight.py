@@ -26,8 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
+from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
+from moe_core.hf.load import weight_files
 from moe_core.params import count_params
+from sweeps.console import human_bytes
+from sweeps.cost import DEVICES
 from sweeps.plan import SweepPlan, _bf16, disk_estimate
 from sweeps.spec import SweepSpec
 
@@ -96,10 +102,6 @@ def check_data(spec: SweepSpec, cfg: Any) -> list[Problem]:
 
 def _st_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name → shape from the safetensors headers (no tensor data read)."""
-    from safetensors import safe_open
-
-    from moe_core.hf.load import weight_files
-
     shapes = {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as h:
@@ -145,8 +147,6 @@ def _data_vocab(d: Any) -> tuple[int | None, str]:
     if d.source == "synthetic":
         return d.synthetic_vocab, f"data.synthetic_vocab={d.synthetic_vocab}"
     if d.hf_tokenizer:
-        from moe_core.data.config import _hf_vocab_size
-
         return _hf_vocab_size(str(d.tokenizer_file)), f"data.tokenizer={d.tokenizer}"
     if d.tokenizer == "bytes":
         return 256, "data.tokenizer=bytes (256 ids)"
@@ -228,9 +228,6 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     """Disk (checkpoints while running + kept + parents + stable runs) against the free space
     under ``results``; one trial's memory against the accelerator's (``gpu``, or CUDA here)
     or, for CPU trials, ``concurrent`` trials against the host's memory."""
-    from sweeps.console import human_bytes
-    from sweeps.cost import DEVICES
-
     out = []
     d = disk_estimate(spec, plan)
     need = d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
@@ -347,20 +344,3 @@ def enforce(problems: list[Problem], emit: Any) -> None:
     if fatal:
         raise SearchSpaceError(f"{fatal[-1].key}: {fatal[-1].message}")
 
-
-def cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
-    """Each alive node's resources of the cluster at ``address`` (``--dry-run --address``:
-    connects, reads, disconnects; starts nothing); None without an address."""
-    if address is None:
-        return None
-    import ray
-
-    from sweeps.driver import check_address
-
-    check_address(address)
-    ray.init(address=address, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    try:
-        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-    finally:
-        ray.shutdown()

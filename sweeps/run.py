@@ -44,6 +44,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
+    if address is None:
+        return None
+    from sweeps.driver import cluster_nodes  # imports Ray: only with --address
+
+    return cluster_nodes(address)
+
+
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = build_plan(spec)
         checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
             spec, plan, gpu=args.gpu, concurrent=args.max_concurrent,
-            nodes=preflight.cluster_nodes(args.address) if args.dry_run else None,
+            nodes=_cluster_nodes(args.address) if args.dry_run else None,
             local=args.address is None)
         if args.dry_run:
             console.print_plan(spec, plan)

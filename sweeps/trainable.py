@@ -196,7 +196,7 @@ def _restored_checkpoint(work: Path) -> Path | None:
     return dest
 
 
-@fail_once  # a ConfigError ends the trial as failed, in one line, without Tune's retries
+@fail_once(static_columns)  # a ConfigError: failed once, in one line, not retried by Tune
 def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
               stables: dict[str, StableRun] | None = None,

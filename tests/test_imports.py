@@ -60,7 +60,7 @@ ANALYSIS_GRAPH = {
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
 OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "moe_core.scaling.laws",
-           "moe_core.scaling.crossing",
+           "moe_core.scaling.crossing", "sweeps.cost",
            "moe_core.scaling.fit"}
 
 

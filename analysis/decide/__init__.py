@@ -37,6 +37,7 @@ from analysis.derived import compute_optimal, flops_6nd, gpu_hours, sign_changes
 from analysis.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
 from analysis.laws import Points, get_law
 from moe_core.errors import FitError
+from sweeps.cost import sustained_tflops
 
 D_RANGE = (1e3, 1e17)
 """Tokens over which D* is searched (000 Eq. 13)."""
@@ -51,8 +52,6 @@ def _rate(gpu_tflops: float | None, gpu: str) -> tuple[float, str]:
     (``sweeps.cost.sustained_tflops``, the same table ``--dry-run``'s forecast uses)."""
     if gpu_tflops is not None:
         return float(gpu_tflops), "given (--gpu-tflops)"
-    from sweeps.cost import sustained_tflops
-
     return sustained_tflops(gpu)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from analysis.glossary import ROUTER_METRICS, glossary_lines
 from analysis.sections import groups_section
-from analysis.sweep import STATS, load_sweep
+from analysis.sweep import ROUTER_METRICS, STATS, glossary_lines, load_sweep
 from moe_core.fsio import atomic_write_text, publish_dir, shared_mode
 from sweeps import console, progress
 from sweeps.results import RESULTS_FILE, write_rows
