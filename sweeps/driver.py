@@ -33,7 +33,7 @@ from sweeps.law_search import (
 )
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
-from sweeps.preflight import check_cluster, custom_resources, enforce
+from sweeps.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -464,7 +464,8 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     _start_ray(spec, address, verbose)
     signals.install()  # after ray.init, which replaces the SIGTERM handler
     enforce(check_cluster(spec, [n["Resources"] for n in ray.nodes() if n.get("Alive")],
-                          "the Ray cluster" if address else "the local Ray", fit=address is None),
+                          "the Ray cluster" if address else "the local Ray", fit=address is None,
+                          trial_bytes=max_trial_memory(spec, plan)),
             console.progress)
     results_dir.mkdir(parents=True, exist_ok=True)
     if not resume:

@@ -239,7 +239,7 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                            f"{_existing_parent(spec.results_dir)} has {human_bytes(free_disk)} "
                            "free; point results at larger storage, lower checkpoint.keep or "
                            "max_concurrent"))
-    mem = max((trial_memory_bytes(c, spec.resources.gpus) for c in _configs(plan)), default=0)
+    mem = max_trial_memory(spec, plan)
     if spec.resources.gpus > 0 or gpu:
         dev = DEVICES.get(gpu or "")
         cap = dev.memory_gb * 1e9 if dev and dev.memory_gb else None
@@ -279,14 +279,27 @@ def trial_bundle(spec: SweepSpec) -> dict[str, float]:
     return {**b, **custom_resources(spec)}
 
 
+def max_trial_memory(spec: SweepSpec, plan: SweepPlan) -> int:
+    """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`)."""
+    return max((trial_memory_bytes(c, spec.resources.gpus) for c in _configs(plan)), default=0)
+
+
 def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
-                  where: str = "the Ray cluster", fit: bool = True) -> list[Problem]:
-    """Each custom resource a trial asks for exists on some node, and (``fit``: a fixed set of
-    nodes, not an autoscaling cluster that may add larger ones) some node can hold a whole
-    trial bundle (``nodes``: each alive node's total resources, as ``ray.nodes()`` reports)."""
+                  where: str = "the Ray cluster", fit: bool = True,
+                  trial_bytes: int | None = None) -> list[Problem]:
+    """Each custom resource a trial asks for exists on some node, (``trial_bytes``, CPU trials)
+    some node's memory holds one trial, and (``fit``: a fixed set of nodes, not an autoscaling
+    cluster that may add larger ones) some node can hold a whole trial bundle (``nodes``: each
+    alive node's total resources, as ``ray.nodes()`` reports)."""
     nodes = [dict(n) for n in nodes]
     bundle = {k: v for k, v in trial_bundle(spec).items() if v}
     out = []
+    biggest = max((n.get("memory", 0) for n in nodes), default=0)
+    if trial_bytes and spec.resources.gpus == 0 and biggest and trial_bytes > biggest:
+        out.append(Problem("resources", f"one CPU trial needs about {human_bytes(trial_bytes)} "
+                           f"(estimate) but the largest node of {where} has "
+                           f"{human_bytes(biggest)} of memory for Ray; lower "
+                           "batch.micro_batch or use larger nodes"))
     for k, v in bundle.items():
         if k in ("CPU", "GPU"):
             continue
@@ -328,7 +341,7 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
         out += check_capacity(spec, plan, gpu=gpu, concurrent=concurrent,
                               host_memory=None if local else 0)
     if nodes is not None:
-        out += check_cluster(spec, nodes, fit=False)
+        out += check_cluster(spec, nodes, fit=False, trial_bytes=max_trial_memory(spec, plan))
     elif local and spec.resources.trial_driver:
         out += check_cluster(spec, [{"CPU": os.cpu_count() or 1}], "this machine (no --address)")
     return out

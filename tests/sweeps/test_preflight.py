@@ -132,6 +132,10 @@ def test_custom_resources_must_exist(tmp_path):
     # a fixed set of nodes must also hold a whole trial bundle on one node
     probs = preflight.check_cluster(spec, [{"CPU": 0.0, "trial_driver": 4.0}, {"CPU": 8.0}])
     assert [p.key for p in probs] == ["resources"]
+    # a CPU trial larger than every node's memory
+    probs = preflight.check_cluster(spec, [{"CPU": 8.0, "trial_driver": 1.0, "memory": 1e9}],
+                                    trial_bytes=2 * 10**9)
+    assert [p.key for p in probs] == ["resources"] and "1.9 GiB" in probs[0].message
     # a local run (no --address) has no custom resources: refused instead of waiting forever
     probs = preflight.run_checks(spec, build_plan(spec))
     assert [p.key for p in probs] == ["resources.trial_driver"]
