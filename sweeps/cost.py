@@ -195,6 +195,8 @@ class Forecast:
 
 
 def _hours(h: float) -> str:
+    if h < 1 / 60:
+        return f"{h * 3600:.1f} s"
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
 
 

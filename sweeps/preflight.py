@@ -18,6 +18,7 @@ No Ray, no torch work here: it reads file headers only.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from safetensors import safe_open
 
 from moe_core.data.config import _hf_vocab_size
@@ -100,6 +102,11 @@ def check_data(spec: SweepSpec, cfg: Any) -> list[Problem]:
     return out
 
 
+MAX_SCAN = 1 << 31
+"""Token files up to this many bytes are scanned for their largest id (vocabulary check)."""
+
+
+@functools.lru_cache(maxsize=16)
 def _st_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name → shape from the safetensors headers (no tensor data read)."""
     shapes = {}
@@ -143,7 +150,15 @@ def _data_vocab(d: Any) -> tuple[int | None, str]:
     if d.source == "tokens":
         if d.token_vocab_size:
             return d.token_vocab_size, f"data.token_vocab_size={d.token_vocab_size}"
-        return None, ""
+        p = Path(d.path)
+        files = [p / "train.bin", p / "val.bin"] if p.is_dir() else [p]
+        if not all(f.is_file() for f in files) or sum(f.stat().st_size for f in files) > MAX_SCAN:
+            return None, ""  # too large to scan here: the trial finds max + 1 itself
+        try:
+            top = max(int(np.memmap(f, dtype=d.dtype, mode="r").max(initial=0)) for f in files)
+        except (ValueError, OSError):  # an empty or odd-sized file: the trial says why
+            return None, ""
+        return top + 1, f"the largest token id in data.path ({top})"
     if d.source == "synthetic":
         return d.synthetic_vocab, f"data.synthetic_vocab={d.synthetic_vocab}"
     if d.hf_tokenizer:

@@ -85,6 +85,17 @@ def test_byte_tokenizer_must_fit_the_checkpoint_vocabulary(tmp_path):
     base["data"] = {"source": "synthetic", "synthetic_vocab": 32, "seq_len": 16}
     spec = _spec(tmp_path, base)
     assert preflight.run_checks(spec, build_plan(spec)) == []
+    # token files: their largest id must index the embedding too
+    import numpy as np
+
+    np.array([1, 96], dtype=np.uint16).repeat(100).tofile(tmp_path / "ok.bin")
+    np.array([1, 300], dtype=np.uint16).repeat(100).tofile(tmp_path / "big.bin")
+    for f, n in (("ok.bin", 0), ("big.bin", 1)):
+        base["data"] = {"source": "tokens", "path": str(tmp_path / f), "seq_len": 16}
+        probs = preflight.run_checks(_spec(tmp_path, base), build_plan(_spec(tmp_path, base)))
+        assert len(probs) == n and all("largest token id in data.path (300)" in p.message
+                                       for p in probs), probs
+    base["data"] = {"source": "synthetic", "synthetic_vocab": 32, "seq_len": 16}
     # weight files that do not match config.json: refused before any trial loads them
     cfg = json.loads((path / "config.json").read_text())
     cfg["num_hidden_layers"] = 3
