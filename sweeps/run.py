@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         if args.debug:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        cause = getattr(e, "cause", None)  # a Ray task's error (a parent's): not its traceback
+        print(f"error: {one_line(cause if isinstance(cause, UpcycleError) else e)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(RESUME_HINT, file=sys.stderr)
