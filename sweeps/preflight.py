@@ -208,11 +208,17 @@ def _existing_parent(p: Path) -> Path:
 
 
 def check_results_dir(spec: SweepSpec) -> list[Problem]:
-    root = _existing_parent(spec.results_dir)
-    if not os.access(root, os.W_OK | os.X_OK):
-        return [Problem("results", f"{root} is not writable; give a results folder you can "
-                        "write (--results DIR)")]
-    return []
+    """The results folder and a shared parent cache (``storage.parent_cache``) can be written."""
+    out = []
+    for key, path, fix in (("results", spec.results_dir, "--results DIR"),
+                           ("storage.parent_cache", spec.storage.parent_cache, "another folder")):
+        if path is None:
+            continue
+        root = _existing_parent(Path(path))
+        if not os.access(root, os.W_OK | os.X_OK):
+            out.append(Problem(key, f"{root} is not writable; give a folder you can write "
+                               f"({fix})"))
+    return out
 
 
 def trial_memory_bytes(cfg: Any, gpus: float) -> int:
