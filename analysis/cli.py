@@ -272,8 +272,11 @@ def _decide_parser() -> argparse.ArgumentParser:
                    help="tokens to spend on the MoE (default: the data's largest D2)")
     b.add_argument("--budget-flops", type=float, default=None, metavar="C",
                    help="FLOPs to spend on the MoE (D2 = C / (6·N2))")
-    ap.add_argument("--gpu-tflops", type=float, default=DEFAULT_TFLOPS,
-                    help="sustained TFLOP/s per GPU (default 400, 000 App. A)")
+    ap.add_argument("--gpu-tflops", type=float, default=None,
+                    help="sustained TFLOP/s per GPU (default: sweeps/throughput.json's "
+                         "measured entries for --gpu, else 35%% of its bf16 peak; 000 App. A "
+                         f"assumed {DEFAULT_TFLOPS:g})")
+    ap.add_argument("--gpu", default="h100", help="GPU type of the cost (h100, h200, a100, l4...)")
     ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
                     help="price of a GPU-hour, for the cost of each path")
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap fits")
@@ -299,6 +302,7 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
     data = load_decision_data(args.results, args.baseline)
     r = decide(data, n1=args.n1, d1=args.d1, budget_tokens=args.budget_tokens,
                budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,
+               gpu=args.gpu,
                bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc)
     if args.json:
         print(json.dumps(r, allow_nan=False))

@@ -13,7 +13,7 @@ import numpy as np
 from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
-from analysis.sweep import Sweep
+from analysis.sweep import Sweep, glossary_lines
 from moe_core.errors import FitError
 from scaling.fit import FitResult, fit
 from scaling.laws import Points, get_law
@@ -127,7 +127,10 @@ def groups_section(s: Sweep) -> Section:
     lines = ["## Results by configuration", "",
              f"Knobs: {', '.join(s.knobs) or '(none)'}; mean ± std over seeds of each "
              "trial's final eval, best first.", ""]
-    return Section(lines + md_table(["configuration", "seeds", "val_loss", *cols], rows), data)
+    table = md_table(["configuration", "seeds", "val_loss", *cols], rows)
+    meaning = glossary_lines(cols)  # each router statistic in one line
+    return Section(lines + table + (["", "Router statistics:", *meaning] if meaning else []),
+                   data)
 
 
 # ---- scaling laws ---------------------------------------------------------------------------

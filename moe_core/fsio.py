@@ -43,9 +43,30 @@ def fsync_file(path: str | Path) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def umask() -> int:
+    """The process's umask, read from /proc where it can be (``os.umask`` can only be read by
+    setting it, which races with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+def shared_mode(directory: bool = False) -> int:
+    """The mode a plain ``open``/``mkdir`` would give under the user's umask (``mkstemp`` and
+    ``mkdtemp`` give 0600/0700, which teammates on shared storage cannot read)."""
+    return (0o777 if directory else 0o666) & ~umask()
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], private: bool = False) -> Path:
     """Call ``write(tmp)`` on a unique temporary path beside ``path``, fsync it and rename it to
-    ``path``."""
+    ``path``. The file follows the user's umask unless ``private`` (secrets: 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -53,6 +74,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(name)
     try:
         write(tmp)
+        if not private:
+            os.chmod(tmp, shared_mode())
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -70,6 +93,7 @@ def publish_dir(tmp: str | Path, path: str | Path) -> Path:
     """Rename the finished directory ``tmp`` to ``path``, replacing a directory already there
     (moved aside under a unique name first, so a concurrent writer never collides)."""
     tmp, path = Path(tmp), Path(path)
+    os.chmod(tmp, shared_mode(directory=True))  # a mkdtemp folder is 0700: follow the umask
     for f in tmp.iterdir():
         if f.is_file():
             fsync_file(f)

@@ -6,6 +6,7 @@ Progress goes to stderr, tables to stdout (rich); nothing here decides anything.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -14,9 +15,26 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sweeps.cost import forecast, jobs_from_plan
 from sweeps.plan import SweepPlan, disk_estimate
 from sweeps.results import KNOB_PREFIX, format_knob
 from sweeps.spec import SweepSpec
+
+WIDE = 1000
+"""Columns of a table printed when stdout is not a terminal (a log file, a pipe): wide enough
+that rich never cuts a trial id or a knob name (a terminal keeps its own width)."""
+
+
+def wide_width() -> int | None:
+    """None (rich measures the terminal) on a terminal or with ``COLUMNS`` set; else ``WIDE``."""
+    return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else WIDE
+
+
+def make_console() -> Console:
+    """Full-width tables when not a terminal (rich would cut them to 80 columns) and lines
+    never wrapped there."""
+    w = wide_width()
+    return Console(width=w, soft_wrap=w is not None)
 
 
 def progress(msg: str) -> None:
@@ -31,7 +49,7 @@ def eta(done: int, total: int, started: float) -> str:
 
 
 def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
-    con = Console()
+    con = make_console()
     con.print(f"[bold]sweep[/] {spec.name}  ({spec.path})  algorithm={spec.algorithm} "
               f"scheduler={spec.scheduler} num_samples={spec.num_samples}")
     if spec.scheduler == "asha" and spec.asha.rung_metric:
@@ -119,9 +137,37 @@ def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],
         t.add_row(str(i), str(r["trial_id"]), *[format_knob(r.get(k)) for k in knobs],
                   f"{v:.4f}" if isinstance(v, (int, float)) and v == v else "-",
                   f"{r.get('tokens') or 0:,}", str(r.get("status")))
-    con = Console()
+    con = make_console()
     con.print(t)
     con.print(f"results: {summary['results']}   wall {summary['wall_s']} s "
               f"(parents and stable runs {summary['parent_wall_s']} s)   tokens saved: "
               f"{summary['tokens_saved_by_sharing']:,} by shared parents, "
               f"{summary['tokens_saved_by_branches']:,} by WSD branches")
+
+
+def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
+                   price: float | None = None, max_concurrent: int | None = None) -> None:
+    """The cost forecast of ``--dry-run`` (``sweeps.cost``): GPU-hours (CPU trials: trial-hours
+    on this machine's measured CPU), wall time at the concurrency the sweep would run with, the
+    cost at ``price`` per GPU-hour, and where each throughput figure comes from."""
+    r = spec.resources
+    device = gpu or ("cpu" if r.gpus == 0 else None)
+    con = make_console()
+    if device is None:
+        con.print("cost forecast: pass --gpu h100|h200|a100|l4|... (and --price $/GPU-h) for "
+                  "GPU-hours, wall time and cost", markup=False)
+        return
+    conc = max_concurrent or spec.max_concurrent
+    why = "max_concurrent" if conc else None
+    if conc is None and device == "cpu":
+        conc, why = max(1, int((os.cpu_count() or 1) // (r.cpus * r.ranks))), \
+            f"{os.cpu_count()} CPUs here / resources.cpus × ranks"
+    elif conc is None:
+        conc, why = plan.num_trials, "no max_concurrent: every trial at once"
+    conc = min(conc, plan.num_trials)
+    f = forecast(jobs_from_plan(spec, plan, device), device, concurrency=conc,
+                 parents_parallel=max(1, conc), price=price)
+    lines = f.lines()
+    lines[0] += f" ({why})"
+    for line in lines:
+        con.print(line, markup=False, highlight=False)

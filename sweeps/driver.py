@@ -21,7 +21,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps import console, faults, signals
+from sweeps import console, faults, progress, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
@@ -29,6 +29,7 @@ from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
+from sweeps.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -106,6 +107,25 @@ class ResultsCallback(tune.Callback):
             row.update(verdict.columns())
         self.sink.add(row)
         self._track_best(row)
+        if row.get("status") == "failed":  # sweeps.not_retried: a configuration error
+            console.progress(f"trial {trial.trial_id} failed: {row.get('reason')}")
+        self._ticker().reported(trial.trial_id)
+
+    def _ticker(self) -> progress.Ticker:
+        """A progress line per running trial every 30 s (made on first use: a callback
+        unpickled from an older sweep's state has none)."""
+        if getattr(self, "ticker", None) is None:
+            self.ticker = progress.Ticker()
+        return self.ticker
+
+    def on_step_end(self, iteration, trials, **info):
+        if not self._ticker().due():
+            return
+        running = [t for t in trials if getattr(t, "status", "") == "RUNNING"]
+        for msg in self.ticker.lines(
+                (t.trial_id, self.sink.rows_of(t.trial_id),
+                 self.plan.trial(self.spec, dict(t.config)).config.steps) for t in running):
+            console.progress(msg)
 
     def _placeholder(self, trial) -> dict[str, Any]:
         knobs = self.plan.trial(self.spec, dict(trial.config)).knobs
@@ -259,6 +279,18 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
         raise UpcycleError(
             f"--address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
             "start the head there (ray start --head) or fix the address") from None
+
+
+def cluster_nodes(address: str) -> list[dict[str, float]]:
+    """Each alive node's resources of the running cluster at ``address`` (``--dry-run
+    --address`` checks them, ``sweeps.preflight.check_cluster``): connects, reads, disconnects."""
+    check_address(address)
+    ray.init(address=address, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    finally:
+        ray.shutdown()
 
 
 def archive_previous(results_dir: Path) -> Path | None:
@@ -427,6 +459,10 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     hide_wandb_key()
     _start_ray(spec, address, verbose)
     signals.install()  # after ray.init, which replaces the SIGTERM handler
+    enforce(check_cluster(spec, [n["Resources"] for n in ray.nodes() if n.get("Alive")],
+                          "the Ray cluster" if address else "the local Ray", fit=address is None,
+                          trial_bytes=max_trial_memory(spec, plan)),
+            console.progress)
     results_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         prev = archive_previous(results_dir)
@@ -456,8 +492,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                                  plan.trial(spec, c.point) for c in
                                  candidates_from_plan(spec, plan))) if law else None),
         # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
-        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
+        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus, **custom_resources(spec)}
+        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20,  # a token bundle
+                                           **custom_resources(spec)},
     )
     tuner = _tuner(spec, plan, trainable, results_dir,
                    _callbacks(spec, plan, results_dir, health),

@@ -13,7 +13,7 @@ import os
 import sys
 
 from moe_core.errors import SearchSpaceError, UpcycleError, one_line
-from sweeps import console, signals
+from sweeps import console, preflight, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -33,11 +33,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--results", default=None, help="results root (default: spec's, 'results')")
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="at most this many trials at once")
+    ap.add_argument("--gpu", default=None, metavar="TYPE",
+                    help="cost forecast and memory check for this GPU (h100, h200, a100, l4...)")
+    ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
+                    help="price of one GPU-hour, for the forecast's cost")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
     ap.add_argument("--verbose", action="store_true",
                     help="Ray Tune's status tables and the trials' own log lines")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap.parse_args(argv)
+
+
+def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
+    if address is None:
+        return None
+    from sweeps.driver import cluster_nodes  # imports Ray: only with --address
+
+    return cluster_nodes(address)
 
 
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
@@ -51,8 +63,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
         spec = load_spec(args.spec, args.overrides, results=args.results)
         plan = build_plan(spec)
+        checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
+            spec, plan, gpu=args.gpu, concurrent=args.max_concurrent,
+            nodes=_cluster_nodes(args.address) if args.dry_run else None,
+            local=args.address is None)
         if args.dry_run:
             console.print_plan(spec, plan)
+            console.print_forecast(spec, plan, gpu=args.gpu, price=args.price,
+                                   max_concurrent=args.max_concurrent)
+        preflight.enforce(checks, console.progress)
+        if args.dry_run:
             return 0
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
@@ -61,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         if args.debug:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        cause = getattr(e, "cause", None)  # a Ray task's error (a parent's): not its traceback
+        print(f"error: {one_line(cause if isinstance(cause, UpcycleError) else e)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(RESUME_HINT, file=sys.stderr)

@@ -128,6 +128,10 @@ class Resources:
     gpus: float = 0.0
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
+    trial_driver: float = 0.0
+    """> 0: each trial's driver bundle also asks for this much of the custom resource
+    ``trial_driver`` (only on-demand nodes have it in sweeps/cluster/*.yaml), keeping trial
+    drivers off spot nodes (``sweeps.preflight.custom_resources``); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -767,6 +771,9 @@ def validate(spec: SweepSpec) -> None:
         raise _err(f"resources.cpus={spec.resources.cpus} must be > 0")
     if spec.resources.gpus < 0:
         raise _err(f"resources.gpus={spec.resources.gpus} must be >= 0")
+    if not 0 <= spec.resources.trial_driver < math.inf:
+        raise _err(f"resources.trial_driver={spec.resources.trial_driver} must be >= 0 (e.g. "
+                   "0.01: a share of a node's trial_driver slots; 0 turns it off)")
     try:
         base = spec.base_config
     except ConfigError as e:

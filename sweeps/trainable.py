@@ -33,6 +33,7 @@ from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
 from sweeps import faults
+from sweeps.not_retried import fail_once
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, json_safe, knob_columns
@@ -195,6 +196,7 @@ def _restored_checkpoint(work: Path) -> Path | None:
     return dest
 
 
+@fail_once(static_columns)  # a ConfigError: failed once, in one line, not retried by Tune
 def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
               stables: dict[str, StableRun] | None = None,

@@ -58,7 +58,7 @@ ANALYSIS_GRAPH = {
     "cli": {"data", "decide", "derived", "noise"},
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
-OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "scaling.laws",
+OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", "scaling.laws",
            "scaling.crossing", "scaling.fit"}
 
 

@@ -38,11 +38,22 @@ from moe_core.errors import FitError
 from scaling.crossing import sign_changes
 from scaling.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
 from scaling.laws import Points, get_law
+from sweeps.cost import sustained_tflops
 
 D_RANGE = (1e3, 1e17)
 """Tokens over which D* is searched (000 Eq. 13)."""
 DEFAULT_TFLOPS = 400.0
-"""Sustained TFLOP/s per GPU (000 App. A)."""
+"""000 App. A's sustained TFLOP/s per GPU (no longer the default: see :func:`_rate`)."""
+DEFAULT_GPU = "h100"
+
+
+def _rate(gpu_tflops: float | None, gpu: str) -> tuple[float, str]:
+    """Sustained TFLOP/s of one GPU and where it comes from: the caller's ``--gpu-tflops``, else
+    the throughput table's measured entries for ``gpu`` or its stated MFU assumption
+    (``sweeps.cost.sustained_tflops``, the same table ``--dry-run``'s forecast uses)."""
+    if gpu_tflops is not None:
+        return float(gpu_tflops), "given (--gpu-tflops)"
+    return sustained_tflops(gpu)
 
 
 @dataclass(frozen=True)
@@ -265,7 +276,7 @@ def _optimal(data, upc, D1: float, C2: float) -> dict[str, Any]:
 
 def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = None,
            budget_tokens: float | None = None, budget_flops: float | None = None,
-           gpu_tflops: float = DEFAULT_TFLOPS, price: float | None = None,
+           gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
@@ -281,6 +292,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     D1 = float(d1) if d1 is not None else data.ranges["D1"][1]
     D2 = _budget(data, budget_tokens, budget_flops)
     N2 = data.N2 * (N1 / data.N1)
+    gpu_tflops, tflops_source = _rate(gpu_tflops, gpu)
     items = [(data.laws[0], data.upcycled), (data.laws[1], data.scratch)]
     fits = fit_shared(items, shared=("E",), seed=seed)
     upc, scr = fits[0].params, fits[1].params
@@ -314,7 +326,8 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
                           "icc_given": c.icc_given} for k, c in zip(("upcycled", "scratch"),
                                                                       comps)}},
         "inputs": {"N1": N1, "N2": N2, "D1": D1, "D2": D2, "budget_flops": C2,
-                   "gpu_tflops": gpu_tflops, "price_per_gpu_hour": price},
+                   "gpu_tflops": gpu_tflops, "gpu": gpu, "gpu_tflops_source": tflops_source,
+                   "price_per_gpu_hour": price},
         "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
                  "scratch": {"value": point["L_sc"], "ci": iv("L_sc")}},
         "d_star": {"value": ds.value, "ci": iv("dstar"), **ds.to_dict()},
@@ -378,8 +391,11 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         k = c[name]
         lines.append(f"cost, {name.replace('_', ' ')}: {_g(k['tokens'], '.3g')} tokens, "
                      f"{_g(k['flops'], '.3g')} FLOPs, {_g(k['gpu_hours'], '.3g')} GPU-h at "
-                     f"{i['gpu_tflops']:g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
-                                                        is not None else ""))
+                     f"{i['gpu_tflops']:.4g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
+                                                          is not None else ""))
+    if "gpu_tflops_source" in i:
+        lines.append(f"GPU throughput: {i['gpu_tflops']:.4g} TFLOP/s sustained per "
+                     f"{i.get('gpu', 'GPU')}, {i['gpu_tflops_source']}")
     lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
                                      "within the data)"))
     return lines

@@ -51,8 +51,10 @@ def test_decision_on_csv_holds_the_truth_and_is_valid_json(tmp_path, capsys):
     # at D1 = D2 = 2e9 < D* (≈ 3e9) upcycling is ahead under the truth
     assert r["p_upcycle_wins"] > 0.5
     assert r["loss"]["upcycled"]["value"] < r["loss"]["scratch"]["value"]
+    # no --gpu-tflops: the H100's stated assumption (no H100 entry in the table is measured)
+    assert r["inputs"]["gpu_tflops_source"].startswith("assumed: 35% MFU of the NVIDIA H100")
     assert r["cost"]["upcycled"]["gpu_hours"] == pytest.approx(
-        6 * 1.75e9 * 2e9 / 400e12 / 3600)
+        6 * 1.75e9 * 2e9 / (0.35 * 989e12) / 3600)
     assert r["cost"]["upcycled"]["cost"] == pytest.approx(r["cost"]["upcycled"]["gpu_hours"] * 2.5)
     assert r["compute_optimal"]["available"] is False  # one dense size
     assert r["extrapolated"] == []
@@ -60,6 +62,7 @@ def test_decision_on_csv_holds_the_truth_and_is_valid_json(tmp_path, capsys):
     assert decide_main([str(f), "--bootstrap", "20", "--budget-flops", "1e21"]) == 0
     out = capsys.readouterr().out
     assert "Should I upcycle?" in out and "D2 = " in out and "outside the data" in out
+    assert "GPU throughput: 346.1 TFLOP/s sustained per h100, assumed: 35% MFU" in out
 
 
 def test_no_crossing_is_an_answer(tmp_path):

@@ -1,0 +1,260 @@
+"""The cost forecast of ``--dry-run``: GPU-hours, wall time and money, from a throughput table.
+
+``sweeps/throughput.json`` (shipped in the package) holds one entry per preset × MoE shape ×
+device: tokens/s, peak memory and, for a measured entry, where and when it was measured
+(``bench/update_throughput.py`` writes them from ``bench/gpu_session.sh``'s JSON; nobody edits
+measured figures by hand). A trial's throughput is, in this order of preference:
+
+1. ``measured``: the entry of its own preset × MoE shape on the device;
+2. ``scaled``: the FLOP/s another measured entry on the same device sustained, divided by this
+   trial's FLOPs per token;
+3. ``assumed``: ``ASSUMED_MFU`` of the device's bf16 dense peak (``DEVICES``).
+
+FLOPs per token count the whole step (PaLM, App. B, as ``bench/train_step.py`` does):
+6·N_active + 6·V·d (LM head) + 12·L·d·S (attention scores). Every figure says which it used.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_core.config import ModelConfig
+from moe_core.errors import ConfigError
+from moe_core.params import count_params
+
+TABLE = Path(__file__).with_name("throughput.json")
+ASSUMED_MFU = 0.35
+"""Model FLOPs utilisation assumed where no entry on the device was measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    bf16_tflops: float | None
+    """Dense bf16 peak per accelerator (vendor datasheets, no sparsity); None: a CPU."""
+    memory_gb: float | None
+
+
+DEVICES: dict[str, Device] = {
+    "h100": Device("NVIDIA H100 SXM", 989.0, 80.0),
+    "h200": Device("NVIDIA H200 SXM", 989.0, 141.0),
+    "b200": Device("NVIDIA B200", 2250.0, 180.0),
+    "a100": Device("NVIDIA A100 SXM 80GB", 312.0, 80.0),
+    "a10g": Device("NVIDIA A10G", 70.0, 24.0),
+    "l4": Device("NVIDIA L4", 121.0, 24.0),
+    "cpu": Device("CPU", None, None),
+}
+
+
+def moe_shape(moe: Any) -> str:
+    """``dense``, or ``E{experts}top{K}`` (+ ``s{shared}`` with shared experts): the table's
+    MoE-shape key."""
+    if moe is None:
+        return "dense"
+    shared = getattr(moe, "num_shared_experts", 0) or 0
+    return f"E{moe.num_experts}top{moe.top_k}" + (f"s{shared}" if shared else "")
+
+
+def flops_per_token(cfg: ModelConfig, seq: int) -> float:
+    """Training FLOPs per token (PaLM App. B): 6·N_active + 6·V·d + 12·L·d·S."""
+    n_act = count_params(cfg).non_embedding_active
+    return 6.0 * n_act + 6.0 * cfg.vocab_size * cfg.d_model + 12.0 * cfg.n_layer * cfg.d_model * seq
+
+
+def load_table(path: str | Path = TABLE) -> list[dict[str, Any]]:
+    """The throughput entries; a malformed file is one ``ConfigError`` naming it."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"throughput table {path}: {e}") from None
+    entries = raw.get("entries") if isinstance(raw, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigError(f"throughput table {path} must be {{\"entries\": [...]}}")
+    need = ("preset", "moe", "device", "tokens_per_s")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or any(k not in e for k in need):
+            raise ConfigError(f"throughput table {path}: entries[{i}] needs {', '.join(need)}")
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A trial's throughput on a device and where it comes from."""
+
+    tokens_per_s: float
+    source: str
+    """measured | scaled | assumed"""
+    note: str
+    peak_mem_gb: float | None = None
+
+
+def _achieved(e: Mapping[str, Any]) -> float | None:
+    f = e.get("flops_per_token")
+    return float(e["tokens_per_s"]) * float(f) if f else None
+
+
+def rate(table: Iterable[Mapping[str, Any]], device: str, preset: str, shape: str,
+         fpt: float) -> Rate:
+    """Tokens/s of one accelerator (or one CPU trial) for ``preset`` × ``shape`` (see the
+    module docstring for the order of preference)."""
+    dev = [e for e in table if e["device"] == device]
+    for e in dev:  # an entry with measured: null is a placeholder (assumed until measured)
+        if e["preset"] == preset and e["moe"] == shape and e.get("measured"):
+            m = e["measured"]
+            return Rate(float(e["tokens_per_s"]), "measured",
+                        f"measured on {m.get('where', '?')} ({m.get('when', '?')})",
+                        e.get("peak_mem_gb"))
+    measured = [e for e in dev if e.get("measured") and _achieved(e)]
+    if measured:
+        # the nearest measured entry by FLOPs per token sustains the most similar FLOP/s
+        e = min(measured, key=lambda x: abs(math.log(float(x["flops_per_token"]) / fpt)))
+        fps = _achieved(e)
+        return Rate(fps / fpt, "scaled",
+                    f"scaled from {e['preset']} {e['moe']} measured on "
+                    f"{e['measured'].get('where', '?')} ({fps / 1e12:.3g} TFLOP/s sustained)")
+    d = DEVICES.get(device)
+    if d is None or d.bf16_tflops is None:
+        raise ConfigError(f"--gpu {device}: no measured throughput and no known peak; use one "
+                          f"of {', '.join(k for k, v in DEVICES.items() if v.bf16_tflops)}, or "
+                          "measure it (bench/update_throughput.py)")
+    return Rate(ASSUMED_MFU * d.bf16_tflops * 1e12 / fpt, "assumed",
+                f"assumed {ASSUMED_MFU:.0%} MFU of the {d.name}'s {d.bf16_tflops:g} TFLOP/s "
+                "bf16 peak")
+
+
+def sustained_tflops(device: str, table: Iterable[Mapping[str, Any]] | None = None
+                     ) -> tuple[float, str]:
+    """One accelerator's sustained TFLOP/s (``analysis.decide``'s GPU-hours) and its source:
+    the best FLOP/s a measured entry on ``device`` reached, else ``ASSUMED_MFU`` of its peak."""
+    table = load_table() if table is None else table
+    measured = [e for e in table if e["device"] == device and e.get("measured") and
+                _achieved(e)]
+    if measured:
+        e = max(measured, key=_achieved)
+        return _achieved(e) / 1e12, (f"measured: {e['preset']} {e['moe']} on "
+                                     f"{e['measured'].get('where', '?')}")
+    d = DEVICES.get(device)
+    if d is None or d.bf16_tflops is None:
+        raise ConfigError(f"--gpu {device}: not a known GPU; use one of "
+                          f"{', '.join(k for k, v in DEVICES.items() if v.bf16_tflops)}")
+    return ASSUMED_MFU * d.bf16_tflops, (f"assumed: {ASSUMED_MFU:.0%} MFU of the {d.name}'s "
+                                         f"{d.bf16_tflops:g} TFLOP/s bf16 peak")
+
+
+def makespan(durations: Iterable[float], slots: int) -> float:
+    """Wall time of jobs on ``slots`` parallel slots, longest first onto the least loaded slot
+    (Graham's LPT list schedule)."""
+    loads = [0.0] * max(1, slots)
+    for d in sorted(durations, reverse=True):
+        heapq.heapreplace(loads, loads[0] + d)
+    return max(loads)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One thing the sweep trains: a trial, a parent or a WSD stable run."""
+
+    kind: str
+    tokens: int
+    cfg: ModelConfig
+    preset: str
+    seq: int
+    accelerators: float
+    """GPUs (or CPU trials: 1) it holds while it trains."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    device: str
+    gpu_hours: float
+    wall_h: float
+    concurrency: int
+    price: float | None
+    sources: dict[str, int]
+    notes: tuple[str, ...]
+    peak_mem_gb: float | None
+
+    @property
+    def cost(self) -> float | None:
+        return None if self.price is None else self.gpu_hours * self.price
+
+    def lines(self) -> list[str]:
+        unit = "CPU-trial-hours" if self.device == "cpu" else f"{self.device.upper()} GPU-hours"
+        cost = "" if self.cost is None else f"   cost ${self.cost:,.2f} at ${self.price:g}/h"
+        src = ", ".join(f"{n} {k}" for k, n in sorted(self.sources.items()))
+        return [f"cost forecast ({self.device}): {self.gpu_hours:,.3g} {unit}   wall "
+                f"{_hours(self.wall_h)} at {self.concurrency} concurrent trials{cost}",
+                f"  throughput per job: {src} (sweeps/throughput.json)",
+                *(f"  {n}" for n in self.notes)]
+
+
+def _hours(h: float) -> str:
+    if h < 1 / 60:
+        return f"{h * 3600:.1f} s"
+    return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
+
+
+def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel: int,
+             price: float | None = None, table: list[Mapping[str, Any]] | None = None
+             ) -> Forecast:
+    """GPU-hours (each job's seconds × the accelerators it holds), wall time (the parents and
+    stable runs first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots,
+    LPT) and cost."""
+    table = load_table() if table is None else table
+    secs: dict[str, list[float]] = {"trial": [], "pre": []}
+    sources: dict[str, int] = {}
+    notes: dict[str, None] = {}
+    gpu_s, peak = 0.0, None
+    for j in jobs:
+        r = rate(table, device, j.preset, moe_shape(j.cfg.moe), flops_per_token(j.cfg, j.seq))
+        s = j.tokens / (r.tokens_per_s * max(1.0, j.accelerators))  # ranks scale linearly
+        secs["trial" if j.kind == "trial" else "pre"].append(s)
+        gpu_s += s * max(1.0, j.accelerators)
+        sources[r.source] = sources.get(r.source, 0) + 1
+        notes[f"{j.preset} {moe_shape(j.cfg.moe)}: {r.note}"] = None
+        if r.peak_mem_gb is not None:
+            peak = max(peak or 0.0, float(r.peak_mem_gb))
+    wall = makespan(secs["pre"], parents_parallel) + makespan(secs["trial"], concurrency)
+    return Forecast(device, gpu_s / 3600, wall / 3600, concurrency, price, sources,
+                    tuple(notes), peak)
+
+
+def _preset(cfg: Any) -> str:
+    """The table's preset key of a config: its ``model.preset``, or ``hf:<folder name>`` for a
+    ``parent.from_pretrained`` model (never measured: scaled or assumed)."""
+    if cfg.parent is not None and cfg.parent.from_pretrained is not None:
+        return f"hf:{Path(cfg.parent.from_pretrained).name}"
+    return cfg.model.preset
+
+
+def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
+    """What the plan trains: every trial (a WSD branch only its decay: its stable phase is the
+    group's stable run), each trained parent once, each stable run once (per sample). A GPU
+    job holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a CPU job
+    counts as one trial slot."""
+    r = spec.resources
+    acc = 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
+    jobs = []
+    for t in plan.trials:
+        tps = t.config.tokens_per_step
+        own = t.tokens - (t.decay_start * tps if plan.branch_of(t) is not None else 0)
+        cfg = t.config.model_config()
+        jobs += [Job("trial", own, cfg, _preset(t.config), t.config.seq_len, acc)
+                 ] * plan.num_samples
+    for g in plan.branch_groups.values():
+        t = g.representative
+        jobs += [Job("stable", max(g.starts.values()) * t.config.tokens_per_step,
+                     t.config.model_config(), _preset(t.config), t.config.seq_len, acc)
+                 ] * plan.num_samples
+    for p in plan.parents.values():
+        if p.child.parent.from_pretrained is not None:
+            continue  # loaded, not trained
+        pc = p.child.parent_run()
+        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, acc))
+    return jobs

@@ -1,0 +1,73 @@
+"""Deterministic configuration errors inside a trial fail it once, in one line, without retries.
+
+Tune retries every exception a trainable raises (``FailureConfig(max_failures)``), and Ray 2.60
+has no per-exception opt-out. A ``ConfigError`` (a missing data file, a tokenizer that does not
+fit, a checkpoint that does not match its config: every retry would fail the same way, after
+the same minutes) is therefore caught here and becomes the trial's last row, ``status="failed"``
+with the error's one line as ``reason``; the trial then ends without raising, so Tune neither
+retries it nor prints a traceback, and the driver prints that line (``sweeps.driver``) and
+counts the trial as failed (the sweep exits 1). Anything else (a node lost, out of memory) is
+raised as before and retried.
+
+Multi-rank trials: an error raised on a Ray Train worker reaches the trial as Ray Train's own
+error after its own retries; only errors raised before the workers start are caught here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from moe_core.errors import ConfigError, one_line
+from sweeps.results import json_safe
+
+DETERMINISTIC = (ConfigError,)
+"""Exception types a retry cannot fix."""
+
+
+def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any]],
+               error: BaseException) -> dict[str, Any]:
+    """The trial's final row: its last reported row (or ``fallback()``'s static columns) marked
+    failed with the error's one line."""
+    row = dict(last) if last else {"step": 0, "tokens": 0}
+    if not last:
+        try:
+            row.update(fallback())
+        except Exception:  # noqa: BLE001 - the row must go out even if the config cannot load
+            pass
+    row.update(status="failed", reason=f"not retried: {type(error).__name__}: "
+               f"{one_line(error, 400)}", val_loss=None, train_loss=None)
+    return row
+
+
+def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[..., None]]:
+    """Decorate a Tune function trainable ``fn(config, *, report, spec, plan, ...)``: a
+    ``DETERMINISTIC`` error becomes a final failed row sent through ``report`` (default
+    ``tune.report``) instead of an exception Tune would retry. ``static(spec, trial_plan,
+    parent, trial_id)`` gives the row's columns when the trial reported nothing yet."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def wrapper(config: dict[str, Any], **kw: Any) -> None:
+            from ray import tune
+
+            report = kw.get("report") or tune.report
+            last: dict[str, Any] = {}
+
+            def recording(row: dict[str, Any], checkpoint: Any = None) -> None:
+                report(row, checkpoint=checkpoint)
+                last.clear()
+                last.update(row)
+
+            try:
+                fn(config, **{**kw, "report": recording})
+            except DETERMINISTIC as e:
+                spec, plan = kw["spec"], kw["plan"]
+                row = failed_row(last, lambda: static(spec, plan.trial(spec, config), None,
+                                                      tune.get_context().get_trial_id()), e)
+                report(json_safe(row), checkpoint=None)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,380 @@
+"""Checks run by ``--dry-run`` and before every launch: mistakes that would otherwise surface only
+inside trials (after minutes, on GPU nodes started for nothing).
+
+Each failure is one line naming the spec's YAML key and the fix (:class:`Problem`):
+
+- files: ``data.path`` (tokens: a file or a folder with train.bin/val.bin; text: .txt files),
+  ``data.tokenizer``, ``parent.from_pretrained`` (config.json and its safetensors),
+  ``scheduler.calibration``, and that the results folder can be written;
+- vocabulary: the tokenizer's ids fit the model's embedding (a checkpoint's vocabulary);
+- architecture: a checkpoint's weight files hold what its config.json (so the spec) implies;
+- capacity: the disk estimate against the free space under ``results``, the per-trial memory
+  estimate against the host's memory (CPU trials) or the accelerator's (``--gpu``);
+- cluster (at launch, or ``--dry-run --address``): the custom resources a trial asks for exist
+  on some node with room for the trial.
+
+No Ray, no torch work here: it reads file headers only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+
+from moe_core.data.config import _hf_vocab_size
+from moe_core.errors import ConfigError, SearchSpaceError, one_line
+from moe_core.hf.load import weight_files
+from moe_core.params import count_params
+from sweeps.console import human_bytes
+from sweeps.cost import DEVICES
+from sweeps.plan import SweepPlan, _bf16, disk_estimate
+from sweeps.spec import SweepSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    key: str
+    """The spec's YAML key (``base.data.path``, ``search.data.path``, ``resources.gpus``)."""
+    message: str
+    fatal: bool = True
+
+    def line(self) -> str:
+        return f"{'error' if self.fatal else 'warning'}: {self.key}: {one_line(self.message)}"
+
+
+def spec_key(spec: SweepSpec, key: str) -> str:
+    """Where a config key is set in the spec: ``search.<key>`` when it is searched."""
+    return f"search.{key}" if any(p.key == key for p in spec.search) else f"base.{key}"
+
+
+def _configs(plan: SweepPlan) -> list[Any]:
+    """Every distinct trial config of the plan (the parents' share the trials' data)."""
+    seen, out = set(), []
+    for t in plan.trials:
+        k = json.dumps(t.config.to_dict(), sort_keys=True, default=str)
+        if k not in seen:
+            seen.add(k)
+            out.append(t.config)
+    return out
+
+
+def _readable(p: Path) -> str | None:
+    """Why ``p`` cannot be read, or None."""
+    if not p.exists():
+        return "does not exist"
+    if not os.access(p, os.R_OK) or (p.is_dir() and not os.access(p, os.X_OK)):
+        return "is not readable (check its permissions)"
+    return None
+
+
+def check_data(spec: SweepSpec, cfg: Any) -> list[Problem]:
+    d, out = cfg.data, []
+    if d.source in ("tokens", "text"):
+        k, p = spec_key(spec, "data.path"), Path(d.path)
+        why = _readable(p)
+        if why:
+            want = ("token file (.bin) or a folder with train.bin and val.bin"
+                    if d.source == "tokens" else ".txt file or folder")
+            return [Problem(k, f"{d.path} {why}; give the {want} (a relative path is read from "
+                            "where sweeps.run starts)")]
+        if d.source == "tokens" and p.is_dir():
+            for f in ("train.bin", "val.bin"):
+                why = _readable(p / f)
+                if why:
+                    out.append(Problem(k, f"{p / f} {why}; a token folder holds train.bin and "
+                                       "val.bin (or give one .bin file)"))
+        if d.source == "text" and p.is_dir() and not any(p.rglob("*.txt")):
+            out.append(Problem(k, f"{p} has no .txt files; give a .txt file or a folder of them"))
+    if d.hf_tokenizer:
+        why = _readable(d.tokenizer_file)
+        if why:
+            out.append(Problem(spec_key(spec, "data.tokenizer"), f"{d.tokenizer_file} {why}; "
+                               "give bytes, bpe or a folder holding tokenizer.json"))
+    return out
+
+
+MAX_SCAN = 1 << 31
+"""Token files up to this many bytes are scanned for their largest id (vocabulary check)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _st_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape from the safetensors headers (no tensor data read)."""
+    shapes = {}
+    for f in weight_files(folder):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():  # noqa: SIM118 - safe_open has keys(), not __iter__
+                shapes[k] = tuple(h.get_slice(k).get_shape())
+    return shapes
+
+
+def check_pretrained(spec: SweepSpec, cfg: Any) -> list[Problem]:
+    """The checkpoint's weight files against its config.json (embedding, layers, head) and its
+    vocabulary against the tokenizer's."""
+    src = cfg.parent.from_pretrained
+    k = spec_key(spec, "parent.from_pretrained")
+    try:
+        model = cfg.model_config()
+        shapes = _st_shapes(Path(src))
+    except (ConfigError, OSError) as e:
+        return [Problem(k, f"{src}: {e}")]
+    except Exception as e:  # noqa: BLE001 - a corrupt safetensors header, in one line
+        return [Problem(k, f"{src}: its safetensors cannot be read ({type(e).__name__}: {e})")]
+    out = []
+    emb = shapes.get("model.embed_tokens.weight")
+    want = (model.vocab_size, model.d_model)
+    if emb != want:
+        out.append(Problem(k, f"{src}: model.embed_tokens.weight is {emb} but config.json "
+                           f"implies {want}; the weight files do not match config.json"))
+    layers = {int(n.split(".")[2]) for n in shapes if n.startswith("model.layers.")}
+    if layers != set(range(model.n_layer)):
+        out.append(Problem(k, f"{src}: the weight files hold {len(layers)} layers, config.json "
+                           f"says num_hidden_layers={model.n_layer}"))
+    if not model.tie_embeddings and "lm_head.weight" not in shapes:
+        out.append(Problem(k, f"{src}: no lm_head.weight and tie_word_embeddings is false"))
+    out += check_vocab(spec, cfg, model.vocab_size, Path(src))
+    return out
+
+
+def _data_vocab(d: Any) -> tuple[int | None, str]:
+    """(the largest token id + 1 the data can hold, what sets it)."""
+    if d.source == "tokens":
+        if d.token_vocab_size:
+            return d.token_vocab_size, f"data.token_vocab_size={d.token_vocab_size}"
+        p = Path(d.path)
+        files = [p / "train.bin", p / "val.bin"] if p.is_dir() else [p]
+        if not all(f.is_file() for f in files) or sum(f.stat().st_size for f in files) > MAX_SCAN:
+            return None, ""  # too large to scan here: the trial finds max + 1 itself
+        try:
+            top = max(int(np.memmap(f, dtype=d.dtype, mode="r").max(initial=0)) for f in files)
+        except (ValueError, OSError):  # an empty or odd-sized file: the trial says why
+            return None, ""
+        return top + 1, f"the largest token id in data.path ({top})"
+    if d.source == "synthetic":
+        return d.synthetic_vocab, f"data.synthetic_vocab={d.synthetic_vocab}"
+    if d.hf_tokenizer:
+        return _hf_vocab_size(str(d.tokenizer_file)), f"data.tokenizer={d.tokenizer}"
+    if d.tokenizer == "bytes":
+        return 256, "data.tokenizer=bytes (256 ids)"
+    return d.bpe_vocab_size, f"data.bpe_vocab_size={d.bpe_vocab_size}"
+
+
+def check_vocab(spec: SweepSpec, cfg: Any, model_vocab: int, ckpt: Path) -> list[Problem]:
+    """The tokenizer's ids must index the checkpoint's embedding; a checkpoint that ships its own
+    tokenizer and a spec that tokenizes otherwise is flagged (its ids would mean other
+    tokens)."""
+    n, what = _data_vocab(cfg.data)
+    key = spec_key(spec, "data.tokenizer")
+    if n is not None and n > model_vocab:
+        return [Problem(key, f"{what} gives {n:,} token ids but the parent.from_pretrained "
+                        f"checkpoint's embedding has {model_vocab:,} rows; use the checkpoint's "
+                        f"tokenizer (data.tokenizer: {ckpt})")]
+    own = ckpt / "tokenizer.json"
+    mine = cfg.data.tokenizer_file.resolve() if cfg.data.hf_tokenizer else None
+    if own.is_file() and cfg.data.source in ("text", "stdlib") and mine != own.resolve():
+        return [Problem(key, f"{what} differs from the tokenizer {ckpt} ships "
+                        f"(tokenizer.json): the checkpoint's embedding rows mean its own "
+                        f"tokens; set data.tokenizer: {ckpt} unless this is intended",
+                        fatal=False)]
+    return []
+
+
+def check_calibration(spec: SweepSpec) -> list[Problem]:
+    c = spec.asha.calibration
+    if not (spec.scheduler == "asha" and spec.asha.rung_metric and c):
+        return []
+    p = Path(c)
+    why = _readable(p)
+    if why is None and p.is_dir() and not (p / "results.parquet").is_file():
+        why = "holds no results.parquet"
+    return [Problem("scheduler.calibration", f"{c} {why}; give the results.parquet (or the "
+                    "sweep folder) of finished WSD runs")] if why else []
+
+
+def _existing_parent(p: Path) -> Path:
+    p = p.resolve()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def check_results_dir(spec: SweepSpec) -> list[Problem]:
+    """The results folder and a shared parent cache (``storage.parent_cache``) can be written."""
+    out = []
+    for key, path, fix in (("results", spec.results_dir, "--results DIR"),
+                           ("storage.parent_cache", spec.storage.parent_cache, "another folder")):
+        if path is None:
+            continue
+        root = _existing_parent(Path(path))
+        if not os.access(root, os.W_OK | os.X_OK):
+            out.append(Problem(key, f"{root} is not writable; give a folder you can write "
+                               f"({fix})"))
+    return out
+
+
+def trial_memory_bytes(cfg: Any, gpus: float) -> int:
+    """A rough peak of one trial: parameters × (weights + gradients + two fp32 Adam moments
+    [+ fp32 master in bf16]) + activations. Activations per layer follow Korthikanti et al.
+    (2022, Eq. 2): s·b·h·(34 + 5·a·s/h) bytes in 16-bit (× 2 in fp32), for the micro-batch b;
+    an MoE layer's MLP activations (19 of the 34) grow with top-K."""
+    m = cfg.model_config()
+    n = count_params(m).total
+    bf16 = _bf16(cfg, gpus)
+    per_param = (2 + 2 + 4 + 8) if bf16 else (4 + 4 + 8)
+    s, b, h, a = cfg.seq_len, cfg.batch.micro_batch, m.d_model, m.n_head
+    k = m.moe.top_k if m.moe is not None else 1
+    act = s * b * h * (15 + 19 * k + 5 * a * s / h) * m.n_layer * (1 if bf16 else 2)
+    return int(n * per_param + act + 2 * s * b * m.vocab_size * 4)  # + fp32 logits and grads
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
+                   concurrent: int | None = None, free_disk: int | None = None,
+                   host_memory: int | None = None) -> list[Problem]:
+    """Disk (checkpoints while running + kept + parents + stable runs) against the free space
+    under ``results``; one trial's memory against the accelerator's (``gpu``, or CUDA here)
+    or, for CPU trials, ``concurrent`` trials against the host's memory."""
+    out = []
+    d = disk_estimate(spec, plan)
+    need = d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
+    if free_disk is None:
+        free_disk = shutil.disk_usage(_existing_parent(spec.results_dir)).free
+    if need > free_disk:
+        out.append(Problem("results", f"the sweep needs about {human_bytes(need)} of disk "
+                           f"(checkpoints, parents, stable runs) but "
+                           f"{_existing_parent(spec.results_dir)} has {human_bytes(free_disk)} "
+                           "free; point results at larger storage, lower checkpoint.keep or "
+                           "max_concurrent"))
+    mem = max_trial_memory(spec, plan)
+    if spec.resources.gpus > 0 or gpu:
+        dev = DEVICES.get(gpu or "")
+        cap = dev.memory_gb * 1e9 if dev and dev.memory_gb else None
+        if cap is None:
+            return out
+        share = spec.resources.gpus if 0 < spec.resources.gpus < 1 else 1.0
+        if spec.resources.ranks > 1 and any(c.moe is not None for c in _configs(plan)):
+            mem = mem // spec.resources.ranks  # experts and ZeRO state spread over the ranks
+        if mem > cap * share:
+            out.append(Problem("resources.gpus", f"one trial needs about {human_bytes(mem)} "
+                               f"(estimate) but a {dev.name} share of {share:g} has "
+                               f"{human_bytes(cap * share)}; lower batch.micro_batch, use more "
+                               "resources.ranks or a larger GPU"))
+        return out
+    host = host_memory if host_memory is not None else host_memory_bytes()
+    n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
+    if host and mem * n > host:
+        out.append(Problem("max_concurrent", f"{n} concurrent CPU trials need about "
+                           f"{human_bytes(mem * n)} (estimate, {human_bytes(mem)} each) but "
+                           f"this machine has {human_bytes(host)}; set max_concurrent: "
+                           f"{max(1, int(host // max(mem, 1)))} or less"))
+    return out
+
+
+def custom_resources(spec: SweepSpec) -> dict[str, float]:
+    """Custom resources each Tune trial's bundle (its driver) asks for:
+    ``resources.trial_driver`` adds the resource of that name (on the cluster configs, only
+    on-demand nodes have it)."""
+    t = spec.resources.trial_driver
+    return {"trial_driver": float(t)} if t else {}
+
+
+def trial_bundle(spec: SweepSpec) -> dict[str, float]:
+    """The resources each Tune trial (its driver) asks Ray for (``sweeps.driver``'s bundle)."""
+    r = spec.resources
+    b = {"CPU": r.cpus, "GPU": r.gpus} if r.ranks == 1 else {"CPU": 0.0}
+    return {**b, **custom_resources(spec)}
+
+
+def max_trial_memory(spec: SweepSpec, plan: SweepPlan) -> int:
+    """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`)."""
+    return max((trial_memory_bytes(c, spec.resources.gpus) for c in _configs(plan)), default=0)
+
+
+def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
+                  where: str = "the Ray cluster", fit: bool = True,
+                  trial_bytes: int | None = None) -> list[Problem]:
+    """Each custom resource a trial asks for exists on some node, (``trial_bytes``, CPU trials)
+    some node's memory holds one trial, and (``fit``: a fixed set of nodes, not an autoscaling
+    cluster that may add larger ones) some node can hold a whole trial bundle (``nodes``: each
+    alive node's total resources, as ``ray.nodes()`` reports)."""
+    nodes = [dict(n) for n in nodes]
+    bundle = {k: v for k, v in trial_bundle(spec).items() if v}
+    out = []
+    biggest = max((n.get("memory", 0) for n in nodes), default=0)
+    if trial_bytes and spec.resources.gpus == 0 and biggest and trial_bytes > biggest:
+        out.append(Problem("resources", f"one CPU trial needs about {human_bytes(trial_bytes)} "
+                           f"(estimate) but the largest node of {where} has "
+                           f"{human_bytes(biggest)} of memory for Ray; lower "
+                           "batch.micro_batch or use larger nodes"))
+    for k, v in bundle.items():
+        if k in ("CPU", "GPU"):
+            continue
+        if not any(n.get(k, 0) >= v for n in nodes):
+            out.append(Problem(f"resources.{k}", f"trials ask for the custom resource {k}={v:g}"
+                               f" but no node of {where} has it; start its on-demand nodes with "
+                               f"--resources='{{\"{k}\": 8}}' (sweeps/cluster/*.yaml do), or "
+                               f"drop resources.{k}"))
+    if out or not fit:
+        return out
+    if not any(all(n.get(k, 0) >= v for k, v in bundle.items()) for n in nodes):
+        have = "; ".join(", ".join(f"{k}={n.get(k, 0):g}" for k in bundle) for n in nodes)
+        out.append(Problem("resources", f"no node of {where} can hold one trial ("
+                           f"{', '.join(f'{k}={v:g}' for k, v in bundle.items())}); nodes have "
+                           f"{have}; lower resources.cpus / gpus or add a larger node"))
+    return out
+
+
+def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
+               concurrent: int | None = None, nodes: list[Mapping[str, float]] | None = None,
+               local: bool = True) -> list[Problem]:
+    """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``local``: the
+    sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
+    no custom resources; neither: a launch on a cluster, checked once connected
+    (``sweeps.driver``)."""
+    out = check_results_dir(spec) + check_calibration(spec)
+    seen: set[tuple[str, str]] = set()
+    for cfg in _configs(plan):
+        for p in check_data(spec, cfg):
+            if (p.key, p.message) not in seen:
+                seen.add((p.key, p.message))
+                out.append(p)
+        if cfg.parent is not None and cfg.parent.from_pretrained is not None:
+            for p in check_pretrained(spec, cfg):
+                if (p.key, p.message) not in seen:
+                    seen.add((p.key, p.message))
+                    out.append(p)
+    if not any(p.fatal for p in out):  # sizes only mean something once the files are there
+        out += check_capacity(spec, plan, gpu=gpu, concurrent=concurrent,
+                              host_memory=None if local else 0)
+    if nodes is not None:
+        out += check_cluster(spec, nodes, fit=False, trial_bytes=max_trial_memory(spec, plan))
+    elif local and spec.resources.trial_driver:
+        out += check_cluster(spec, [{"CPU": os.cpu_count() or 1}], "this machine (no --address)")
+    return out
+
+
+def enforce(problems: list[Problem], emit: Any) -> None:
+    """One line per problem: warnings and all fatal problems but the last through ``emit``; the
+    last fatal one is raised (the command line prints it as its ``error:`` line)."""
+    fatal = [p for p in problems if p.fatal]
+    for p in problems:
+        if not fatal or p is not fatal[-1]:
+            emit(p.line())
+    if fatal:
+        raise SearchSpaceError(f"{fatal[-1].key}: {fatal[-1].message}")
+

@@ -1,0 +1,58 @@
+"""A deterministic configuration error inside a trial fails it once, in one line, no retries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from moe_core.errors import ConfigError
+from sweeps.not_retried import failed_row
+from tests.sweeps.tiny import tiny_base
+
+
+def test_failed_row_keeps_the_last_row_and_says_why():
+    last = {"trial_id": "t", "step": 4, "val_loss": 2.0, "status": "running"}
+    row = failed_row(last, lambda: {"never": 1}, ConfigError("data.path=x does not\nexist"))
+    assert row["step"] == 4 and row["status"] == "failed" and row["val_loss"] is None
+    assert row["reason"] == "not retried: ConfigError: data.path=x does not exist"
+    row = failed_row(None, lambda: {"trial_id": "t"}, ConfigError("bad"))
+    assert row["trial_id"] == "t" and row["step"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_config_error_in_a_trial_is_not_retried(tmp_path):
+    # a token folder preflight accepts (both files there) whose val.bin is shorter than one
+    # sequence: every trial raises ConfigError at its first eval, however often it is retried
+    d = tmp_path / "toks"
+    d.mkdir()
+    np.arange(4000, dtype=np.uint16).__mod__(32).astype(np.uint16).tofile(d / "train.bin")
+    np.arange(10, dtype=np.uint16).tofile(d / "val.bin")
+    spec = {"sweep": "cfgerr", "results": str(tmp_path / "r"),
+            "base": tiny_base(data={"source": "tokens", "path": str(d), "seq_len": 32,
+                                    "token_vocab_size": 32}),
+            "search": {"optim.lr": {"grid": [1e-3]}}, "failure": {"max_failures": 3},
+            "logging": {"wandb": {"enabled": False}}}
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    env = dict(os.environ, UPCYCLE_CACHE=str(tmp_path / "cache"))
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f), "--json"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    failed = [x for x in out.stderr.splitlines() if "failed: not retried" in x]
+    assert len(failed) == 1 and "validation split has 10 tokens" in failed[0], out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["failed"] == 1 and summary["errors"] == 0 and summary["complete"]
+    rows = pq.read_table(tmp_path / "r" / "cfgerr" / "results.parquet").to_pylist()
+    assert {r["status"] for r in rows} == {"failed"}
+    # Tune saw no exception at all: no error file, so nothing was retried
+    assert not list((tmp_path / "r" / "cfgerr" / "tune").rglob("error.txt"))

@@ -1,0 +1,177 @@
+"""sweeps.preflight: what --dry-run (and every launch) refuses before any work, one line each."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from sweeps import preflight
+from sweeps.plan import build_plan
+from sweeps.run import main
+from sweeps.spec import parse_spec
+from tests.sweeps.tiny import tiny_base
+
+
+def _spec(tmp_path, base=None, **top):
+    raw = {"sweep": "pf", "base": base or tiny_base(), "results": str(tmp_path / "r"),
+           "search": {"optim.lr": {"grid": [1e-3, 3e-3]}},
+           "logging": {"wandb": {"enabled": False}}, **top}
+    return parse_spec(raw)
+
+
+def _cli(tmp_path, capsys, spec: dict, *args: str) -> tuple[int, list[str], str]:
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump({"sweep": "pf", "results": str(tmp_path / "r"),
+                                 "logging": {"wandb": {"enabled": False}}, **spec}))
+    rc = main([str(f), "--dry-run", *args])
+    cap = capsys.readouterr()
+    return rc, [x for x in cap.err.splitlines() if x.strip()], cap.out
+
+
+def test_missing_data_path_is_refused_by_dry_run_in_one_line(tmp_path, capsys):
+    base = tiny_base(data={"source": "tokens", "path": str(tmp_path / "typo.bin"),
+                           "seq_len": 32})
+    rc, err, _ = _cli(tmp_path, capsys, {"base": base,
+                                         "search": {"optim.lr": {"grid": [1e-3]}}})
+    assert rc == 2
+    assert len(err) == 1, err
+    assert err[0].startswith("error: base.data.path: ") and "typo.bin does not exist" in err[0]
+
+
+def test_searched_data_path_names_the_search_key(tmp_path):
+    good = tmp_path / "ok.bin"
+    good.write_bytes(b"\0" * 4000)
+    base = tiny_base(data={"source": "tokens", "path": str(good), "seq_len": 32})
+    spec = _spec(tmp_path, base, search={"data.path": {"grid": [str(good),
+                                                                str(tmp_path / "no.bin")]}})
+    probs = preflight.run_checks(spec, build_plan(spec))
+    assert [p.key for p in probs] == ["search.data.path"]
+    assert "no.bin does not exist" in probs[0].message
+
+
+def test_token_folder_needs_train_and_val(tmp_path):
+    d = tmp_path / "toks"
+    d.mkdir()
+    (d / "train.bin").write_bytes(b"\0" * 4000)
+    spec = _spec(tmp_path, tiny_base(data={"source": "tokens", "path": str(d), "seq_len": 32}))
+    probs = preflight.run_checks(spec, build_plan(spec))
+    assert len(probs) == 1 and "val.bin does not exist" in probs[0].message
+
+
+def test_calibration_path_is_checked(tmp_path):
+    spec = _spec(tmp_path, scheduler={"kind": "asha", "rung_metric": "predicted_final",
+                                      "calibration": str(tmp_path / "nowhere")})
+    probs = preflight.check_calibration(spec)
+    assert [p.key for p in probs] == ["scheduler.calibration"]
+
+
+@pytest.mark.slow
+def test_byte_tokenizer_must_fit_the_checkpoint_vocabulary(tmp_path):
+    from tests.hf_util import tiny_dense  # a random Llama with a 97-token vocabulary
+
+    path = tiny_dense("llama", tmp_path / "llama")
+    base = {"moe": {"num_experts": 4, "top_k": 2}, "parent": {"from_pretrained": str(path)},
+            "data": {"source": "stdlib", "tokenizer": "bytes", "seq_len": 16},
+            "batch": {"global_batch": 4, "micro_batch": 4}, "tokens": 256,
+            "upcycle": {"method": "dense_to_moe"}}
+    spec = _spec(tmp_path, base)
+    probs = preflight.run_checks(spec, build_plan(spec))
+    assert [p.key for p in probs] == ["base.data.tokenizer"], probs
+    assert "256" in probs[0].message and "97 rows" in probs[0].message and probs[0].fatal
+    # a 32-symbol synthetic stream fits the 97 rows: nothing to say
+    base["data"] = {"source": "synthetic", "synthetic_vocab": 32, "seq_len": 16}
+    spec = _spec(tmp_path, base)
+    assert preflight.run_checks(spec, build_plan(spec)) == []
+    # token files: their largest id must index the embedding too
+    import numpy as np
+
+    np.array([1, 96], dtype=np.uint16).repeat(100).tofile(tmp_path / "ok.bin")
+    np.array([1, 300], dtype=np.uint16).repeat(100).tofile(tmp_path / "big.bin")
+    for f, n in (("ok.bin", 0), ("big.bin", 1)):
+        base["data"] = {"source": "tokens", "path": str(tmp_path / f), "seq_len": 16}
+        probs = preflight.run_checks(_spec(tmp_path, base), build_plan(_spec(tmp_path, base)))
+        assert len(probs) == n and all("largest token id in data.path (300)" in p.message
+                                       for p in probs), probs
+    base["data"] = {"source": "synthetic", "synthetic_vocab": 32, "seq_len": 16}
+    # weight files that do not match config.json: refused before any trial loads them
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (path / "config.json").write_text(json.dumps(cfg))
+    probs = preflight.run_checks(_spec(tmp_path, base), build_plan(_spec(tmp_path, base)))
+    assert any("2 layers" in p.message and "num_hidden_layers=3" in p.message for p in probs)
+
+
+def test_disk_and_host_memory_estimates_against_the_machine(tmp_path):
+    spec = _spec(tmp_path)
+    plan = build_plan(spec)
+    assert preflight.check_capacity(spec, plan, free_disk=10**15, host_memory=10**15) == []
+    probs = preflight.check_capacity(spec, plan, free_disk=1000, host_memory=1000)
+    assert [p.key for p in probs] == ["results", "max_concurrent"]
+    assert "free" in probs[0].message and "max_concurrent: 1 or less" in probs[1].message
+    # a GPU forecast checks one trial against the accelerator's memory instead
+    big = _spec(tmp_path, tiny_base(model={"preset": "1B"},
+                                    batch={"global_batch": 64, "micro_batch": 64},
+                                    data={"source": "synthetic", "seq_len": 2048,
+                                          "synthetic_vocab": 32}))
+    probs = preflight.check_capacity(big, build_plan(big), gpu="l4", free_disk=10**15)
+    assert [p.key for p in probs] == ["resources.gpus"] and "NVIDIA L4" in probs[0].message
+
+
+def test_trial_memory_estimate_by_hand():
+    spec_base = tiny_base()
+    cfg = parse_spec({"sweep": "m", "base": spec_base}).base_config
+    m = cfg.model_config()
+    from moe_core.params import count_params
+
+    n = count_params(m).total
+    s, b, h, a, L, V = 32, 8, m.d_model, m.n_head, m.n_layer, m.vocab_size
+    act = s * b * h * (34 + 5 * a * s / h) * L * 2  # Korthikanti Eq. 2, fp32 doubles it
+    assert preflight.trial_memory_bytes(cfg, 0) == int(n * 16 + act + 2 * s * b * V * 4)
+
+
+def test_custom_resources_must_exist(tmp_path):
+    spec = _spec(tmp_path, resources={"trial_driver": 0.01})
+    assert preflight.custom_resources(spec) == {"trial_driver": 0.01}
+    assert preflight.trial_bundle(spec) == {"CPU": 1.0, "GPU": 0.0, "trial_driver": 0.01}
+    probs = preflight.check_cluster(spec, [{"CPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}])
+    assert [p.key for p in probs] == ["resources.trial_driver"]
+    assert preflight.check_cluster(spec, [{"CPU": 0.0, "trial_driver": 4.0},
+                                          {"CPU": 8.0}], fit=False) == []
+    # a fixed set of nodes must also hold a whole trial bundle on one node
+    probs = preflight.check_cluster(spec, [{"CPU": 0.0, "trial_driver": 4.0}, {"CPU": 8.0}])
+    assert [p.key for p in probs] == ["resources"]
+    # a CPU trial larger than every node's memory
+    probs = preflight.check_cluster(spec, [{"CPU": 8.0, "trial_driver": 1.0, "memory": 1e9}],
+                                    trial_bytes=2 * 10**9)
+    assert [p.key for p in probs] == ["resources"] and "1.9 GiB" in probs[0].message
+    # a local run (no --address) has no custom resources: refused instead of waiting forever
+    probs = preflight.run_checks(spec, build_plan(spec))
+    assert [p.key for p in probs] == ["resources.trial_driver"]
+    with pytest.raises(Exception, match="resources.trial_driver=-1"):
+        _spec(tmp_path, resources={"trial_driver": -1})
+
+
+def test_enforce_prints_one_line_per_problem_and_raises_the_last(tmp_path):
+    lines: list[str] = []
+    probs = [preflight.Problem("a", "first"), preflight.Problem("b", "careful", fatal=False),
+             preflight.Problem("c", "last")]
+    with pytest.raises(Exception, match="^c: last$"):
+        preflight.enforce(probs, lines.append)
+    assert lines == ["error: a: first", "warning: b: careful"]
+    preflight.enforce([probs[1]], lines.append)  # a warning alone does not stop anything
+
+
+def test_results_dir_must_be_writable(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as root: every folder is writable")
+        spec = _spec(tmp_path, results=str(ro / "sub"))
+        assert [p.key for p in preflight.check_results_dir(spec)] == ["results"]
+    finally:
+        os.chmod(ro, 0o700)
