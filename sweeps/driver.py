@@ -31,6 +31,7 @@ from sweeps.law_search import (
     outcome,
     read_law_state,
 )
+from sweeps.naming import trial_dirname
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.results import (
@@ -367,6 +368,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
             num_samples=search.design.max_trials if spec.algorithm == "law" else
             spec.num_samples,
             max_concurrent_trials=conc, reuse_actors=True,
+            trial_dirname_creator=trial_dirname,  # lr=3e-05, not Ray's peak=0.0000
         ),
         run_config=run_config,
     )

@@ -56,6 +56,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, arch: str | No
     if verify:
         import transformers  # noqa: PLC0415 (verification only)
 
+        transformers.utils.logging.disable_progress_bar()
         bs = random_batches(cfg.vocab_size, min(seq_len, cfg.max_seq_len), batches, seed)
         ours = build_model(cfg)
         ours.load_state_dict({k: v.float() for k, v in state.items()})
