@@ -58,8 +58,9 @@ def curve_limits(rows, metric: str, total: bool = False
     """(x, y) limits of ``curves.png`` from the sweep's own curves: every eval of an upcycled
     (or branched) trial, its transition start included (step 0 is the upcycled model, and the
     evals right after a LR reset are its transition); a from-scratch trial's step 0 (the
-    random-init loss, ln V) is left out. The x range starts at the sweep's first point (τ for
-    expert upcycling drawn against total tokens), so baselines drawn from 0 never shrink it."""
+    random-init loss, ln V) is left out of the y range. The x range spans the sweep's own
+    evals, from its first (τ for expert upcycling drawn against total tokens), so baselines
+    drawn from 0 never shrink it."""
     m = rows[metric].astype(float)
     step = rows["step"].fillna(0).astype(float) if "step" in rows.columns else m * 0
     upcycled = rows["D1"].fillna(0).astype(float) > 0 if "D1" in rows.columns else m < -np.inf
@@ -69,7 +70,7 @@ def curve_limits(rows, metric: str, total: bool = False
     lo, hi = float(m[keep].min()), float(m[keep].max())
     pad = (hi - lo) or abs(hi) * 0.05 or 1.0
     x = rows["tokens"].astype(float) + (rows["D1"].fillna(0).astype(float) if total else 0)
-    x0, x1 = float(x[keep].min()), float(x[keep].max())
+    x0, x1 = float(x[np.isfinite(m)].min()), float(x[np.isfinite(m)].max())
     xpad = 0.02 * ((x1 - x0) or abs(x1) or 1.0)
     return (x0 - xpad, x1 + xpad), (lo - 0.03 * pad, hi + 0.05 * pad)
 
