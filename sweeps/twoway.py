@@ -79,18 +79,26 @@ class JointTable:
             return None
         return (min if mode == "min" else max)(got)[1]
 
-    def interaction(self, mode: str = "min") -> str:
-        """One line: whether the best b is the same at every a, and for a 2 × 2 table the
-        interaction contrast (y[a2,b2] − y[a2,b1]) − (y[a1,b2] − y[a1,b1])."""
+    def transposed(self) -> JointTable:
+        """The same cells with a and b swapped."""
+        return JointTable(self.b, self.a, self.b_values, self.a_values,
+                          {(vb, va): v for (va, vb), v in self.cells.items()})
+
+    def _best_line(self, mode: str) -> str:
         a, b = self.names
-        best = {va: self.best_b(va, mode) for va in self.a_values}
-        shown = {va: vb for va, vb in best.items() if vb is not None}
+        shown = {va: vb for va in self.a_values if (vb := self.best_b(va, mode)) is not None}
         if len(set(shown.values())) <= 1:
-            line = (f"best {b} = {next(iter(shown.values()), '—')} at every {a}" if shown
+            return (f"best {b} = {next(iter(shown.values()), '—')} at every {a}" if shown
                     else "no cell has a value")
-        else:
-            line = f"best {b} depends on {a}: " + ", ".join(
-                f"{vb} at {a}={va}" for va, vb in shown.items())
+        return f"best {b} depends on {a}: " + ", ".join(
+            f"{vb} at {a}={va}" for va, vb in shown.items())
+
+    def interaction(self, mode: str = "min") -> str:
+        """One line: whether the best b is the same at every a (and the best a at every b),
+        and for a 2 × 2 table the interaction contrast
+        (y[a2,b2] − y[a2,b1]) − (y[a1,b2] − y[a1,b1])."""
+        a, b = self.names
+        line = f"{self._best_line(mode)}; {self.transposed()._best_line(mode)}"
         if len(self.a_values) == 2 and len(self.b_values) == 2:
             (a1, a2), (b1, b2) = self.a_values, self.b_values
             m = [self.mean(x, y) for x in (a1, a2) for y in (b1, b2)]

@@ -75,3 +75,32 @@ def test_token_files_name_no_tokenizer_and_a_missing_override_is_one_line(tmp_pa
     assert save_run_tokenizer(tmp_path, data).startswith("none: data.source=tokens")
     with pytest.raises(ConfigError, match="tokenizer .*nope does not exist"):
         save_run_tokenizer(tmp_path, data, override=tmp_path / "nope")
+
+
+def test_a_from_pretrained_runs_export_copies_the_parents_tokenizer(tmp_path):
+    """Synthetic data on a checkpoint's vocabulary: the parent's tokenizer files are the
+    model's; a data.tokenizer folder (text data) wins over them."""
+    import transformers
+
+    from moe_core.data import DataConfig
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(),
+                                                eos_token="ÿ")
+    fast.save_pretrained(str(parent))
+    out = tmp_path / "out"
+    out.mkdir()
+    synth = DataConfig(source="synthetic", synthetic_vocab=32)
+    line = save_run_tokenizer(out, synth, parent_dir=str(parent))
+    assert line.startswith(f"the parent's, copied from {parent}")
+    assert (out / "tokenizer.json").read_bytes() == (parent / "tokenizer.json").read_bytes()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert tok("ab").input_ids == [97, 98] and tok.eos_token == "ÿ"
+    text = tmp_path / "t.txt"
+    text.write_text("hello " * 3000)
+    other = tmp_path / "out2"
+    other.mkdir()
+    line = save_run_tokenizer(other, DataConfig(source="text", path=str(text),
+                                                tokenizer=str(parent)), parent_dir="/nowhere")
+    assert line.startswith(f"copied from {parent}")

@@ -40,7 +40,8 @@ def test_joint_table_shows_the_interaction_the_marginals_hide():
     assert jt.mean("2", "0.1") == pytest.approx(1.5131)
     assert jt.best_b("1") == "0.001" and jt.best_b("2") == "0.1"
     line = jt.interaction()
-    assert line.startswith("best aux_coef depends on top_k: 0.001 at top_k=1, 0.1 at top_k=2")
+    assert line.startswith("best aux_coef depends on top_k: 0.001 at top_k=1, 0.1 at top_k=2; "
+                           "best top_k = 2 at every aux_coef; ")
     # (1.5126 − 1.5142) − (1.5517 − 1.5402) = −0.0016 − 0.0115 = −0.0131
     assert "= -0.0131" in line
     md = markdown(jt, "val_loss")
