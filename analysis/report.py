@@ -47,7 +47,7 @@ from analysis.sections import (
 from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
-from sweeps.twoway import twoway_lines
+from sweeps.twoway import plot_overlay, shared_cells, shared_markdown, twoway_lines
 
 D_STAR_CAPTION = ("The paper's D* (000 Eq. 13) from 000 Table 2's **published** parameters, "
                   "numerically and by Eq. 2 — not fitted to this sweep (one model size cannot "
@@ -130,7 +130,33 @@ def report(results: str | Path, out: str | Path | None = None, *,
     return md
 
 
-def write_index(reports: list[Path], path: Path) -> Path:
+def shared_lines(dirs: Sequence[Path], out_dir: Path) -> list[str]:
+    """The cells the sweeps under one folder share (the same configuration, seeds aside):
+    a table, and an overlay of their curves per pair of sweeps (``sweeps.twoway``)."""
+    sweeps = {}
+    for d in dirs:
+        s = load_sweep(d)
+        sweeps[s.name if s.name not in sweeps else f"{s.name} ({d})"] = \
+            s.rows.to_dict("records")
+    cells = shared_cells(sweeps)
+    if not cells:
+        return []
+    lines = ["## Cells the sweeps share", "", "The same configuration (every config column, "
+             "seeds aside) run by two sweeps: their final val_loss there, and the curves "
+             "overlaid (solid: the first sweep, dashed: the second).", "",
+             *shared_markdown(cells, "val_loss")]
+    pairs: dict[tuple[str, str], list] = {}
+    for c in cells:
+        pairs.setdefault(c.sweeps, []).append(c)
+    for (a, b), cs in pairs.items():
+        name = "shared_" + "_".join("".join(ch if ch.isalnum() else "_" for ch in x)
+                                    for x in (a, b)) + ".png"
+        p = plot_overlay(sweeps, cs, "val_loss", out_dir / name)
+        lines += [f"![{a} and {b}]({p.name})", ""]
+    return lines
+
+
+def write_index(reports: list[Path], path: Path, extra: Sequence[str] = ()) -> Path:
     """One page over several sweeps: the compute ledger per sweep and every claim's verdict."""
     rows, claims = [], []
     tot = {"trials": 0, "spent": 0.0, "alone": 0.0, "flops": 0.0, "wall": 0.0}
@@ -159,7 +185,7 @@ def write_index(reports: list[Path], path: Path) -> Path:
     if claims:
         lines += ["## Claims", ""]
         lines += md_table(["sweep", "claim", "source", "verdict"], claims)
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join([*lines, "", *extra]) + "\n")
     return path
 
 
@@ -211,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in _sweep_dirs(root, args.only):
         reports.append(report(d, Path(args.out) / d.name if args.out else None, **opts))
         print(reports[-1])
-    print(write_index(reports, (Path(args.out) if args.out else root) / "index.md"))
+    out = Path(args.out) if args.out else root
+    extra = shared_lines(_sweep_dirs(root, args.only), out)
+    print(write_index(reports, out / "index.md", extra))
     return 0
 
 

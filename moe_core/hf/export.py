@@ -41,6 +41,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, arch: str | No
     with ``verify``, transformers' logits against ours on random batches. Returns the facts as a
     dict (``architecture``, ``out``, ``checkpoint``, ``step``, ``ranks``, ``tokenizer``,
     ``transformers_vs_ours``)."""
+    if tokenizer is not None and not Path(tokenizer).exists():  # before anything is written
+        raise UpcycleError(f"--tokenizer {tokenizer} does not exist; give a save_pretrained "
+                           "folder or its tokenizer.json")
     ck = load_checkpoint(checkpoint)
     if not isinstance(ck.meta.get("config"), dict):
         raise UpcycleError(f"{checkpoint}: its meta.json holds no training config")

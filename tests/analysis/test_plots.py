@@ -53,3 +53,24 @@ def test_d_star_figure_only_when_asked_and_labelled_as_the_papers(tmp_path, monk
     lines = _law_figure_lines(Fig(), tmp_path, paper_d_star=True)
     assert D_STAR_CAPTION in lines and "published" in D_STAR_CAPTION
     assert (tmp_path / "d_star.png").stat().st_size > 1000
+
+
+def test_a_folder_report_points_out_the_cells_sweeps_share(tmp_path):
+    from analysis.report import shared_lines
+
+    def rows(sweep, tops):
+        out = []
+        for k in tops:
+            base = {"sweep": sweep, "trial_id": f"{sweep}{k}", "status": "ok", "moe.top_k": k,
+                    "optim.lr": 3e-3, "knob.moe.top_k": k, "knob.seed": 0, "seed": 0}
+            out += [{**base, "step": 0, "tokens": 0, "val_loss": 3.0},
+                    {**base, "step": 8, "tokens": 800, "val_loss": 2.0 - 0.1 * k}]
+        return out
+
+    write_rows(tmp_path / "a" / RESULTS_FILE, rows("a", [1, 2]))
+    write_rows(tmp_path / "b" / RESULTS_FILE, rows("b", [2, 4]))
+    lines = shared_lines([tmp_path / "a", tmp_path / "b"], tmp_path)
+    assert "| a | moe.top_k=2 | 1.8000 (n=1) | b | moe.top_k=2 | 1.8000 (n=1) | +0.0000 |" \
+        in lines
+    assert sum(ln.startswith("| a |") for ln in lines) == 1  # top_k=1 and 4 are not shared
+    assert (tmp_path / "shared_a_b.png").stat().st_size > 1000
