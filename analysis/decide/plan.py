@@ -33,8 +33,8 @@ from analysis.decide.extrapolation import describe_outside
 from analysis.derived import flops_6nd, gpu_hours
 from moe_core.config import MoEConfig
 from moe_core.errors import FitError
-from moe_core.hf.load import DENSE_ARCHS, architecture, read_config
-from moe_core.hf.load import model_config as hf_model_config
+from moe_core.hf_config import DENSE_ARCHS, architecture, read_config
+from moe_core.hf_config import model_config as hf_model_config
 from moe_core.params import count_params
 from moe_core.presets import model_config
 
