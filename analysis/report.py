@@ -4,11 +4,14 @@
     python -m analysis.report results/                      # every sweep below results/
     python -m analysis.report results/transition_tau --baseline results/expert_baselines
     python -m analysis.report results/upcycle_lr --out docs/findings/upcycle_lr
+    python -m analysis.report results/scaling_d1_d2 --paper-d-star   # + 000 Table 2's D*
 
 Sections: compute ledger (tokens trained, tokens saved by shared parents and WSD branches, FLOPs,
 wall time); results by configuration (mean ± std over seeds of the final eval and router
-statistics); loss curves; the metric and router statistics against the knob; scaling-law fits
-when the sweep varies D1 and D2 (000 Table 1, Fig. 4, Eq. 10) or sparsity and active parameters
+statistics); loss curves; two knobs at a time (joint tables and interaction plots per pair of
+varied knobs, ``sweeps.twoway``; over a folder, index.md adds the cells its sweeps share);
+the metric and router statistics against the knob; scaling-law fits when the sweep varies D1
+and D2 (000 Table 1, Fig. 4, Eq. 10) or sparsity and active parameters
 (000 §4.2); should I upcycle (000 §5: analysis.decide, when the baseline or the sweep has
 from-scratch MoE runs); expert-upcycling efficiency η against from-scratch baselines (003 Eq. 4);
 and the
