@@ -22,6 +22,7 @@ from typing import Any
 
 from analysis.data import load_points
 from analysis.decide import DEFAULT_TFLOPS, decide, format_decision, load_decision_data
+from analysis.decide.plan import add_plan_args, plan_main
 from analysis.derived import (
     compute_optimal,
     d_star_approx,
@@ -261,9 +262,11 @@ def _decide_parser() -> argparse.ArgumentParser:
         prog="python -m analysis.decide",
         description="Should I upcycle? Upcycling vs training the MoE from scratch, with "
                     "bootstrap intervals, from a D1 × D2 sweep and from-scratch runs (000 §5).")
-    ap.add_argument("results", help="the D1 × D2 sweep's results (directory, Parquet or CSV)")
+    ap.add_argument("results", nargs="?", default=None,
+                    help="the D1 × D2 sweep's results (directory, Parquet or CSV)")
     ap.add_argument("--baseline", default=None,
                     help="from-scratch MoE runs (default: rows of kind moe in RESULTS)")
+    add_plan_args(ap)
     ap.add_argument("--n1", type=float, default=None, help="dense parameters (default: data's)")
     ap.add_argument("--d1", type=float, default=None,
                     help="dense tokens already spent (default: the data's largest D1)")
@@ -295,6 +298,11 @@ def _decide_parser() -> argparse.ArgumentParser:
 def decide_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.decide``."""
     args = _decide_parser().parse_args(argv)
+    if args.plan:
+        return plan_main(args)
+    if args.results is None:
+        raise FitError("give RESULTS (a D1 × D2 sweep), or --plan --from-pretrained DIR "
+                       "--budget-tokens D2 for the proxy experiment that makes one")
     if not 0 < args.ci < 1:
         raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
     if args.icc is not None and (args.noise != "groups" or not 0 <= args.icc <= 1):

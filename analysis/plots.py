@@ -53,11 +53,26 @@ def _baseline_curves(ax, s: Sweep, baseline: Sweep, metric: str) -> None:
                     label=f"from scratch, {int(e)} experts" if j == 0 else None)
 
 
-def _curves_ylim(ax, rows, metric: str) -> None:
-    lo = np.nanpercentile(rows[metric].astype(float), 1)
-    hi = np.nanmax(rows.loc[rows["step"] > 0, metric].astype(float)) \
-        if (rows["step"] > 0).any() else np.nanmax(rows[metric])
-    ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.05 * (hi - lo))
+def curve_limits(rows, metric: str, total: bool = False
+                 ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(x, y) limits of ``curves.png`` from the sweep's own curves: every eval of an upcycled
+    (or branched) trial, its transition start included (step 0 is the upcycled model, and the
+    evals right after a LR reset are its transition); a from-scratch trial's step 0 (the
+    random-init loss, ln V) is left out of the y range. The x range spans the sweep's own
+    evals, from its first (τ for expert upcycling drawn against total tokens), so baselines
+    drawn from 0 never shrink it."""
+    m = rows[metric].astype(float)
+    step = rows["step"].fillna(0).astype(float) if "step" in rows.columns else m * 0
+    upcycled = rows["D1"].fillna(0).astype(float) > 0 if "D1" in rows.columns else m < -np.inf
+    keep = (upcycled | (step > 0)) & np.isfinite(m)
+    if not keep.any():
+        keep = np.isfinite(m)
+    lo, hi = float(m[keep].min()), float(m[keep].max())
+    pad = (hi - lo) or abs(hi) * 0.05 or 1.0
+    x = rows["tokens"].astype(float) + (rows["D1"].fillna(0).astype(float) if total else 0)
+    x0, x1 = float(x[np.isfinite(m)].min()), float(x[np.isfinite(m)].max())
+    xpad = 0.02 * ((x1 - x0) or abs(x1) or 1.0)
+    return (x0 - xpad, x1 + xpad), (lo - 0.03 * pad, hi + 0.05 * pad)
 
 
 def plot_curves(s: Sweep, path: Path, metric: str = "val_loss",
@@ -86,7 +101,9 @@ def plot_curves(s: Sweep, path: Path, metric: str = "val_loss",
         ax.set_xlabel("tokens after upcycling (D2)" if (s.finals.get("D1", 0) > 0).any()
                       else "tokens")
     ax.set_ylabel(metric)
-    _curves_ylim(ax, rows, metric)
+    (x0, x1), (y0, y1) = curve_limits(rows, metric, total)
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title(f"{s.name}: {metric} (line style = seed)")
@@ -119,17 +136,42 @@ def _finals_panel(ax, groups: list[Group], col: str, knob: str | None) -> None:
     ax.set_xticklabels(short, rotation=30 if max(map(len, short)) > 6 else 0, ha="right",
                        fontsize=7)
     ax.set_title(col, fontsize=9)
+    ax.set_ylabel(METRIC_LABELS.get(col, col), fontsize=8)
     ax.grid(alpha=0.3)
-    if knob:
-        ax.set_xlabel(knob, fontsize=8)
+    ax.set_xlabel(knob or "configuration", fontsize=8)
+
+
+METRIC_LABELS = {
+    "val_loss": "validation loss (nats/token)",
+    "router.cos_to_parent": "cosine to the dense parent",
+    "router.max1_max2": "top-1 / top-2 router prob.",
+    "router.max2_max3": "top-2 / top-3 router prob.",
+    "router.expert_similarity": "mean expert similarity",
+    "router.max_load": "largest expert's token share",
+    "router.drop_rate": "share of tokens dropped",
+    "aux_loss": "auxiliary balance loss",
+}
+"""The y label of each ``finals.png`` panel (units where there are any)."""
+
+
+def finals_columns(s: Sweep) -> list[str]:
+    """``finals.png``'s panels: val_loss, and each router statistic some trial has that is not
+    the same in every trial (an all-zero drop rate of a dropless MoE says nothing)."""
+    cols = ["val_loss"]
+    for c in s.stat_columns:
+        vals = [v for g in s.groups for v in g.values(c)]
+        if vals and max(vals) - min(vals) > 1e-9 * max(1.0, abs(max(vals))):
+            cols.append(c)
+    return cols
 
 
 def plot_finals(s: Sweep, path: Path) -> Path | None:
     """Each final metric by configuration: mean ± std over seeds, the seeds as dots, ordered by
-    the knob when a single numeric knob varies."""
+    the knob when a single numeric knob varies; constant statistics get no panel
+    (:func:`finals_columns`)."""
     if not s.groups:
         return None
-    cols = ["val_loss", *s.stat_columns]
+    cols = finals_columns(s)
     plt = _plt()
     n = len(cols)
     ncol = min(n, 3)
@@ -187,20 +229,22 @@ def plot_law_fit(path: Path, data: Any, law: str, params: Mapping[str, float], p
 
 
 def plot_d_star(path: Path) -> Path:
-    """D* against N1 from 000 Table 2's published parameters: Eq. 13 solved numerically, and
-    the Eq. 2 approximation."""
+    """D* against N1 from 000 Table 2's **published** parameters (the paper's fit, not this
+    sweep's): Eq. 13 solved numerically, and the Eq. 2 approximation. ``analysis.report`` draws
+    it only when asked (``--paper-d-star``)."""
     plt = _plt()
     n1 = np.exp(np.linspace(np.log(5e8), np.log(1e11), 30))
     num = [d_star(TABLE2["moe"], TABLE2["upcycled"], float(n)) for n in n1]
     app = [d_star_approx(float(n)) for n in n1]
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.plot(n1, num, label="Eq. 13, solved numerically")
-    ax.plot(n1, app, "--", label="Eq. 2 approximation")
+    ax.plot(n1, num, color="0.3", label="paper's Table 2 law, Eq. 13 solved numerically")
+    ax.plot(n1, app, "--", color="0.6", label="paper's Eq. 2 approximation")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("N1 (dense non-embedding parameters)")
     ax.set_ylabel("D* (tokens)")
-    ax.set_title("upcycling beats from-scratch MoE below D* (000 Table 2)", fontsize=8)
+    ax.set_title("PUBLISHED law (000 Table 2), not fitted to this sweep:\n"
+                 "upcycling beats from-scratch MoE below D*", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, path)

@@ -1,9 +1,12 @@
 """python -m sweeps.compare RESULTS_A [RESULTS_B ...] [--metric val_loss] [--out DIR]
 
-Side-by-side comparison of sweeps from their Parquet results: for every knob value, the best and
-median final metric and the trial count per sweep (a rich table and ``compare.md``), and PNG
-plots of the curves (metric vs tokens) coloured by knob value. W&B shows the same comparison as
-one grouping: runs carry the sweep name as group and the knobs as config.
+Side-by-side comparison of sweeps from their Parquet results: for every knob value (the seed is
+not a knob: it is pooled), the best and median final metric and the trial count per sweep (a
+rich table and ``compare.md``), and PNG plots of the curves (metric vs tokens) coloured by knob
+value; for every pair of varied knobs the joint table and an interaction plot
+(``sweeps.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
+table and overlaid. W&B shows the same comparison as one grouping: runs carry the sweep name as
+group and the knobs as config.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from typing import Any
 from moe_core.errors import UpcycleError
 from moe_core.fsio import atomic_write, atomic_write_text
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
+from sweeps.twoway import (
+    SEED_KNOB,
+    plot_overlay,
+    shared_cells,
+    shared_markdown,
+    twoway_lines,
+)
+from sweeps.twoway import colors as qualitative
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -48,7 +59,8 @@ def labelled(loaded) -> dict[str, list[dict[str, Any]]]:
 
 
 def knob_columns(rows: list[dict[str, Any]]) -> list[str]:
-    return sorted({k for r in rows for k in r if k.startswith("knob.")})
+    """Knob columns, the seed left out (its values are replicates, pooled in every cell)."""
+    return sorted({k for r in rows for k in r if k.startswith("knob.") and k != SEED_KNOB})
 
 
 def summarize(sweeps: dict[str, list[dict[str, Any]]], metric: str) -> list[dict[str, Any]]:
@@ -83,8 +95,8 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
             for r in rows:
                 by_trial[r["trial_id"]].append(r)
             values = sorted({format_knob(r.get(knob)) for r in rows}) if knob else ["all"]
-            colors = {v: plt.cm.viridis(i / max(1, len(values) - 1)) for i, v in
-                      enumerate(values)}
+            # qualitative: two values are two hues (not viridis' purple and pale yellow)
+            colors = dict(zip(values, qualitative(len(values))))
             seen = set()
             for trs in by_trial.values():
                 trs = sorted(trs, key=lambda r: r.get("step") or 0)
@@ -136,10 +148,40 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {r['median']:.4f} |")
     Console().print(t)
     pngs = plot(sweeps, args.metric, out)
-    atomic_write_text(out / "compare.md", "\n".join(md) + "\n\n" + "\n".join(
-        f"![{p.stem}]({p.name})" for p in pngs) + "\n")
-    print(f"wrote {out / 'compare.md'} and {len(pngs)} plot(s)")
+    md += ["", *(f"![{p.stem}]({p.name})" for p in pngs), ""]
+    more, n_more = _two_way(sweeps, args.metric, out)
+    atomic_write_text(out / "compare.md", "\n".join(md + more) + "\n")
+    print(f"wrote {out / 'compare.md'} and {len(pngs) + n_more} plot(s)")
     return 0
+
+
+def _two_way(sweeps: dict[str, list[dict[str, Any]]], metric: str,
+             out: Path) -> tuple[list[str], int]:
+    """Joint tables per pair of varied knobs, and the cells sweeps share (printed too)."""
+    lines: list[str] = []
+    n = 0
+    for name, rows in sweeps.items():
+        stem = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")
+        got, pngs = twoway_lines(name, rows, metric, out, stem)
+        if got:
+            lines += [f"## {name}: two knobs at a time", "", *got]
+            print(f"{name}:\n" + "\n".join(ln for ln in got if ln.startswith("|")
+                                              or ln.startswith(metric)))
+        n += len(pngs)
+    cells = shared_cells(sweeps, metric)
+    if cells:
+        lines += ["## Cells the sweeps share (same configuration, seeds aside)", "",
+                  *shared_markdown(cells, metric)]
+        print("\n".join(shared_markdown(cells, metric)))
+        by_pair: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for c in cells:
+            by_pair[c.sweeps].append(c)
+        for (a, b), cs in by_pair.items():
+            stem = re.sub(r"[^A-Za-z0-9_-]+", "_", f"shared_{a}_{b}").strip("_")
+            p = plot_overlay(sweeps, cs, metric, out / f"{stem}.png")
+            lines += [f"![{stem}]({p.name})", ""]
+            n += 1
+    return lines, n
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
+from sweeps.naming import trial_dirname
 from sweeps.parents import train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.preflight import check_cluster, custom_resources, enforce, max_trial_memory
@@ -395,6 +396,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
             num_samples=search.design.max_trials if spec.algorithm == "law" else
             spec.num_samples,
             max_concurrent_trials=conc, reuse_actors=True,
+            trial_dirname_creator=trial_dirname,  # lr=3e-05, not Ray's peak=0.0000
         ),
         run_config=run_config,
     )

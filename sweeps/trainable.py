@@ -27,6 +27,7 @@ from ray import tune
 
 from moe_core.errors import DivergenceError
 from moe_core.hf import save_moe
+from moe_core.hf.tokenizer import save_run_tokenizer
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
@@ -177,6 +178,14 @@ class CheckpointCadence:
         return due
 
 
+def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
+    """``export: hf``: the trial's final model as a Hugging Face folder, with the tokenizer
+    its run used (``moe_core.hf.tokenizer.save_run_tokenizer``)."""
+    save_moe(state, model_config, out)
+    p = t.config.parent
+    save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)
+
+
 def free_accelerator_memory() -> None:
     """Hand the CUDA caching allocator's blocks back once a trial's objects are gone: a reused
     Tune actor (or a trial sharing the GPU) must not find them still reserved."""
@@ -253,8 +262,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         try:
             trainer.fit()
             if export_dir is not None:
-                save_moe(trainer.full_model_state(), trainer.model.config,
-                         Path(export_dir) / trial_id)
+                export_model(trainer.full_model_state(), trainer.model.config, t,
+                             Path(export_dir) / trial_id)
         except DivergenceError as e:
             reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         del trainer
@@ -295,8 +304,8 @@ def _train_worker(box: dict[str, Any]) -> None:
     if box.get("export_dir") is not None:  # every rank gathers its experts; rank 0 writes
         state = trainer.full_model_state()
         if rank == 0:
-            save_moe(state, trainer.model.config,
-                     Path(box["export_dir"]) / box["static"]["trial_id"])
+            export_model(state, trainer.model.config, t,
+                         Path(box["export_dir"]) / box["static"]["trial_id"])
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
+from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
 from scaling.crossing import sign_changes
@@ -219,16 +220,27 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def _extrapolated(data: DecisionData, N1: float, D1: float, D2: float) -> list[str]:
-    out = []
-    checks = [("D1", D1, data.ranges["D1"]), ("D2", D2, data.ranges["D2"]),
-              ("D2 (from scratch)", D2, data.ranges["D_scratch"])]
+def _outside(data: DecisionData, N1: float, D1: float, D2: float
+             ) -> dict[str, tuple[float, float, float]]:
+    """Each input the laws are evaluated at: (value, data's lo, data's hi)."""
+    out = {"D1": (D1, *data.ranges["D1"]), "D2": (D2, *data.ranges["D2"]),
+           "D2 (from scratch)": (D2, *data.ranges["D_scratch"])}
     if data.joint:
-        checks.append(("N1", N1, data.ranges["N1"]))
-    for name, v, (lo, hi) in checks:
-        if v < lo * (1 - 1e-9) or v > hi * (1 + 1e-9):
-            out.append(f"{name} = {v:.4g} lies outside the data's {lo:.4g} … {hi:.4g}")
+        out["N1"] = (N1, *data.ranges["N1"])
     return out
+
+
+def _extrapolated(data: DecisionData, N1: float, D1: float, D2: float) -> list[str]:
+    """One line per input outside the data, with how far (``40x the largest fitted D1``)."""
+    lines = (describe_outside(k, *v) for k, v in _outside(data, N1, D1, D2).items())
+    return [ln for ln in lines if ln]
+
+
+def _factors(data: DecisionData, N1: float, D1: float, D2: float) -> dict[str, float]:
+    """How far outside the data each law is evaluated (1: inside), per predicted quantity."""
+    f = {k: outside_factor(*v) for k, v in _outside(data, N1, D1, D2).items()}
+    up = [f["D1"], f["D2"], f.get("N1", 1.0)]
+    return {"upcycled": max(up), "scratch": max(f["D2 (from scratch)"], f.get("N1", 1.0))}
 
 
 def _dstar_note(data: DecisionData, value: float | None) -> list[str]:
@@ -341,6 +353,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
                  "scratch": {"law": data.laws[1], "params": scr, "n": data.scratch.L.size},
                  "shared": ["E"]},
         "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
+        "extrapolation_factor": _factors(data, N1, D1, D2),
     })
 
 
@@ -348,14 +361,18 @@ def _g(v: Any, fmt: str = ".4g") -> str:
     return "—" if v is None else format(v, fmt)
 
 
-def _ci(d: Mapping[str, Any], fmt: str = ".4g") -> str:
+def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> str:
+    """``value  [lo, hi]``, and ``(extrapolated 40x)`` inside it when the law was evaluated
+    that far outside its data."""
     lo, hi = d["ci"]
-    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]"
+    note = interval_note([factor or 1.0])
+    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
 
 
 def format_decision(r: Mapping[str, Any]) -> list[str]:
     """The decision as text lines (the CLI's and the report's)."""
     i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
+    xf = r.get("extrapolation_factor") or {}
     ds = r["d_star"]
     if ds["value"] is not None:
         dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
@@ -378,8 +395,9 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
                 f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
                 f"{' (given)' if v['icc_given'] is not None else ''}"
                 for k, v in r["bootstrap"]["noise"].items())]),
-        f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'])}   ({lvl} interval)",
-        f"predicted loss, from scratch: {_ci(r['loss']['scratch'])}",
+        f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'], factor=xf.get('upcycled'))}"
+        f"   ({lvl} interval)",
+        f"predicted loss, from scratch: {_ci(r['loss']['scratch'], factor=xf.get('scratch'))}",
         dline,
     ]
     co = r["compute_optimal"]

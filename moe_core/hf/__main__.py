@@ -1,6 +1,7 @@
 """python -m moe_core.hf upcycle SRC_DIR OUT_DIR --experts 8 --top-k 2 [--granularity G]
        [--router topk_softmax|softmax_topk] [--shared N]
 python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe|qwen3_moe]
+       [--tokenizer DIR]
 
 ``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoint into
 an MoE with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight
@@ -17,7 +18,8 @@ folder inside or around it are refused before any work, in one line.
 
 ``export`` writes one of this project's training checkpoints (a trial's ``step_…`` folder; an
 expert-parallel one's per-rank shards are joined, ``Checkpoint.full_model_state``) as a Hugging
-Face folder, and (unless --no-verify) prints transformers' logits error against ours.
+Face folder with the tokenizer the run used (``moe_core.hf.export``; ``--tokenizer DIR``
+overrides), and (unless --no-verify) prints transformers' logits error against ours.
 
 Each ends with one JSON line. No network.
 """
@@ -35,37 +37,18 @@ import torch
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import UpcycleError, one_line
 from moe_core.fsio import guard_output_dir
+from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel_err
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
+from moe_core.hf.tokenizer import TOKENIZER_FILES
 from moe_core.model import build_model
-from moe_core.train.checkpoint import load_checkpoint
-from moe_core.train.config import train_config_from_dict
 from moe_core.upcycle import dense_to_moe_state, expand_experts_state
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt")
 
 
 def _dtype(hf: dict[str, Any]) -> torch.dtype:
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dt = getattr(torch, name, None)
     return dt if isinstance(dt, torch.dtype) and dt.is_floating_point else torch.float32
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a − b| / max |b| over all logits."""
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
-
-
-def _batches(vocab: int, seq_len: int, n: int, seed: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (2, seq_len), generator=g) for _ in range(n)]
-
-
-@torch.no_grad()
-def _logits(model: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
-    model.eval()
-    return [model(b).logits for b in batches]  # ours and transformers' outputs both have .logits
 
 
 def _grow(args: argparse.Namespace, src_cfg: Any, src_state: dict[str, torch.Tensor]
@@ -104,15 +87,15 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
         print(replacing)
     arch = save_moe(state, cfg, out, arch=args.arch, dtype=_dtype(read_config(src)),
                     extra_files=extra)
-    batches = _batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
+    batches = random_batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
                        args.seed)
     source = build_model(src_cfg)
     source.load_state_dict(src_state)
-    ref = _logits(source, batches)
+    ref = logits_of(source, batches)
     del source
     ours = build_model(cfg)
     ours.load_state_dict(state)
-    err = max(rel_err(a, b) for a, b in zip(_logits(ours, batches), ref))
+    err = max(rel_err(a, b) for a, b in zip(logits_of(ours, batches), ref))
     del ours
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "experts": args.experts,
                            "top_k": args.top_k, "granularity": args.granularity,
@@ -128,41 +111,23 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
 
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
         res[f"transformers_vs_{kind}"] = max(rel_err(a, b)
-                                             for a, b in zip(_logits(hf, batches), ref))
+                                             for a, b in zip(logits_of(hf, batches), ref))
         print(f"  transformers' {arch} vs our {kind}  {res[f'transformers_vs_{kind}']:.3e}")
     return res
 
 
 def export(args: argparse.Namespace) -> dict[str, Any]:
     replacing = guard_output_dir(args.out, sources=(args.checkpoint,), overwrite=args.overwrite)
-    ck = load_checkpoint(args.checkpoint)
-    if not isinstance(ck.meta.get("config"), dict):
-        raise UpcycleError(f"{args.checkpoint}: its meta.json holds no training config")
-    state = ck.full_model_state()
-    cfg = train_config_from_dict(ck.meta["config"]).model_config(
-        vocab_size=int(state["tok_emb.weight"].shape[0]))
-    out = Path(args.out)
     if replacing:
         print(replacing)
-    arch = save_moe(state, cfg, out, arch=args.arch)
-    res: dict[str, Any] = {"architecture": arch, "out": str(out), "checkpoint":
-                           str(args.checkpoint), "step": ck.step,
-                           "ranks": ck.world_size}
-    print(f"wrote {arch} to {out} (step {ck.step}, {res['ranks']} rank(s))")
-    if not args.no_verify:
-        import transformers  # noqa: PLC0415 (verification only)
-
-        batches = _batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
-                           args.seed)
-        ours = build_model(cfg)
-        ours.load_state_dict({k: v.float() for k, v in state.items()})
-        ref = _logits(ours, batches)
-        del ours
-        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-        res["transformers_vs_ours"] = max(rel_err(a, b)
-                                          for a, b in zip(_logits(hf, batches), ref))
-        print(f"max |Δlogits| / max |logits|, transformers vs ours over {len(batches)} "
-              f"batches: {res['transformers_vs_ours']:.3e}")
+    res = export_checkpoint(args.checkpoint, args.out, arch=args.arch, tokenizer=args.tokenizer,
+                            verify=not args.no_verify, batches=args.batches,
+                            seq_len=args.seq_len, seed=args.seed)
+    print(f"wrote {res['architecture']} to {res['out']} (step {res['step']}, {res['ranks']} "
+          f"rank(s)); tokenizer: {res['tokenizer']}")
+    if "transformers_vs_ours" in res:
+        print(f"max |Δlogits| / max |logits|, transformers vs ours over "
+              f"{res.pop('verify_batches')} batches: {res['transformers_vs_ours']:.3e}")
     return res
 
 
@@ -203,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                     help="a checkpoint folder (meta.json and its model file or rank shards)")
     ex.add_argument("out", metavar="OUT_DIR", help="where the HF checkpoint is written")
+    ex.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="the tokenizer to ship (a save_pretrained folder or tokenizer.json); "
+                         "default: the one the run used, built from its data config")
     _common_args(ex, seed_help="batch seed of the check")
     args = ap.parse_args(argv)
     try:

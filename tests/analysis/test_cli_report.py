@@ -120,8 +120,9 @@ def test_report_on_scaling_sweep(tmp_path):
     assert "A larger D1 lowers the loss at the start of upcycling | 000 §3.3 | **reproduced**" in md
     index = (tmp_path / "index.md").read_text()  # a folder of sweeps also gets an index
     assert "[scaling_d1_d2](scaling_d1_d2/report.md)" in index and "**reproduced**" in index
-    for png in ("curves.png", "finals.png", "law_fit.png", "d_star.png"):
+    for png in ("curves.png", "finals.png", "law_fit.png"):
         assert (res / png).stat().st_size > 1000
+    assert not (res / "d_star.png").exists()  # the paper's law: only with --paper-d-star
     data = json.loads((res / "report.json").read_text())
     assert data["ledger"]["parents"] == 6 and data["ledger"]["ok"] == 25
     # 25 ok trials with 5 parents + the failed trial's own parent: 20 reuses of a parent

@@ -61,8 +61,10 @@ def test_decision_on_csv_holds_the_truth_and_is_valid_json(tmp_path, capsys):
     # text output, and a budget beyond the data is flagged as extrapolated
     assert decide_main([str(f), "--bootstrap", "20", "--budget-flops", "1e21"]) == 0
     out = capsys.readouterr().out
-    assert "Should I upcycle?" in out and "D2 = " in out and "outside the data" in out
+    assert "Should I upcycle?" in out and "D2 = " in out
     assert "GPU throughput: 346.1 TFLOP/s sustained per h100, assumed: 35% MFU" in out
+    assert "x the largest fitted D2 (" in out  # how far outside, not only that it is
+    assert "(extrapolated " in out.split("predicted loss, upcycled:")[1].splitlines()[0]
 
 
 def test_no_crossing_is_an_answer(tmp_path):

@@ -1,0 +1,71 @@
+"""One of this project's training checkpoints → a Hugging Face folder with its tokenizer
+(``python -m moe_core.hf export``, ``python -m sweeps.best --export``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moe_core.errors import UpcycleError
+from moe_core.hf.save import save_moe
+from moe_core.hf.tokenizer import save_run_tokenizer
+from moe_core.model import build_model
+from moe_core.train.checkpoint import load_checkpoint
+from moe_core.train.config import train_config_from_dict
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b| over all logits."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def random_batches(vocab: int, seq_len: int, n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (2, seq_len), generator=g) for _ in range(n)]
+
+
+@torch.no_grad()
+def logits_of(model: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    model.eval()
+    return [model(b).logits for b in batches]  # ours and transformers' outputs both have .logits
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, *, arch: str | None = None,
+                      tokenizer: str | Path | None = None, verify: bool = True,
+                      batches: int = 4, seq_len: int = 64, seed: int = 0) -> dict[str, Any]:
+    """Write the checkpoint folder ``checkpoint`` (a ``step_…`` folder, a Tune trial's
+    ``checkpoint_…`` copy of one, or expert-parallel rank shards) as a Hugging Face model in
+    ``out`` with the tokenizer its run used (``save_run_tokenizer``; ``tokenizer`` overrides);
+    with ``verify``, transformers' logits against ours on random batches. Returns the facts as a
+    dict (``architecture``, ``out``, ``checkpoint``, ``step``, ``ranks``, ``tokenizer``,
+    ``transformers_vs_ours``)."""
+    if tokenizer is not None and not Path(tokenizer).exists():  # before anything is written
+        raise UpcycleError(f"--tokenizer {tokenizer} does not exist; give a save_pretrained "
+                           "folder or its tokenizer.json")
+    ck = load_checkpoint(checkpoint)
+    if not isinstance(ck.meta.get("config"), dict):
+        raise UpcycleError(f"{checkpoint}: its meta.json holds no training config")
+    state = ck.full_model_state()
+    tcfg = train_config_from_dict(ck.meta["config"])
+    cfg = tcfg.model_config(vocab_size=int(state["tok_emb.weight"].shape[0]))
+    out = Path(out)
+    res: dict[str, Any] = {"architecture": save_moe(state, cfg, out, arch=arch), "out": str(out),
+                           "checkpoint": str(checkpoint), "step": ck.step,
+                           "ranks": ck.world_size}
+    parent = tcfg.parent.from_pretrained if tcfg.parent is not None else None
+    res["tokenizer"] = save_run_tokenizer(out, tcfg.data, parent_dir=parent, override=tokenizer)
+    if verify:
+        import transformers  # noqa: PLC0415 (verification only)
+
+        transformers.utils.logging.disable_progress_bar()
+        bs = random_batches(cfg.vocab_size, min(seq_len, cfg.max_seq_len), batches, seed)
+        ours = build_model(cfg)
+        ours.load_state_dict({k: v.float() for k, v in state.items()})
+        ref = logits_of(ours, bs)
+        del ours
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+        res["transformers_vs_ours"] = max(rel_err(a, b) for a, b in zip(logits_of(hf, bs), ref))
+        res["verify_batches"] = len(bs)
+    return res

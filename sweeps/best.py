@@ -1,0 +1,249 @@
+"""python -m sweeps.best RESULTS [--metric val_loss] [--mode min|max] [--export DIR]
+                       [--overwrite] [--tokenizer DIR] [--no-verify] [--json]
+
+The best finished trial of a sweep: its knobs, configuration, final metrics and the checkpoint
+on disk; with ``--export DIR`` that checkpoint as a Hugging Face folder with the tokenizer the
+run used (``moe_core.hf.export``), which ``transformers.AutoTokenizer`` and
+``AutoModelForCausalLM`` load. Ties, diverged or failed trials and a missing checkpoint are
+each said in one line. ``--export`` refuses a file, a symlink, the results folder, and a folder
+that exists and is not empty unless ``--overwrite`` and the project wrote it (an earlier
+export). No network.
+
+Where checkpoints are: Tune keeps each trial's last reported checkpoint (``checkpoint.at_end``:
+its final step) in ``RESULTS/tune/<trial folder>/checkpoint_<n>/``, the trial folder named
+``<trial_id>_<knob>=<value>…`` (``sweeps.naming``); a multi-rank trial's are in
+``RESULTS/train/<sweep>-<trial_id>/checkpoint_<n>/`` and its ranks' local copy in
+``RESULTS/train/rank_checkpoints/<trial_id>/step_<n>/``; ``export: hf`` writes
+``RESULTS/export/<trial_id>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_core.errors import UpcycleError, one_line
+from moe_core.fsio import guard_output_dir
+from moe_core.hf.export import export_checkpoint
+from sweeps.results import (
+    CONFIG_SECTIONS,
+    KNOB_PREFIX,
+    RESULTS_FILE,
+    final_rows,
+    format_knob,
+    read_rows,
+)
+
+METRIC_COLUMNS = ("val_loss", "train_loss", "aux_loss", "tokens", "step", "wall_s", "flops")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The best trial's final row, the other trials tied with it, and the trials left out
+    (status → trial ids)."""
+
+    row: dict[str, Any]
+    metric: str
+    ties: tuple[str, ...] = ()
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _value(r: Mapping[str, Any], metric: str) -> float | None:
+    v = r.get(metric)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+
+
+def best_trial(rows: Sequence[Mapping[str, Any]], metric: str = "val_loss",
+               mode: str = "min") -> Pick:
+    """The trial whose final row has the best ``metric`` among finished (``ok``) trials; ties
+    (equal to the last digit) go to the smallest trial id. Raises ``UpcycleError`` when no
+    finished trial has the metric."""
+    finals = final_rows(rows)
+    left: dict[str, list[str]] = {}
+    ok = []
+    for r in finals:
+        status = str(r.get("status") or "unknown")
+        if status != "ok":
+            left.setdefault(status, []).append(str(r["trial_id"]))
+        elif _value(r, metric) is None:
+            left.setdefault(f"no {metric}", []).append(str(r["trial_id"]))
+        else:
+            ok.append(r)
+    if not ok:
+        counts = ", ".join(f"{len(v)} {k}" for k, v in left.items()) or "no trials"
+        raise UpcycleError(f"no finished trial has a finite {metric} ({counts}); nothing to pick")
+    sign = 1.0 if mode == "min" else -1.0
+    ok.sort(key=lambda r: (sign * _value(r, metric), str(r["trial_id"])))
+    top = _value(ok[0], metric)
+    ties = tuple(str(r["trial_id"]) for r in ok[1:] if _value(r, metric) == top)
+    return Pick(dict(ok[0]), metric, ties, {k: tuple(v) for k, v in left.items()})
+
+
+def _trial_of(folder: Path) -> str | None:
+    """The trial id a Tune trial folder belongs to (first row of its ``result.json``)."""
+    f = folder / "result.json"
+    try:
+        with open(f) as fh:
+            return str(json.loads(fh.readline()).get("trial_id"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _step(ck: Path) -> int:
+    try:
+        return int(json.loads((ck / "meta.json").read_text()).get("step", -1))
+    except (OSError, ValueError):
+        return -1
+
+
+def trial_checkpoints(results_dir: Path, trial_id: str, sweep: str | None = None) -> list[Path]:
+    """Every checkpoint folder (one with ``meta.json``) of ``trial_id`` under ``results_dir``,
+    the latest step last: Tune's copies, a multi-rank trial's Ray Train copies and its ranks'
+    local ``step_…`` folders."""
+    found: list[Path] = []
+    tune = results_dir / "tune"
+    if tune.is_dir():
+        for d in sorted(tune.iterdir()):
+            if d.is_dir() and (d.name.startswith(f"{trial_id}_") or _trial_of(d) == trial_id):
+                found += d.glob("checkpoint_*")
+    train = results_dir / "train"
+    if sweep is not None:
+        found += (train / f"{sweep}-{trial_id}").glob("checkpoint_*")
+    found += (train / "rank_checkpoints" / trial_id).glob("step_*")
+    found = [p for p in set(found) if (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: (_step(p), str(p)))
+
+
+def check_export_dir(out: Path, overwrite: bool, results: Path | None = None) -> str | None:
+    """Refuse a file, a symlink, a non-empty folder (unless ``overwrite`` and this project wrote
+    it: ``moe_core.fsio.guard_output_dir``) and the results folder or one inside it; returns the
+    line to print when an export of ours is replaced."""
+    return guard_output_dir(out, sources=(results,) if results else (), overwrite=overwrite)
+
+
+def _results_dir(path: str) -> tuple[Path, list[dict[str, Any]]]:
+    p = Path(path)
+    d = p if p.is_dir() else p.parent
+    f = d / RESULTS_FILE
+    if not f.is_file():
+        raise UpcycleError(f"{path}: no {RESULTS_FILE} (run python -m sweeps.run first, or give "
+                           "results/<sweep>)")
+    rows = read_rows(f)
+    if not rows:
+        raise UpcycleError(f"{f} has no rows")
+    return d, rows
+
+
+def describe(pick: Pick, d: Path, checkpoints: list[Path]) -> dict[str, Any]:
+    """The facts ``main`` prints (and ``--json`` gives)."""
+    r = pick.row
+    tid = str(r["trial_id"])
+    knobs = {k[len(KNOB_PREFIX):]: format_knob(v) for k, v in r.items()
+             if k.startswith(KNOB_PREFIX) and v is not None}
+    config = {k: v for k, v in sorted(r.items()) if k.split(".")[0] in CONFIG_SECTIONS
+              and v is not None}
+    metrics = {k: r[k] for k in (*METRIC_COLUMNS, *sorted(k for k in r if k.startswith(
+        "router."))) if r.get(k) is not None and not (isinstance(r[k], float)
+                                                       and math.isnan(r[k]))}
+    exported = d / "export" / tid
+    return {"sweep": r.get("sweep"), "trial_id": tid, "metric": pick.metric,
+            "value": r.get(pick.metric), "knobs": knobs, "config": config,
+            "metrics": metrics, "ties": list(pick.ties),
+            "left_out": {k: list(v) for k, v in pick.left_out.items()},
+            "checkpoint": str(checkpoints[-1]) if checkpoints else None,
+            "checkpoint_step": (json.loads((checkpoints[-1] / "meta.json").read_text())
+                                .get("step") if checkpoints else None),
+            "final_step": r.get("step"),
+            "hf_export": str(exported) if (exported / "config.json").is_file() else None}
+
+
+def _print(info: dict[str, Any]) -> None:
+    knobs = ", ".join(f"{k}={v}" for k, v in info["knobs"].items()) or "no knobs"
+    print(f"best trial {info['trial_id']} of {info['sweep']} ({knobs}): "
+          f"{info['metric']}={info['value']:.6g} at step {info['final_step']}")
+    if info["ties"]:
+        print(f"tie: {len(info['ties'])} other trial(s) reached the same {info['metric']} "
+              f"({', '.join(info['ties'])}); took the smallest trial id")
+    for status, ids in info["left_out"].items():
+        print(f"left out: {len(ids)} {status} trial(s) ({', '.join(ids[:5])}"
+              f"{', …' if len(ids) > 5 else ''})")
+    print("metrics: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                  for k, v in info["metrics"].items()))
+    print("config:")
+    for k, v in info["config"].items():
+        print(f"  {k}: {v}")
+    ck = info["checkpoint"]
+    if ck is None:
+        print("checkpoint: none on disk for this trial (the spec's checkpoint.at_end was false, "
+              "or the results folder was moved without tune/); nothing to export")
+    else:
+        late = "" if info["checkpoint_step"] == info["final_step"] else \
+            f" (not the final step {info['final_step']})"
+        print(f"checkpoint: {ck} (step {info['checkpoint_step']}){late}")
+    if info["hf_export"]:
+        print(f"hf export (export: hf): {info['hf_export']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sweeps.best", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="a sweep's results folder (results/<sweep>)")
+    ap.add_argument("--metric", default=None,
+                    help="final-row column to rank by (default: the sweep's, from summary.json, "
+                         "else val_loss)")
+    ap.add_argument("--mode", choices=("min", "max"), default="min")
+    ap.add_argument("--export", default=None, metavar="DIR",
+                    help="write the best checkpoint here as a Hugging Face folder")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace a non-empty --export folder")
+    ap.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="ship this tokenizer instead of the one the run used")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="skip comparing transformers' logits with ours")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = ap.parse_args(argv)
+    try:
+        d, rows = _results_dir(args.results)
+        metric = args.metric
+        if metric is None:
+            summary = d / "summary.json"
+            metric = (json.loads(summary.read_text()).get("metric") if summary.is_file()
+                      else None) or "val_loss"
+        if args.export is not None:
+            replacing = check_export_dir(Path(args.export), args.overwrite, d)
+            if replacing:
+                print(replacing)
+        pick = best_trial(rows, metric, args.mode)
+        tid = str(pick.row["trial_id"])
+        info = describe(pick, d, trial_checkpoints(d, tid, pick.row.get("sweep")))
+        if args.export is not None:
+            if info["checkpoint"] is None:
+                raise UpcycleError(f"trial {tid} has no checkpoint on disk under {d}; nothing to "
+                                   "export (set checkpoint.at_end: true and rerun it)")
+            info["exported"] = export_checkpoint(info["checkpoint"], args.export,
+                                                 tokenizer=args.tokenizer,
+                                                 verify=not args.no_verify)
+    except (UpcycleError, OSError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(info, default=str))
+        return 0
+    _print(info)
+    ex = info.get("exported")
+    if ex:
+        err = ex.get("transformers_vs_ours")
+        print(f"exported {ex['architecture']} to {ex['out']} with tokenizer: {ex['tokenizer']}"
+              + ("" if err is None else f"; transformers vs ours max |Δlogits|/max|logits| "
+                                        f"{err:.2e}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
