@@ -31,7 +31,7 @@ from analysis.derived import (
     skywork_advice,
 )
 from analysis.noise import format_noise, read_noise
-from moe_core.errors import FitError
+from moe_core.errors import FitError, UpcycleError
 from scaling.fit import DEFAULT_DELTA, FitResult, fit
 from scaling.laws import TABLE2, get_law
 
@@ -44,12 +44,13 @@ def error_line(e: BaseException | str) -> str:
 
 
 def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command's ``main``: a FitError becomes one line on stderr and exit status 2."""
+    """Wrap a command's ``main``: any of the project's errors (a FitError, a ConfigError of a
+    checkpoint's config.json, ...) becomes one line on stderr and exit status 2."""
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> int:
         try:
             return main(*args, **kwargs)
-        except FitError as e:
+        except UpcycleError as e:
             print(error_line(e), file=sys.stderr)
             return ERROR_EXIT
 

@@ -71,7 +71,7 @@ def test_plan_cli_text_and_refusals(tmp_path, capsys):
     assert decide_main(["--plan", "--from-pretrained", str(ck), "--budget-tokens", "5e10"]) == 0
     out = capsys.readouterr().out
     assert "proxy: preset 44M" in out and "transfers (000 §5, Eq. 12)" in out
-    assert "does not transfer" in out and "(assumed, not measured)" in out
+    assert "does not transfer" in out and "(assumed: 35% MFU of the NVIDIA H100" in out
     assert "D1: your checkpoint's training tokens are not in config.json" in out
     assert decide_main(["--plan", "--budget-tokens", "5e10"]) == 2
     assert "--plan needs --from-pretrained" in capsys.readouterr().err
