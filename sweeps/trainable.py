@@ -33,6 +33,7 @@ from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from sweeps import faults
+from sweeps.devices import check_reserved_device
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, json_safe, knob_columns
@@ -214,6 +215,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
     seconds, as a grid branch's does."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
+    check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
     try:
         parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
@@ -269,6 +271,7 @@ def _train_worker(box: dict[str, Any]) -> None:
     import ray.train
 
     t: TrialPlan = box["trial"]
+    check_reserved_device()
     parent = get_parent(t.config, t.parent_key, box["parents"], Path(box["cache_dir"]))
     rank = ray.train.get_context().get_world_rank()
     resume = box["resume"]
