@@ -37,6 +37,7 @@ WORKER_TYPE = "ray.worker.gpu"
 # Ray's floor for a node's object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES)
 MIN_OBJECT_STORE = 75 * 2**20
 STATE_FILE = "cluster.json"
+MAX_ROOT = 38  # + "/ray/session_<date>_<time>_<pid>/sockets/plasma_store" <= 107 characters
 FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
 # Ray turns 127.0.0.1 in an address into this machine's outward IP (services.
 # resolve_ip_for_localhost), where nothing of this cluster listens; its single-machine
@@ -187,6 +188,10 @@ class LocalCluster:
         self.cfg = cfg or LocalClusterConfig()
         # short: Ray's unix socket paths live under it (at most 107 characters)
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="ucl-"))
+        if len(str(self.root.resolve())) > MAX_ROOT:
+            raise ConfigError(f"local cluster directory {self.root} is longer than {MAX_ROOT} "
+                              "characters (Ray's socket paths under it would pass the 107 "
+                              "allowed); choose a shorter --dir")
         self.address = ""
         self._roots: list[tuple[int, float]] = []
         self._gcs: Any = None
