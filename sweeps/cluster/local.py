@@ -64,12 +64,14 @@ class LocalClusterConfig:
     """Ray's autoscaler v2 (``RAY_enable_autoscaler_v2=1``) instead of v1."""
     port: int = 0
     """GCS port on 127.0.0.1; 0 picks a free one."""
+    autoscale: bool = True
+    """False: no autoscaler; worker nodes are added by hand (:meth:`LocalCluster.add_node`)."""
 
     def __post_init__(self) -> None:
         for k in ("head_cpus", "worker_cpus", "worker_gpus"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"local cluster {k}={getattr(self, k)} must be >= 0")
-        if self.max_workers < 1:
+        if self.autoscale and self.max_workers < 1:
             raise ConfigError(f"local cluster max_workers={self.max_workers} must be >= 1")
         if self.object_store_bytes < MIN_OBJECT_STORE:
             raise ConfigError(f"local cluster object_store_bytes={self.object_store_bytes} is "
@@ -208,17 +210,40 @@ class LocalCluster:
         params = ray._private.parameter.RayParams(
             node_ip_address="127.0.0.1", gcs_server_port=port, num_cpus=self.cfg.head_cpus,
             num_gpus=0, object_store_memory=self.cfg.object_store_bytes,
-            autoscaling_config=str(config), temp_dir=str(self.root / "ray"),
+            autoscaling_config=str(config) if self.cfg.autoscale else None,
+            temp_dir=str(self.root / "ray"),
             include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
             min_worker_port=0,
             max_worker_port=0, dashboard_agent_listen_port=0)
-        with _environ(head_env(self.cfg)):
+        with _environ(head_env(self.cfg) if self.cfg.autoscale else LOOPBACK_ENV):
             node = ray._private.node.Node(params, head=True, shutdown_at_exit=False,
                                           spawn_reaper=False)
-        self._roots = [(p.process.pid, psutil.Process(p.process.pid).create_time())
-                       for infos in node.all_processes.values() for p in infos]
-        self._write_state()
+        self._record(node)
         return self
+
+    def _record(self, node: Any) -> None:
+        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
+                        for infos in node.all_processes.values() for p in infos]
+        self._write_state()
+
+    def add_node(self, cpus: int = 1, gpus: int = 0) -> psutil.Process:
+        """Start a worker node by hand (a cluster without ``autoscale``); its raylet, which
+        :meth:`preempt` takes."""
+        import ray._private.node
+        import ray._private.parameter
+        from ray._private import ray_constants
+
+        params = ray._private.parameter.RayParams(
+            node_ip_address="127.0.0.1", gcs_address=self.address, redis_address=self.address,
+            num_cpus=cpus, num_gpus=gpus, object_store_memory=self.cfg.object_store_bytes,
+            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
+            include_log_monitor=False)
+        with _environ(LOOPBACK_ENV):
+            node = ray._private.node.Node(params, head=False, shutdown_at_exit=False,
+                                          spawn_reaper=False)
+        self._record(node)
+        return psutil.Process(
+            node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
 
     def _write_state(self) -> None:
         (self.root / STATE_FILE).write_text(json.dumps({

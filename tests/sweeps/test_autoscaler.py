@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
