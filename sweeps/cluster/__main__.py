@@ -16,6 +16,13 @@ import tempfile
 from pathlib import Path
 
 from moe_core.errors import UpcycleError, one_line
+from sweeps.cluster.local import (
+    LOOPBACK_ENV,
+    STATE_FILE,
+    LocalCluster,
+    LocalClusterConfig,
+)
+from sweeps.devices import ALLOW_CPU_ENV
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / f"upcycle-local-cluster-{os.getuid()}"
 
@@ -31,13 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                     help=f"where the cluster keeps its state and Ray's logs ({DEFAULT_DIR})")
     args = ap.parse_args(argv)
-    from sweeps.cluster.local import (
-        LOOPBACK_ENV,
-        STATE_FILE,
-        LocalCluster,
-        LocalClusterConfig,
-    )
-
     try:
         if args.action == "down":
             if not (args.dir / STATE_FILE).exists():
@@ -55,14 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-    from sweeps.devices import ALLOW_CPU_ENV
-
     # the worker nodes' GPUs are logical: trials train on the CPU (sweeps.devices)
     env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ENV, ALLOW_CPU_ENV: "1"}.items())
     print(f"local cluster up at {c.address} (autoscaler {'v2' if args.v2 else 'v1'}, head "
           f"only; up to {args.max_workers} worker nodes of 1 CPU + 1 logical GPU)\n"
           f"run a sweep on it:  {env} python -m sweeps.run SPEC.yaml --address {c.address} "
-          f"--set resources.gpus=1\n"
+          f"--set resources.gpus=1 --set max_concurrent={args.max_workers}\n"
           f"stop it:            python -m sweeps.cluster local down --dir {args.dir}")
     return 0
 
