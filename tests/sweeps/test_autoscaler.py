@@ -1,9 +1,10 @@
 """A real Ray autoscaler on one machine (``sweeps.cluster.local``): a sweep whose trials each
 reserve a (logical) GPU makes the cluster grow from its GPU-less head to several worker nodes
 and shrink back to the head after the sweep, under autoscaler v1 and v2; a worker node is
-killed mid-trial, as a reclaimed spot instance is, and its trial resumes from its last
-checkpoint on another node; every reported row is in ``results.parquet`` exactly once and the
-shared parent is trained once. The cluster's processes are the only ones started or stopped.
+killed mid-trial (after the trial's first checkpoint), as a reclaimed spot instance is, and
+its trial resumes from its last checkpoint on another node; every reported row is in
+``results.parquet`` exactly once and the shared parent is trained once. The cluster's
+processes are the only ones started or stopped.
 
 Where the sweep writes is the ``results_root`` fixture: a local folder here; any URI that
 ``pyarrow.fs.FileSystem.from_uri`` reads (an ``s3://`` bucket on a local S3 server) can
@@ -104,7 +105,7 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
         for tid, rows in _trial_results(fs, tune_dir).items():
             ck = [r["step"] for r in rows if r.get("checkpoint_dir_name")]
             last = rows[-1]
-            if len(ck) < 2 or last["step"] >= STEPS - 2 * EVERY:
+            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9
                 continue
             raylet = cluster.raylet_of(last["pid"])
             if raylet is None:
