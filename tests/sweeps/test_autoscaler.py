@@ -171,6 +171,10 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     # every reported row is in results.parquet exactly once, every trial complete
     with fs.open_input_file(f"{sweep_dir}/results.parquet") as f:
         rows = pq.read_table(f).to_pylist()
+    keys = [(r["trial_id"], r["step"]) for r in rows]
+    reported = {(t, r["step"]) for t, rs in _trial_results(fs, f"{sweep_dir}/tune").items()
+                for r in rs}
+    assert len(keys) == len(set(keys)) and set(keys) == reported
     trials = {r["trial_id"] for r in rows}
     assert len(trials) == 4
     for t in trials:
