@@ -20,3 +20,27 @@ def test_switch_values():
     assert allow_cpu_for_gpu({}) is False
     with pytest.raises(ConfigError, match=f"{ALLOW_CPU_ENV}='yes' must be 1"):
         allow_cpu_for_gpu({ALLOW_CPU_ENV: "yes"})
+
+
+@pytest.mark.slow
+def test_a_ray_task_holding_a_logical_gpu_without_cuda(monkeypatch):
+    """Through Ray itself: a task holding one of Ray's logical GPUs (no CUDA here) gets the
+    one-line error, or trains on the CPU with the switch (the env reaches it as a trial's does,
+    through runtime_env)."""
+    import ray
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the reservation is honoured")
+    from sweeps.devices import check_reserved_device
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(num_gpus=1, num_cpus=0)(check_reserved_device)
+        with pytest.raises(UpcycleError, match=f"holds GPU reservation.*{ALLOW_CPU_ENV}=1"):
+            ray.get(task.remote())
+        on = task.options(runtime_env={"env_vars": {ALLOW_CPU_ENV: "1"}})
+        assert ray.get(on.remote()) == "cpu"
+    finally:
+        ray.shutdown()
