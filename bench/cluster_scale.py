@@ -1,10 +1,10 @@
 """Scale-out on local Ray nodes: trials/hour of a fixed sweep on 1 node vs 2 nodes (each node
-``--cpus`` CPUs, started with ``ray start`` on loopback), and the hand-off time of a parent state
-to a task on the other node vs on the same node.
+``--cpus`` CPUs, on loopback, started and stopped by PID with ``sweeps.cluster.local``), and the
+hand-off time of a parent state to a task on the other node vs on the same node.
 
     python bench/cluster_scale.py [--trials 4] [--steps 24] [--cpus 1]
 Ends with one JSON line (``two_vs_one_node_trials_per_hour``, ``cross_vs_same_node_handoff``).
-Note: it ends with ``ray stop --force``, which stops every Ray process of this user here.
+It stops only the Ray processes it started.
 """
 
 from __future__ import annotations
@@ -12,25 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import socket
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray(*args: str) -> None:
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    subprocess.run([ray_bin, *args], check=True, capture_output=True, timeout=180)
 
 
 def _sweep_seconds(address: str, tmp: Path, trials: int, steps: int, tag: str) -> float:
@@ -92,23 +80,23 @@ def main() -> None:
     ap.add_argument("--cpus", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    os.environ.update(WANDB_MODE="disabled", RAY_AUTH_MODE="token",
-                      RAY_AUTH_TOKEN=secrets.token_hex(32))
+    from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
+
+    os.environ.update(WANDB_MODE="disabled", **LOOPBACK_ENV)
     os.environ.pop("RAY_ADDRESS", None)
     tmp = Path(tempfile.mkdtemp(prefix="cluster-scale-"))
     os.environ["UPCYCLE_CACHE"] = str(tmp / "cache")
-    gcs = _port()
-    address = f"127.0.0.1:{gcs}"
-    common = ["--disable-usage-stats", f"--num-cpus={args.cpus}"]
-    try:
-        _ray("start", "--head", f"--port={gcs}", "--include-dashboard=false", *common)
+    # object stores that hold the 128 MiB parent of the hand-off
+    cluster = LocalCluster(LocalClusterConfig(autoscale=False, head_cpus=args.cpus,
+                                              object_store_bytes=512 * 2**20))
+    with cluster:
+        address = cluster.address
         _sweep_seconds(address, tmp, args.trials, args.steps, "warmup")  # caches, op builds
         one = _sweep_seconds(address, tmp, args.trials, args.steps, "one")
-        _ray("start", f"--address={address}", *common)
+        cluster.add_node(cpus=args.cpus)
         two = _sweep_seconds(address, tmp, args.trials, args.steps, "two")
         same, cross = _handoff(address, args.repeats)
-    finally:
-        _ray("stop", "--force")
+    shutil.rmtree(cluster.root, ignore_errors=True)
     tph1, tph2 = args.trials / one * 3600, args.trials / two * 3600
     print(f"{args.trials} trials × {args.steps} steps: 1 node {one:.1f} s "
           f"({tph1:.0f} trials/h), 2 nodes {two:.1f} s ({tph2:.0f} trials/h), "

@@ -8,11 +8,13 @@ them on demand instead), then Ray Tune runs the trials
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, progress, signals
 from sweeps.curves import load_calibration
+from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
@@ -49,7 +52,7 @@ from sweeps.trust import hide_wandb_key, verify_experiment_state
 # Passed to every worker through runtime_env (Ray writes these into its session logs: never a
 # secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.trust).
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            "OMP_NUM_THREADS")
+            "OMP_NUM_THREADS", ALLOW_CPU_ENV)
 class ResultsCallback(tune.Callback):
     """Hands every reported row to the sweep's ``ResultsSink`` (durable before Tune moves on;
     ``results.parquet`` rewritten in the background), marks trial outcomes, and prints
@@ -372,6 +375,21 @@ def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
     return conc
 
 
+@contextlib.contextmanager
+def pending_trials(conc: int) -> Iterator[None]:
+    """Let as many trials wait for resources as may run at once, whatever the searcher: an
+    autoscaler sees only the pending trials' resource requests, and Tune lets a custom
+    searcher's (Optuna, law) pend one at a time by default. A value the user set is kept."""
+    key = "TUNE_MAX_PENDING_TRIALS_PG"
+    before = os.environ.get(key)
+    os.environ.setdefault(key, str(conc))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+
+
 def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
            callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
@@ -458,6 +476,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     if resume and (results_dir / "tune").exists():
         verify_experiment_state(results_dir / "tune")  # before anything unpickles it
     check_address(address)  # an unreachable cluster fails here, before anything is moved
+    allow_cpu_for_gpu()  # a bad value of the switch fails here, not in every trial
     hide_wandb_key()
     _start_ray(spec, address, verbose)
     signals.install()  # after ray.init, which replaces the SIGTERM handler
@@ -498,10 +517,11 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20,  # a token bundle
                                            **custom_resources(spec)},
     )
+    conc = _concurrency(spec, max_concurrent)
     tuner = _tuner(spec, plan, trainable, results_dir,
-                   _callbacks(spec, plan, results_dir, health),
-                   _concurrency(spec, max_concurrent), resume, verbose, health)
-    grid = tuner.fit()
+                   _callbacks(spec, plan, results_dir, health), conc, resume, verbose, health)
+    with pending_trials(conc):
+        grid = tuner.fit()
     finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=_planned(spec, plan, results_dir),

@@ -31,6 +31,7 @@ from moe_core.train.config import TrainConfig
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
 from sweeps import console
+from sweeps.devices import check_reserved_device
 from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
 from sweeps.spec import SweepSpec
 
@@ -108,6 +109,7 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
 @ray.remote(max_calls=1)
 def _train_parent_task(child: TrainConfig, cache_dir: str,
                        with_optimizer: bool = False) -> dict[str, Any]:
+    check_reserved_device()
     key = parent_key(child)
     steps = 0 if child.parent.from_pretrained is not None else child.parent_run().steps
     progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json", steps)
@@ -164,10 +166,14 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str
                          f"{cache_dir})")
         _wait_with_progress("parents", refs,
                             {k: cache_dir / f"{k}.progress.json" for k in refs})
-        for key, payload in zip(refs, ray.get(list(refs.values()))):  # a failure surfaces now
+        payloads = ray.get(list(refs.values()))  # a failure surfaces now
+        for key, payload in zip(refs, payloads):
             if "diverged" in payload:
                 console.progress(f"parent {key} {payload['diverged']}: its trials are "
                                  "reported as diverged")
+        # put from the driver: a task's return value lives on the node that ran it, and an
+        # autoscaler never removes a node holding an object's primary copy
+        refs = {key: ray.put(payload) for key, payload in zip(refs, payloads)}
     return refs
 
 
@@ -274,6 +280,7 @@ def extend_stable(t: TrialPlan, parent: ParentState | None, out_dir: Path,
 @ray.remote(max_calls=1)
 def _train_stable_task(group: BranchGroup, parents: dict[str, Any], cache_dir: str,
                        out_dir: str) -> StableRun | None:
+    check_reserved_device()
     rep = group.representative
     try:
         parent = get_parent(rep.config, rep.parent_key, parents, Path(cache_dir))

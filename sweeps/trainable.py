@@ -34,6 +34,7 @@ from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
 from sweeps import faults
+from sweeps.devices import check_reserved_device
 from sweeps.not_retried import fail_once
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
@@ -225,6 +226,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
     seconds, as a grid branch's does."""
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
+    check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
     try:
         parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
@@ -280,6 +282,7 @@ def _train_worker(box: dict[str, Any]) -> None:
     import ray.train
 
     t: TrialPlan = box["trial"]
+    check_reserved_device()
     parent = get_parent(t.config, t.parent_key, box["parents"], Path(box["cache_dir"]))
     rank = ray.train.get_context().get_world_rank()
     resume = box["resume"]

@@ -1,0 +1,69 @@
+"""python -m sweeps.cluster local up [--v2] [--max-workers N] [--dir DIR]
+python -m sweeps.cluster local down [--dir DIR]
+
+``up`` starts a fake multi-node cluster driven by Ray's real autoscaler on this machine (a head
+without GPUs; worker nodes of 1 CPU + 1 logical GPU, launched as trials queue and removed when
+idle) and prints how to run a sweep on it; ``down`` stops exactly the processes ``up`` started
+(recorded in DIR/cluster.json). See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from moe_core.errors import UpcycleError, one_line
+from sweeps.cluster.local import (
+    LOOPBACK_ENV,
+    STATE_FILE,
+    LocalCluster,
+    LocalClusterConfig,
+)
+from sweeps.devices import ALLOW_CPU_ENV
+
+DEFAULT_DIR = Path(tempfile.gettempdir()) / f"upcycle-local-cluster-{os.getuid()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sweeps.cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["local"])
+    ap.add_argument("action", choices=["up", "down"])
+    ap.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 (default: v1)")
+    ap.add_argument("--max-workers", type=int, default=3)
+    ap.add_argument("--idle-timeout-s", type=float, default=6.0)
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                    help=f"where the cluster keeps its state and Ray's logs ({DEFAULT_DIR})")
+    args = ap.parse_args(argv)
+    try:
+        if args.action == "down":
+            if not (args.dir / STATE_FILE).exists():
+                raise UpcycleError(f"no local cluster recorded in {args.dir / STATE_FILE}")
+            LocalCluster.attach(args.dir).stop()
+            (args.dir / STATE_FILE).unlink()
+            print(f"stopped the local cluster of {args.dir}")
+            return 0
+        if (args.dir / STATE_FILE).exists():
+            raise UpcycleError(f"a local cluster is already recorded in {args.dir}; run "
+                               f"`python -m sweeps.cluster local down --dir {args.dir}` first")
+        cfg = LocalClusterConfig(max_workers=args.max_workers,
+                                 idle_timeout_s=args.idle_timeout_s, autoscaler_v2=args.v2)
+        c = LocalCluster(cfg, args.dir).start()
+    except UpcycleError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    # the worker nodes' GPUs are logical: trials train on the CPU (sweeps.devices)
+    env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ENV, ALLOW_CPU_ENV: "1"}.items())
+    print(f"local cluster up at {c.address} (autoscaler {'v2' if args.v2 else 'v1'}, head "
+          f"only; up to {args.max_workers} worker nodes of 1 CPU + 1 logical GPU)\n"
+          f"run a sweep on it:  {env} python -m sweeps.run SPEC.yaml --address {c.address} "
+          f"--set resources.gpus=1 --set max_concurrent={args.max_workers}\n"
+          f"stop it:            python -m sweeps.cluster local down --dir {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler.
+
+The head runs the autoscaler (v1, or v2 with ``autoscaler_v2=True``) with Ray's fake multi-node
+provider (``ray.autoscaler._private.fake_multi_node``): each worker "node" it launches is a real
+raylet on this machine with logical resources, GPUs included, and it removes a node after
+``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml`` that
+``ray.cluster_utils.AutoscalingCluster`` reads, so :func:`autoscaling_config` builds the config
+from :class:`LocalClusterConfig`. Everything binds 127.0.0.1, lives under one temp directory
+and is stopped by PID: the head's processes are children of the process that started them, the
+worker nodes children of the head's autoscaler, so :meth:`LocalCluster.stop` ends exactly that
+process tree (never ``ray stop``, which ends every Ray process of the user).
+
+    python -m sweeps.cluster local up [--v2]     # prints the address for --address
+    python -m sweeps.cluster local down
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from moe_core.errors import ConfigError, UpcycleError
+
+HEAD_TYPE = "ray.head.default"
+WORKER_TYPE = "ray.worker.gpu"
+# Ray's floor for a node's object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES)
+MIN_OBJECT_STORE = 75 * 2**20
+STATE_FILE = "cluster.json"
+MAX_ROOT = 38  # + "/ray/session_<date>_<time>_<pid>/sockets/plasma_store" <= 107 characters
+FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
+# Ray turns 127.0.0.1 in an address into this machine's outward IP (services.
+# resolve_ip_for_localhost), where nothing of this cluster listens; its single-machine
+# (laptop) mode keeps every node and driver on loopback. Every process of the cluster gets it,
+# and so must the driver that connects (``python -m sweeps.run --address``).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalClusterConfig:
+    """The fake cluster: a head without GPUs, one worker type scaled from 0 to ``max_workers``."""
+
+    head_cpus: int = 1
+    """CPUs of the head (it drives the sweep; trials reserving a GPU never land there)."""
+    worker_cpus: int = 1
+    worker_gpus: int = 1
+    """Logical GPUs per worker node (there is no CUDA behind them: see ``sweeps.devices``)."""
+    max_workers: int = 3
+    object_store_bytes: int = 100 * 2**20
+    """Object store of every node (the head's too); Ray's floor is 75 MiB."""
+    idle_timeout_s: float = 6.0
+    """A worker node idle this long is removed by the autoscaler."""
+    autoscaler_v2: bool = False
+    """Ray's autoscaler v2 (``RAY_enable_autoscaler_v2=1``) instead of v1."""
+    port: int = 0
+    """GCS port on 127.0.0.1; 0 picks a free one."""
+    autoscale: bool = True
+    """False: no autoscaler; worker nodes are added by hand (:meth:`LocalCluster.add_node`)."""
+
+    def __post_init__(self) -> None:
+        for k in ("head_cpus", "worker_cpus", "worker_gpus"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"local cluster {k}={getattr(self, k)} must be >= 0")
+        if self.autoscale and self.max_workers < 1:
+            raise ConfigError(f"local cluster max_workers={self.max_workers} must be >= 1")
+        if self.object_store_bytes < MIN_OBJECT_STORE:
+            raise ConfigError(f"local cluster object_store_bytes={self.object_store_bytes} is "
+                              f"below Ray's floor of {MIN_OBJECT_STORE} (75 MiB); raise it")
+        if self.idle_timeout_s <= 0:
+            raise ConfigError(f"local cluster idle_timeout_s={self.idle_timeout_s} must be > 0")
+
+
+def autoscaling_config(cfg: LocalClusterConfig, gcs_address: str) -> dict[str, Any]:
+    """The autoscaling config of the fake cluster, with the fields of Ray's
+    ``fake_multi_node/example.yaml`` (absent from the 2.60 wheel)."""
+    from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
+
+    provider: dict[str, Any] = {
+        "type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+        "disable_launch_config_check": True,
+        "gcs_address": gcs_address,  # the provider's default is port 6379: not ours
+    }
+    if cfg.autoscaler_v2:  # as ray.cluster_utils.AutoscalingCluster sets them for v2
+        provider.update(launch_multiple=True, head_node_id=FAKE_HEAD_NODE_ID)
+        # v2 fills the config's defaults from the provider type's default file, which for
+        # fake_multinode is the missing example.yaml; as an "external" provider (the same
+        # class, named by module) its defaults are built in
+        provider.update(type="external", module=FAKE_PROVIDER)
+    return {
+        "cluster_name": "upcycle_local", "max_workers": cfg.max_workers,
+        "provider": provider,
+        "available_node_types": {
+            HEAD_TYPE: {"resources": {"CPU": cfg.head_cpus, "GPU": 0}, "node_config": {},
+                        "max_workers": 0},
+            WORKER_TYPE: {"resources": {"CPU": cfg.worker_cpus, "GPU": cfg.worker_gpus,
+                                        "object_store_memory": cfg.object_store_bytes},
+                          "node_config": {}, "min_workers": 0,
+                          "max_workers": cfg.max_workers},
+        },
+        "head_node_type": HEAD_TYPE, "auth": {}, "upscaling_speed": 1.0,
+        "idle_timeout_minutes": cfg.idle_timeout_s / 60, "docker": {},
+        "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
+        "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": [], "file_mounts": {}, "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
+    }
+
+
+def head_env(cfg: LocalClusterConfig) -> dict[str, str]:
+    """Environment of the head's processes (the autoscaler reads it; the worker nodes it starts
+    inherit it)."""
+    from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
+
+    env = {**LOOPBACK_ENV, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+    if cfg.autoscaler_v2:
+        env.update(RAY_enable_autoscaler_v2="1", RAY_CLOUD_INSTANCE_ID=FAKE_HEAD_NODE_ID,
+                   RAY_OVERRIDE_NODE_ID_FOR_TESTING=FAKE_HEAD_NODE_ID)
+    else:
+        env["RAY_enable_autoscaler_v2"] = "0"
+    return env
+
+
+@contextmanager
+def _environ(update: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in update}
+    os.environ.update(update)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tree(roots: list[tuple[int, float]]) -> list[psutil.Process]:
+    """The recorded processes (pid, create time: a reused pid is not ours) and their
+    descendants, still alive."""
+    out: dict[int, psutil.Process] = {}
+    for pid, created in roots:
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) > 1e-3:
+                continue
+            for q in [p, *p.children(recursive=True)]:
+                out[q.pid] = q
+        except psutil.NoSuchProcess:
+            continue
+    return list(out.values())
+
+
+def kill_processes(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """SIGTERM these processes, then SIGKILL what is left after ``grace_s``."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+class LocalCluster:
+    """Start with :meth:`start` (or ``with LocalCluster(cfg) as c:``); ``c.address`` is what
+    ``python -m sweeps.run --address`` takes. :meth:`stop` ends the processes it started."""
+
+    def __init__(self, cfg: LocalClusterConfig | None = None, root: str | Path | None = None):
+        self.cfg = cfg or LocalClusterConfig()
+        # short: Ray's unix socket paths live under it (at most 107 characters)
+        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="ucl-"))
+        if len(str(self.root.resolve())) > MAX_ROOT:
+            raise ConfigError(f"local cluster directory {self.root} is longer than {MAX_ROOT} "
+                              "characters (Ray's socket paths under it would pass the 107 "
+                              "allowed); choose a shorter --dir")
+        self.address = ""
+        self._roots: list[tuple[int, float]] = []
+        self._gcs: Any = None
+
+    def start(self) -> LocalCluster:
+        import ray._private.node
+        import ray._private.parameter
+
+        port = self.cfg.port or free_port()
+        self.address = f"127.0.0.1:{port}"
+        config = self.root / "autoscaling.json"
+        self.root.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps(autoscaling_config(self.cfg, self.address)))
+        params = ray._private.parameter.RayParams(
+            node_ip_address="127.0.0.1", gcs_server_port=port, num_cpus=self.cfg.head_cpus,
+            num_gpus=0, object_store_memory=self.cfg.object_store_bytes,
+            autoscaling_config=str(config) if self.cfg.autoscale else None,
+            temp_dir=str(self.root / "ray"),
+            include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
+            min_worker_port=0,
+            max_worker_port=0, dashboard_agent_listen_port=0)
+        with _environ(head_env(self.cfg) if self.cfg.autoscale else LOOPBACK_ENV):
+            node = ray._private.node.Node(params, head=True, shutdown_at_exit=False,
+                                          spawn_reaper=False)
+        self._record(node)
+        return self
+
+    def _record(self, node: Any) -> None:
+        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
+                        for infos in node.all_processes.values() for p in infos]
+        self._write_state()
+
+    def add_node(self, cpus: int = 1, gpus: int = 0) -> psutil.Process:
+        """Start a worker node by hand (a cluster without ``autoscale``); its raylet, which
+        :meth:`preempt` takes."""
+        import ray._private.node
+        import ray._private.parameter
+        from ray._private import ray_constants
+
+        params = ray._private.parameter.RayParams(
+            node_ip_address="127.0.0.1", gcs_address=self.address, redis_address=self.address,
+            num_cpus=cpus, num_gpus=gpus, object_store_memory=self.cfg.object_store_bytes,
+            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
+            include_log_monitor=False)
+        with _environ(LOOPBACK_ENV):
+            node = ray._private.node.Node(params, head=False, shutdown_at_exit=False,
+                                          spawn_reaper=False)
+        self._record(node)
+        return psutil.Process(
+            node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+
+    def _write_state(self) -> None:
+        (self.root / STATE_FILE).write_text(json.dumps({
+            "address": self.address, "pids": self._roots, "config": asdict(self.cfg)}))
+
+    @classmethod
+    def attach(cls, root: str | Path) -> LocalCluster:
+        """The cluster whose state ``start`` wrote under ``root`` (for ``local down``)."""
+        state = json.loads((Path(root) / STATE_FILE).read_text())
+        c = cls(LocalClusterConfig(**state["config"]), root)
+        c.address, c._roots = state["address"], [tuple(p) for p in state["pids"]]
+        return c
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this cluster: the head's and their descendants (the worker
+        nodes' processes are children of the head's autoscaler)."""
+        return _tree(self._roots)
+
+    def stop(self) -> None:
+        """End this cluster's processes (by PID, the whole tree at once), nothing else."""
+        kill_processes(self.processes())
+        self._gcs = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- observing and disturbing the cluster ---------------------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The GCS's view: one dict per node (``node_id``, ``alive``, ``head``,
+        ``node_manager_port``), dead nodes included."""
+        from ray._raylet import GcsClient
+
+        if self._gcs is None:
+            self._gcs = GcsClient(address=self.address)
+        out = []
+        for nid, info in self._gcs.get_all_node_info(timeout=10).items():
+            out.append({"node_id": nid.hex(), "alive": info.state == 0,
+                        "head": info.is_head_node,
+                        "node_manager_port": info.node_manager_port})
+        return out
+
+    def worker_count(self) -> int:
+        """Live worker nodes (the head not counted)."""
+        return sum(n["alive"] and not n["head"] for n in self.nodes())
+
+    def wait_for(self, pred: Callable[[int], bool], timeout_s: float, what: str,
+                 every_s: float = 0.5) -> int:
+        """Poll :meth:`worker_count` until ``pred(count)``; the count. Raises after
+        ``timeout_s`` naming ``what``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            n = self.worker_count()
+            if pred(n):
+                return n
+            if time.monotonic() > deadline:
+                raise UpcycleError(f"local cluster: {what} not reached in {timeout_s:.0f} s "
+                                   f"({n} worker nodes)")
+            time.sleep(every_s)
+
+    def raylet_of(self, pid: int) -> psutil.Process | None:
+        """The raylet of the node a worker process ``pid`` (a task or actor) runs on, if it is
+        one of this cluster's processes."""
+        ours = {p.pid for p in self.processes()}
+        try:
+            p = psutil.Process(pid)
+            while p is not None and p.pid in ours:
+                if "raylet" in p.name():
+                    return p
+                p = p.parent()
+        except psutil.NoSuchProcess:
+            return None
+        return None
+
+    def preempt(self, raylet: psutil.Process) -> None:
+        """A worker node vanishes as a reclaimed spot instance does: its raylet and every
+        process under it are killed at once (SIGKILL), with no drain. The head is refused."""
+        head = {n["node_manager_port"] for n in self.nodes() if n["head"]}
+        if any(f"--node_manager_port={p}" in " ".join(raylet.cmdline()) for p in head):
+            raise UpcycleError("local cluster: refusing to preempt the head node")
+        procs = [raylet, *raylet.children(recursive=True)]
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)

@@ -1,0 +1,206 @@
+"""A real Ray autoscaler on one machine (``sweeps.cluster.local``): a sweep whose trials each
+reserve a (logical) GPU makes the cluster grow from its GPU-less head to several worker nodes
+and shrink back to the head after the sweep, under autoscaler v1 and v2; a worker node is
+killed mid-trial (after the trial's first checkpoint), as a reclaimed spot instance is, and
+its trial resumes from its last checkpoint on another node; every reported row is in
+``results.parquet`` exactly once and the shared parent is trained once. The cluster's
+processes are the only ones started or stopped.
+
+Where the sweep writes is the ``results_root`` fixture: a local folder here; any URI that
+``pyarrow.fs.FileSystem.from_uri`` reads (an ``s3://`` bucket on a local S3 server) can
+replace it, as every read below goes through ``pyarrow.fs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
+from sweeps.devices import ALLOW_CPU_ENV
+from tests.sweeps.test_sweep_e2e import SPEC
+
+EVERY = 8  # eval (and checkpoint) every 8 steps
+STEPS = 64
+
+
+@pytest.fixture
+def results_root(tmp_path) -> str:
+    """The sweep's ``results:`` (a local folder; an S3 fixture's bucket URI can replace it)."""
+    return str(tmp_path / "results")
+
+
+class Timeline(threading.Thread):
+    """Samples the number of live nodes (the head included) every ``every_s``; keeps the
+    changes as (seconds since start, nodes)."""
+
+    def __init__(self, cluster: LocalCluster, every_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.cluster, self.every_s = cluster, every_s
+        self.t0 = time.monotonic()
+        self.points: list[tuple[float, int]] = []
+        self.halt = threading.Event()
+
+    def sample(self) -> None:
+        n = 1 + self.cluster.worker_count()
+        if not self.points or self.points[-1][1] != n:
+            self.points.append((round(time.monotonic() - self.t0, 1), n))
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.sample()
+            self.halt.wait(self.every_s)
+
+    def stop(self) -> list[tuple[float, int]]:
+        self.halt.set()
+        self.join(timeout=30)
+        self.sample()
+        return self.points
+
+
+def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _trial_results(fs: pafs.FileSystem, tune_dir: str) -> dict[str, list[dict]]:
+    """Tune's ``result.json`` of every trial: its reports in order (with ``pid`` and
+    ``checkpoint_dir_name``), keyed by trial id."""
+    out: dict[str, list[dict]] = {}
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(tune_dir, recursive=True))
+    except (FileNotFoundError, OSError):
+        return out
+    for info in infos:
+        if info.base_name != "result.json":
+            continue
+        with fs.open_input_stream(info.path) as f:
+            lines = f.read().decode().splitlines()
+        rows = []
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # a line being written
+                break
+        if rows:
+            out[rows[0]["trial_id"]] = rows
+    return out
+
+
+def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
+                             timeout_s: float = 240) -> dict:
+    """Wait for a trial that has reported a checkpoint and is not finished, then kill the
+    worker node it runs on. What was done: trial id, its last checkpointed step, the pid."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        for tid, rows in _trial_results(fs, tune_dir).items():
+            ck = [r["step"] for r in rows if r.get("checkpoint_dir_name")]
+            last = rows[-1]
+            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9
+                continue
+            raylet = cluster.raylet_of(last["pid"])
+            if raylet is None:
+                continue
+            cluster.preempt(raylet)
+            return {"trial_id": tid, "ckpt_step": max(ck), "pid": last["pid"],
+                    "raylet": raylet.pid}
+        time.sleep(0.2)
+    raise AssertionError("no running trial with a checkpoint was seen to preempt")
+
+
+def _sweep_spec(results_root: str) -> dict:
+    base = dict(SPEC["base"], tokens=STEPS * 8 * 32, eval={"every_steps": EVERY, "batches": 2})
+    return dict(SPEC, base=base, results=results_root, resources={"cpus": 1, "gpus": 1},
+                max_concurrent=3, storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
+                failure={"max_failures": 3},
+                checkpoint={"every_evals": 1, "every_minutes": None})
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("v2", [False, True], ids=["autoscaler_v1", "autoscaler_v2"])
+def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, results_root,
+                                                                     v2, request):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_sweep_spec(results_root)))
+    env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
+               **LOOPBACK_ENV, **{ALLOW_CPU_ENV: "1"})
+    env.pop("RAY_ADDRESS", None)
+    fs, root = _fs(results_root)
+    sweep_dir = f"{root}/e2e"
+    t0 = time.monotonic()
+    cluster = LocalCluster(LocalClusterConfig(autoscaler_v2=v2))  # a short /tmp/ucl-* root
+    request.addfinalizer(lambda: shutil.rmtree(cluster.root, ignore_errors=True))
+    with cluster:
+        timeline = Timeline(cluster)
+        timeline.start()
+        log = open(tmp_path / "driver.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec), "--address",
+                                 cluster.address], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            hit = _preempt_a_running_trial(cluster, fs, f"{sweep_dir}/tune", proc)
+            proc.wait(timeout=420)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+        assert proc.returncode == 0, (tmp_path / "driver.log").read_text()[-3000:]
+        cluster.wait_for(lambda n: n == 0, 120, "scale-down to the head alone")
+        points = timeline.stop()
+        assert not psutil_alive(hit["raylet"])
+    wall = time.monotonic() - t0
+    print(f"\nautoscaler {'v2' if v2 else 'v1'}: node-count timeline (s, nodes incl. head): "
+          f"{points}; preempted trial {hit['trial_id']} after its checkpoint at step "
+          f"{hit['ckpt_step']}; {wall:.0f} s in all")
+    (tmp_path / "timeline.json").write_text(json.dumps({"points": points, "wall_s": wall}))
+
+    # scale-up from the head alone to more than one worker, and back to the head alone
+    assert points[0][1] == 1, points
+    assert max(n for _, n in points) >= 3, points  # the head and at least two workers
+    assert points[-1][1] == 1, points
+
+    # every reported row is in results.parquet exactly once, every trial complete
+    with fs.open_input_file(f"{sweep_dir}/results.parquet") as f:
+        rows = pq.read_table(f).to_pylist()
+    keys = [(r["trial_id"], r["step"]) for r in rows]
+    reported = {(t, r["step"]) for t, rs in _trial_results(fs, f"{sweep_dir}/tune").items()
+                for r in rs}
+    assert len(keys) == len(set(keys)) and set(keys) == reported
+    trials = {r["trial_id"] for r in rows}
+    assert len(trials) == 4
+    for t in trials:
+        steps = sorted(r["step"] for r in rows if r["trial_id"] == t)
+        assert steps == list(range(0, STEPS + 1, EVERY)), (t, steps)
+        assert {r["status"] for r in rows if r["trial_id"] == t} == {"ok"}
+
+    # the preempted trial resumed from its last checkpoint, in a new process on another node
+    reports = _trial_results(fs, f"{sweep_dir}/tune")[hit["trial_id"]]
+    pids = [r["pid"] for r in reports]
+    cut = next(i for i, p in enumerate(pids) if p != hit["pid"] and i > pids.index(hit["pid"]))
+    before = [r["step"] for r in reports[:cut] if r.get("checkpoint_dir_name")]
+    assert reports[cut]["step"] == max(before) + EVERY > EVERY, [r["step"] for r in reports]
+    assert max(before) >= hit["ckpt_step"]
+
+    # the parent was trained once: one cached parent, and no trial trained it again (the
+    # fallback path takes the parent's lock file)
+    cached = [i for i in fs.get_file_info(pafs.FileSelector(f"{sweep_dir}/parents"))]
+    assert len([i for i in cached if i.type == pafs.FileType.Directory]) == 1, cached
+    assert not [i for i in cached if i.base_name.endswith(".lock")], cached
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
