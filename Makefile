@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SPEC ?= search_spaces/upcycle_lr.yaml
 
-.PHONY: venv demo test lint bench findings clean
+.PHONY: venv demo test test-fast lint bench findings clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The edit-test loop: everything but the tests marked slow or distributed (make test runs all).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
