@@ -21,7 +21,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps import console, faults, signals
+from sweeps import console, faults, resources, signals
 from sweeps.curves import load_calibration
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law_search import (
@@ -295,6 +295,7 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
     quiet_ray(verbose)
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
+    env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
     if not ray.is_initialized():
         ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
                  log_to_driver=verbose, configure_logging=False)
@@ -430,6 +431,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     check_address(address)  # an unreachable cluster fails here, before anything is moved
     hide_wandb_key()
     _start_ray(spec, address, verbose)
+    spec = resources.resolve(spec, resources.ray_cluster())  # resources.gpus: auto -> 1 or 0
     signals.install()  # after ray.init, which replaces the SIGTERM handler
     results_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
@@ -459,9 +461,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                              stable_starts=on_demand_starts(spec, (
                                  plan.trial(spec, c.point) for c in
                                  candidates_from_plan(spec, plan))) if law else None),
-        # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
-        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20},  # a token bundle
+        resources.trial_resources(spec),
     )
     tuner = _tuner(spec, plan, trainable, results_dir,
                    _callbacks(spec, plan, results_dir, health),

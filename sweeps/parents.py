@@ -30,7 +30,7 @@ from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
-from sweeps import console
+from sweeps import console, resources
 from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
 from sweeps.spec import SweepSpec
 
@@ -101,8 +101,7 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
     so a task never trains on a GPU that Ray has lent to a trial. The tasks are declared with
     ``max_calls=1`` (a ``@ray.remote`` option, not an ``.options()`` one): their worker
     process exits when the task is done, so its CUDA context and cached memory go with it."""
-    r = spec.resources
-    return {"num_cpus": r.cpus, "num_gpus": r.gpus}
+    return resources.task_options(spec)
 
 
 @ray.remote(max_calls=1)
