@@ -17,12 +17,14 @@ tasks and actors that were assigned no GPU; the driver passes it in the job's ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from moe_core.fsio import atomic_write_text
+from moe_core.train.callbacks import Callback
 from sweeps.spec import Resources, SweepSpec
 
 AUTO = "auto"
@@ -153,9 +155,14 @@ def placement() -> dict[str, Any]:
 def stamp_placement(checkpoint: str | Path, where: Mapping[str, Any] | None = None) -> None:
     """Record :func:`placement` under ``placement`` in a checkpoint's ``meta.json`` (which its
     SHA-256 list does not cover), atomically."""
-    import json
-
     meta = Path(checkpoint) / "meta.json"
     m = json.loads(meta.read_text())
     m["placement"] = dict(where if where is not None else placement())
     atomic_write_text(meta, json.dumps(m, indent=1))
+
+
+class PlacementStamp(Callback):
+    """Stamps :func:`placement` into each checkpoint a run writes (a WSD stable-run task)."""
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        stamp_placement(path)
