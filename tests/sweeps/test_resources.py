@@ -51,6 +51,9 @@ def test_multi_rank_trials_reserve_per_rank_and_a_token_for_tune():
     assert rows["trial (Tune)"] == {"memory": 2**20}
     assert rows["trial rank (x2)"] == {"CPU": 2.0, "GPU": 1.0}
     assert rows["parent"] == rows["stable run"] == {"CPU": 2.0, "GPU": 1.0}
+    lines = R.describe(s, s, {"GPU": 4}, "cluster")
+    assert "  trial (Tune)     reserves memory 1,048,576 B" in lines
+    assert "  trial rank (x2)  reserves CPU 2, GPU 1" in lines
 
 
 def test_dry_run_lines_say_what_each_task_reserves():
