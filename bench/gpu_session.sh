@@ -151,37 +151,37 @@ step() {
     env)
       { command -v nvidia-smi > /dev/null && { nvidia-smi; nvidia-smi -q -d CLOCK,POWER; }
         df -h "${TMPDIR:-/tmp}" .; nproc; free -g; } > "$OUT/env_host.log" 2>&1
-      run env 40 "$PY" -c "$ENV_PY" ;;
+      run env "$(r 40 180)" "$PY" -c "$ENV_PY" ;;
     tier)  # the Ray sweep test apart, so a hang there cannot take the others' results
       if [[ $REHEARSE == 1 ]]; then
-        run tier 150 --junit "$PY" -m pytest $TIER -m "gpu and not slow"
+        run tier 240 --junit "$PY" -m pytest $TIER -m "gpu and not slow"
       else
         run tier 240 --junit "$PY" -m pytest $TIER -m gpu -k "not sweep" --durations=10
       fi ;;
     tier_sweep)
       smi_start tier_sweep
-      run tier_sweep "$(r 150 60)" --junit "$PY" -m pytest $TIER -m gpu -k sweep \
+      run tier_sweep "$(r 150 180)" --junit "$PY" -m pytest $TIER -m gpu -k sweep \
         $(r "" --collect-only)
       smi_stop tier_sweep ;;
     core)  # "all of tests/moe_core on CUDA"
-      run core "$(r 200 120)" --junit "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
+      run core "$(r 200 180)" --junit "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
         -m "not distributed$(r '' ' and not slow')" $(r tests/moe_core tests/moe_core/test_routing.py) ;;
-    layer) MASTER_PORT=$(free_port) run layer "$(r 110 120)" "$PY" bench/moe_layer.py \
+    layer) MASTER_PORT=$(free_port) run layer "$(r 110 180)" "$PY" bench/moe_layer.py \
              $(r "--device cuda" "--device cpu --tokens 256 --repeats 1") ;;
     head)  if [[ $REHEARSE == 1 ]]; then  # Liger runs under Triton's interpreter on the CPU
-             TRITON_INTERPRET=1 run head 120 "$PY" bench/head.py --tokens 128 --d 32 \
+             TRITON_INTERPRET=1 run head 180 "$PY" bench/head.py --tokens 128 --d 32 \
                --vocab 256 --repeats 1
            else run head 60 "$PY" bench/head.py; fi ;;
-    mfu_dense) run mfu_dense "$(r 150 90)" "$PY" $(r "$TRAIN" bench/train_step.py) \
+    mfu_dense) run mfu_dense "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
                  --models dense $(r "--batch 128 --micro 128" "$TINY --batch 8 --micro 8") ;;
-    mfu_dense64) run mfu_dense64 "$(r 150 90)" "$PY" $(r "$TRAIN" bench/train_step.py) \
+    mfu_dense64) run mfu_dense64 "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
                    --models dense $(r "--batch 64 --micro 64" "$TINY --batch 4 --micro 4") ;;
-    mfu_moe) run mfu_moe "$(r 180 90)" "$PY" $(r "$TRAIN" bench/train_step.py) \
+    mfu_moe) run mfu_moe "$(r 180 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
                --models moe $(r "--batch 32 --micro 32" "$TINY --batch 4 --micro 4") ;;
-    step64) TORCH_LOGS=recompiles run step64 "$(r 150 90)" "$PY" \
+    step64) TORCH_LOGS=recompiles run step64 "$(r 150 180)" "$PY" \
               $(r "$TRAIN" bench/train_step.py) --models moe \
               $(r "--batch 64 --micro 64" "$TINY --batch 8 --micro 8") ;;
-    step64_ckpt) run step64_ckpt "$(r 180 90)" "$PY" $(r "$TRAIN" bench/train_step.py) \
+    step64_ckpt) run step64_ckpt "$(r 180 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
                    --models moe --activation-checkpointing \
                    $(r "--batch 64 --micro 64" "$TINY --batch 8 --micro 8") ;;
     sweep)
@@ -189,16 +189,16 @@ step() {
       sweep_spec "$res/spec.yaml"
       "$PY" -m sweeps.run "$res/spec.yaml" --dry-run > "$OUT/sweep_plan.log" 2>&1
       smi_start sweep
-      UPCYCLE_CACHE="$res/cache" run sweep "$(r 150 150)" "$PY" -m sweeps.run "$res/spec.yaml" \
+      UPCYCLE_CACHE="$res/cache" run sweep "$(r 150 300)" "$PY" -m sweeps.run "$res/spec.yaml" \
         --json --results "$res/r"
       smi_stop sweep
       du -sh "$res"/r/*/* > "$OUT/sweep_disk.log" 2>&1
       find "$res/r" -name summary.json -exec cp {} "$OUT/sweep_summary.json" \;
       rm -rf "$res" ;;
-    compile) TORCH_LOGS=graph_breaks,recompiles run compile "$(r 90 120)" "$PY" \
+    compile) TORCH_LOGS=graph_breaks,recompiles run compile "$(r 90 180)" "$PY" \
                bench/compile_diag.py \
                $(r "--chunked-loss" "--backend eager --steps 2 --seq 32 --micro 4") ;;
-    profile) run profile "$(r 100 90)" "$PY" bench/profile_step.py --moe \
+    profile) run profile "$(r 100 180)" "$PY" bench/profile_step.py --moe \
                $(r "--compile --chunked-loss" "--steps 1 --warmup 1 --seq 32 --micro 4") ;;
     *) echo "unknown step $1 (call1 | call2 | call3 | spare, or a step of one)" >&2; return 2 ;;
   esac
