@@ -15,6 +15,7 @@ causal mask). ``mfu_6n`` counts 6·N_active alone. On CUDA the data are random t
     python bench/train_step.py [--steps 20] [--presets debug,15M] [--peak-tflops 989]
                                [--seq S] [--batch B] [--micro M] [--vocab V]
                                [--compile] [--activation-checkpointing] [--chunked-loss]
+                               [--models dense,moe]
 
 ``--compile`` sets ``model.compile: true`` (regional torch.compile of each block; the first
 steps, which compile, are warm-up and not timed) and ``--activation-checkpointing`` sets
@@ -121,7 +122,11 @@ def main() -> None:
                     help="model.activation_checkpointing: true (recompute blocks in backward)")
     ap.add_argument("--chunked-loss", action="store_true",
                     help="model.chunked_loss: true (LM head + loss without the logits)")
+    ap.add_argument("--models", default="dense,moe",
+                    help="dense, moe or both: each at its own best micro-batch in its own run "
+                         "(moe alone upcycles an untrained dense parent)")
     args = ap.parse_args()
+    models = set(args.models.split(","))
     speed = {"compile": args.compile, "activation_checkpointing": args.activation_checkpointing,
              "chunked_loss": args.chunked_loss}
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -135,13 +140,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = _data(vocab, (args.steps + 4) * batch * (seq + 1) * 2, Path(tmp))
         for p in presets:
-            dense, trainer = run(config(p, False, args.steps, seq, batch, micro, data, speed),
-                                 args.steps)
+            dense_cfg = config(p, False, args.steps, seq, batch, micro, data, speed)
+            if "dense" in models:
+                dense, trainer = run(dense_cfg, args.steps)
+            else:  # the parent only: no steps timed
+                dense, trainer = None, Trainer(train_config_from_dict(dense_cfg))
             parent = trainer.parent_state()
             del trainer
-            moe, _ = run(config(p, True, args.steps, seq, batch, micro, data, speed),
-                         args.steps, parent=parent)
-            for r in (dense, moe):
+            moe = run(config(p, True, args.steps, seq, batch, micro, data, speed),
+                      args.steps, parent=parent)[0] if "moe" in models else None
+            for r in (x for x in (dense, moe) if x is not None):
                 if cuda:
                     peak = args.peak_tflops * 1e12
                     r["mfu"] = r["flops_per_s"] / peak
@@ -153,7 +161,7 @@ def main() -> None:
                          f"peak mem {r['peak_mem_gib']:.1f} GiB" if cuda else ""), flush=True)
     ratios = {p: next(r for r in rows if r["preset"] == p and r["moe"])["tokens_per_s"]
               / next(r for r in rows if r["preset"] == p and not r["moe"])["tokens_per_s"]
-              for p in presets}
+              for p in presets} if models >= {"dense", "moe"} else {}
     out = {"bench": "train_step", "device": "cuda" if cuda else "cpu", "seq": seq,
            "batch": batch, "micro": micro, "vocab": vocab, **speed, "rows": rows,
            "moe_vs_dense_tokens_per_s": ratios,

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from sweeps.cost import forecast, jobs_from_plan
 from sweeps.plan import SweepPlan, disk_estimate
+from sweeps.resources import describe, local_cluster, resolve
 from sweeps.results import KNOB_PREFIX, format_knob
 from sweeps.spec import SweepSpec
 
@@ -90,6 +91,9 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
     con.print(f"WSD stable runs shared by token-budget grids: {len(plan.branch_groups)}   "
               f"stable tokens saved by branching: {plan.tokens_saved_by_branches:,}")
     con.print(disk_line(spec, plan), highlight=False)
+    cluster = local_cluster()  # --dry-run starts no Ray: auto resolves as on this machine
+    for line in describe(spec, resolve(spec, cluster), cluster, "this machine"):
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def human_bytes(n: float) -> str:

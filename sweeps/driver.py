@@ -23,7 +23,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps import console, faults, progress, signals
+from sweeps import console, faults, progress, resources, signals
 from sweeps.curves import load_calibration
 from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
@@ -327,6 +327,7 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
     quiet_ray(verbose)
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
+    env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
     if not ray.is_initialized():
         ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
                  log_to_driver=verbose, configure_logging=False)
@@ -479,6 +480,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     allow_cpu_for_gpu()  # a bad value of the switch fails here, not in every trial
     hide_wandb_key()
     _start_ray(spec, address, verbose)
+    spec = resources.resolve(spec, resources.ray_cluster())  # resources.gpus: auto -> 1 or 0
     signals.install()  # after ray.init, which replaces the SIGTERM handler
     enforce(check_cluster(spec, [n["Resources"] for n in ray.nodes() if n.get("Alive")],
                           "the Ray cluster" if address else "the local Ray", fit=address is None,
@@ -512,10 +514,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                              stable_starts=on_demand_starts(spec, (
                                  plan.trial(spec, c.point) for c in
                                  candidates_from_plan(spec, plan))) if law else None),
-        # A multi-rank trial's TorchTrainer workers reserve its CPUs/GPUs: not twice here.
-        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus, **custom_resources(spec)}
-        if spec.resources.ranks == 1 else {"cpu": 0, "memory": 2**20,  # a token bundle
-                                           **custom_resources(spec)},
+        {**resources.trial_resources(spec), **custom_resources(spec)},
     )
     conc = _concurrency(spec, max_concurrent)
     tuner = _tuner(spec, plan, trainable, results_dir,

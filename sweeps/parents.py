@@ -30,7 +30,7 @@ from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.runner import load_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
-from sweeps import console
+from sweeps import console, resources
 from sweeps.devices import check_reserved_device
 from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
 from sweeps.spec import SweepSpec
@@ -102,8 +102,7 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
     so a task never trains on a GPU that Ray has lent to a trial. The tasks are declared with
     ``max_calls=1`` (a ``@ray.remote`` option, not an ``.options()`` one): their worker
     process exits when the task is done, so its CUDA context and cached memory go with it."""
-    r = spec.resources
-    return {"num_cpus": r.cpus, "num_gpus": r.gpus}
+    return resources.task_options(spec)
 
 
 @ray.remote(max_calls=1)
@@ -115,6 +114,8 @@ def _train_parent_task(child: TrainConfig, cache_dir: str,
     progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json", steps)
     try:
         state, trained = train_parent(child, Path(cache_dir), callbacks=(progress,))
+        if trained and (Path(cache_dir) / key / "meta.json").exists():
+            resources.stamp_placement(Path(cache_dir) / key)  # the GPU Ray lent it
     except DivergenceError as e:  # the trials of this parent each report it as diverged
         return {"diverged": str(e), "step": e.step}
     finally:
@@ -196,7 +197,7 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
 
 
 def train_stable_group(group: BranchGroup, parent: ParentState | None,
-                       out_dir: Path) -> StableRun:
+                       out_dir: Path, callbacks: tuple[Callback, ...] = ()) -> StableRun:
     """Train the group's stable run once (or reuse it from ``out_dir`` when it holds every
     budget's checkpoint)."""
     m = read_manifest(out_dir)
@@ -209,7 +210,7 @@ def train_stable_group(group: BranchGroup, parent: ParentState | None,
     progress = ProgressFile(out_dir / "progress.json", group.steps[-1])
     try:
         res = train_stable(group.representative.config, out_dir, group.steps, parent=parent,
-                           callbacks=(progress,))
+                           callbacks=(progress, *callbacks))
     finally:
         progress.path.unlink(missing_ok=True)
     ck = {t: res.checkpoints[s] for t, s in group.starts.items()}
@@ -284,7 +285,8 @@ def _train_stable_task(group: BranchGroup, parents: dict[str, Any], cache_dir: s
     rep = group.representative
     try:
         parent = get_parent(rep.config, rep.parent_key, parents, Path(cache_dir))
-        return train_stable_group(group, parent, Path(out_dir))
+        return train_stable_group(group, parent, Path(out_dir),
+                                  (resources.PlacementStamp(),))
     except DivergenceError:  # no shared stable run: each trial trains (and reports) alone
         return None
 

@@ -31,6 +31,7 @@ from moe_core.params import count_params
 from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from moe_core.train.runner import parent_key
+from sweeps.resources import local_cluster, resolve_gpus
 from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
 
 
@@ -225,7 +226,7 @@ class DiskEstimate:
 
 def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     """Checkpoint and cache bytes of the plan, from parameter counts and dtypes."""
-    gpus = spec.resources.gpus
+    gpus = resolve_gpus(spec.resources.gpus, local_cluster())  # auto: as on this machine
 
     def size(cfg: TrainConfig) -> tuple[int, int]:
         n = count_params(cfg.model_config()).total

@@ -10,7 +10,9 @@ Columns, in this order:
   ``upcycle.lr_policy.policy``, ``parent.moe.num_experts``, ...): what the trial ran;
 - knob columns ``knob.<YAML path>`` for every knob the sweep searches (``knob.seed`` too): the
   value the trial ran, so a conditional knob whose ``when`` did not hold shows the base value;
-- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``).
+- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``);
+- compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
+  dynamo's recompile limit was hit, since the trial started (``sweeps.compile_stats``).
 
 Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
 read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the

@@ -13,7 +13,7 @@ import os
 import sys
 
 from moe_core.errors import SearchSpaceError, UpcycleError, one_line
-from sweeps import console, preflight, signals
+from sweeps import console, preflight, resources, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -63,13 +63,17 @@ def main(argv: list[str] | None = None) -> int:
             raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
         spec = load_spec(args.spec, args.overrides, results=args.results)
         plan = build_plan(spec)
+        nodes = _cluster_nodes(args.address) if args.dry_run else None
+        # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
+        # driver resolves it again against the running cluster)
+        seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
+                                 else resources.local_cluster())
         checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
-            spec, plan, gpu=args.gpu, concurrent=args.max_concurrent,
-            nodes=_cluster_nodes(args.address) if args.dry_run else None,
+            seen, plan, gpu=args.gpu, concurrent=args.max_concurrent, nodes=nodes,
             local=args.address is None)
         if args.dry_run:
             console.print_plan(spec, plan)
-            console.print_forecast(spec, plan, gpu=args.gpu, price=args.price,
+            console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
                                    max_concurrent=args.max_concurrent)
         preflight.enforce(checks, console.progress)
         if args.dry_run:

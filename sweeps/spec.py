@@ -14,7 +14,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from moe_core.config import decode_value, from_mapping, unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError, shown
@@ -125,7 +125,9 @@ class FailureConfig:
 @dataclass(frozen=True, slots=True)
 class Resources:
     cpus: float = 1.0
-    gpus: float = 0.0
+    gpus: float | Literal["auto"] = "auto"
+    """Per trial rank, parent task and stable-run task; ``auto``: 1 when the Ray cluster has
+    GPUs, else 0 (``sweeps.resources``)."""
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
     trial_driver: float = 0.0
@@ -769,7 +771,7 @@ def validate(spec: SweepSpec) -> None:
         raise _err(f"resources.ranks={spec.resources.ranks} must be >= 1")
     if spec.resources.cpus <= 0:
         raise _err(f"resources.cpus={spec.resources.cpus} must be > 0")
-    if spec.resources.gpus < 0:
+    if spec.resources.gpus != "auto" and spec.resources.gpus < 0:
         raise _err(f"resources.gpus={spec.resources.gpus} must be >= 0")
     if not 0 <= spec.resources.trial_driver < math.inf:
         raise _err(f"resources.trial_driver={spec.resources.trial_driver} must be >= 0 (e.g. "

@@ -33,7 +33,7 @@ from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
-from sweeps import faults
+from sweeps import compile_stats, faults, resources
 from sweeps.devices import check_reserved_device
 from sweeps.not_retried import fail_once
 from sweeps.parents import StableRun, extend_stable, get_parent
@@ -53,10 +53,12 @@ class TrialReporter(Callback):
 
     def __init__(self, static: dict[str, Any], report: Callable[..., None],
                  checkpoint_cls: Any, attach: bool = True,
-                 predictor: PostDecayPredictor | None = None):
+                 predictor: PostDecayPredictor | None = None,
+                 extra: Callable[[], dict[str, Any]] | None = None):
         self.static, self._report, self._ckpt_cls, self.attach = static, report, checkpoint_cls, \
             attach
         self.predictor = predictor
+        self.extra = extra  # columns measured at each eval (compile_stats.snapshot)
         self._latest: Path | None = None
 
     def row(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +67,8 @@ class TrialReporter(Callback):
         out["D2"] = m["tokens"]
         out["flops"] = 6 * self.static["N2"] * m["tokens"]
         out["status"] = "running"
+        if self.extra is not None:
+            out.update(self.extra())
         if self.predictor is not None:
             out["predicted_final"] = self.predictor.observe(m["step"], m["val_loss"])
         return json_safe(out)
@@ -227,6 +231,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
+    compile_stats.start_trial()  # a reused actor: no dynamo cache from the trials before
     try:
         parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
@@ -244,7 +249,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
             starts = {**plan.branch_starts(t), **(stable_starts or {}).get(t.stable_key, {})}
             st = extend_stable(t, parent, Path(stable_dir) / t.stable_key, starts)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
-        reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred)
+        reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,
+                                 extra=compile_stats.snapshot)
         if st is not None or (on_demand and resume_from is not None):
             # a WSD decay branch of the group's shared stable run
             static["branch_from_step"] = t.decay_start
@@ -283,6 +289,7 @@ def _train_worker(box: dict[str, Any]) -> None:
 
     t: TrialPlan = box["trial"]
     check_reserved_device()
+    compile_stats.start_trial()
     parent = get_parent(t.config, t.parent_key, box["parents"], Path(box["cache_dir"]))
     rank = ray.train.get_context().get_world_rank()
     resume = box["resume"]
@@ -294,7 +301,8 @@ def _train_worker(box: dict[str, Any]) -> None:
         box["cache_dir"], ray.train.report, lambda: box["static"]["trial_id"])
     reporter = TrialReporter(box["static"], report, ray.train.Checkpoint,
                              attach=rank == 0, predictor=None if pred is None else
-                             PostDecayPredictor.for_trial(*pred, t, parent))
+                             PostDecayPredictor.for_trial(*pred, t, parent),
+                             extra=compile_stats.snapshot)
     trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
                       out_dir=Path(box["ckpt_root"]), callbacks=(reporter,),
                       should_checkpoint=CheckpointCadence(box["checkpoint"],
@@ -337,8 +345,7 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
                            "predictor": predictor, "export_dir": export_dir},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
-                                     resources_per_worker={"CPU": r.cpus,
-                                                           **({"GPU": r.gpus} if r.gpus else {})}),
+                                     resources_per_worker=resources.rank_resources(spec)),
         run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=spec.max_failures),
                              checkpoint_config=CheckpointConfig(

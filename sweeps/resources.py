@@ -1,0 +1,168 @@
+"""What each task of a sweep reserves from Ray, and who sees a GPU.
+
+``resources.gpus: auto`` (the default) means one GPU per trial rank, parent task and WSD
+stable-run task when the Ray cluster has GPUs (now, or in its autoscaler's node types), and
+none otherwise; an explicit number (``0``, ``0.5``, ``1``) is taken as given. The driver
+resolves ``auto`` once, after Ray starts (:func:`resolve`), so everything downstream sees a
+number; ``--dry-run`` resolves it against this machine (:func:`local_cluster`).
+
+Work that reserves no GPU must not see one. Since Ray 2.48 a zero-GPU task keeps the parent
+process's ``CUDA_VISIBLE_DEVICES`` (ray#54868), so it would train on ``cuda:0`` unreserved,
+next to the trials Ray placed there. :data:`WORKER_ENV` (Ray's own opt-out,
+``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``, read by ``ray._private.utils.
+set_visible_accelerator_ids`` in each worker) makes Ray set ``CUDA_VISIBLE_DEVICES=""`` for
+tasks and actors that were assigned no GPU; the driver passes it in the job's runtime env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from moe_core.fsio import atomic_write_text
+from moe_core.train.callbacks import Callback
+from sweeps.spec import Resources, SweepSpec
+
+AUTO = "auto"
+ON_ZERO_ENV = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
+WORKER_ENV = {ON_ZERO_ENV: "1"}
+"""Environment of every Ray worker of a sweep: a task or actor given no GPU sees none."""
+
+MULTI_RANK_TOKEN = {"cpu": 0, "memory": 2**20}
+"""What the Tune trial of a multi-rank spec reserves itself: a token bundle (its TorchTrainer
+workers reserve the CPUs and GPUs, one set per rank; not twice here)."""
+
+
+def resolve_gpus(gpus: float | str, cluster: Mapping[str, float]) -> float:
+    """GPUs per trial rank / parent / stable-run task: ``auto`` is 1 when ``cluster`` (Ray's
+    resource totals, e.g. ``ray.cluster_resources()``) has any GPU, else 0; a number as is."""
+    if gpus != AUTO:
+        return float(gpus)
+    return 1.0 if float(cluster.get("GPU", 0) or 0) > 0 else 0.0
+
+
+def resolve(spec: SweepSpec, cluster: Mapping[str, float]) -> SweepSpec:
+    """``spec`` with ``resources.gpus`` a number (see :func:`resolve_gpus`)."""
+    r = spec.resources
+    return dataclasses.replace(spec, resources=dataclasses.replace(
+        r, gpus=resolve_gpus(r.gpus, cluster)))
+
+
+def ray_cluster() -> dict[str, float]:
+    """The running Ray cluster's resources, GPUs counted also where only the autoscaler's
+    node types have them (a cluster that starts with no GPU worker and scales up)."""
+    import ray
+
+    out = dict(ray.cluster_resources())
+    try:
+        from ray._private.state import state
+
+        most = state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): totals only
+        most = {}
+    if float(most.get("GPU", 0) or 0) > float(out.get("GPU", 0) or 0):
+        out["GPU"] = float(most["GPU"])
+    return out
+
+
+def local_cluster() -> dict[str, float]:
+    """This machine's CPUs and CUDA GPUs, for ``--dry-run`` (which starts no Ray)."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1),
+            "GPU": float(torch.cuda.device_count() if torch.cuda.is_available() else 0)}
+
+
+def _gpus(r: Resources) -> float:
+    if r.gpus == AUTO:
+        raise ValueError("resources.gpus=auto is not resolved: call sweeps.resources.resolve "
+                         "with the cluster's resources first")
+    return float(r.gpus)
+
+
+def trial_resources(spec: SweepSpec) -> dict[str, float]:
+    """``tune.with_resources`` of a trial: its CPUs and GPUs (one rank), or the token bundle
+    of a multi-rank trial."""
+    r = spec.resources
+    if r.ranks > 1:
+        return dict(MULTI_RANK_TOKEN)
+    return {"cpu": r.cpus, "gpu": _gpus(r)}
+
+
+def rank_resources(spec: SweepSpec) -> dict[str, float]:
+    """``resources_per_worker`` of each rank of a multi-rank trial (Ray Train)."""
+    r = spec.resources
+    g = _gpus(r)
+    return {"CPU": r.cpus, **({"GPU": g} if g else {})}
+
+
+def task_options(spec: SweepSpec) -> dict[str, float]:
+    """Ray options of a parent or stable-run task: what one trial rank reserves."""
+    r = spec.resources
+    return {"num_cpus": r.cpus, "num_gpus": _gpus(r)}
+
+
+def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
+    """(task, {resource: amount}) of every kind of task the sweep starts (a resolved spec)."""
+    r = spec.resources
+    t = task_options(spec)
+    task = {"CPU": t["num_cpus"], "GPU": t["num_gpus"]}
+    if r.ranks > 1:
+        rows = [("trial (Tune)", {k: v for k, v in MULTI_RANK_TOKEN.items() if v}),
+                (f"trial rank (x{r.ranks})", {"CPU": r.cpus, "GPU": _gpus(r)})]
+    else:
+        tr = trial_resources(spec)
+        rows = [("trial", {"CPU": tr["cpu"], "GPU": tr["gpu"]})]
+    return rows + [("parent", task), ("stable run", task)]
+
+
+def describe(spec: SweepSpec, resolved: SweepSpec, cluster: Mapping[str, float],
+             where: str) -> list[str]:
+    """The lines ``--dry-run`` prints: what each task reserves, and how ``auto`` resolved."""
+    gpus = spec.resources.gpus
+    head = (f"resources.gpus=auto -> {resolved.resources.gpus:g} per task ({where}: "
+            f"{cluster.get('GPU', 0):g} GPU(s); a cluster with GPUs gives 1)"
+            if gpus == AUTO else f"resources.gpus={float(gpus):g} per task (as the spec says)")
+    out = [head]
+    for name, res in reservations(resolved):
+        parts = [f"{k} {v:g}" if k in ("CPU", "GPU") else f"memory {v:,.0f} B" if k == "memory"
+                 else f"{k} {v:g} (custom)" for k, v in res.items()]
+        out.append(f"  {name:<16} reserves {', '.join(parts)}")
+    if resolved.resources.gpus == 0:
+        out.append("  zero-GPU work runs with CUDA_VISIBLE_DEVICES='' (Ray's "
+                   f"{ON_ZERO_ENV}=1): it never trains on a GPU it did not reserve")
+    return out
+
+
+# ---- where a parent or stable run trained ------------------------------------------------------
+
+
+def placement() -> dict[str, Any]:
+    """Where this Ray worker trains: its Ray-assigned GPU ids and ``CUDA_VISIBLE_DEVICES``."""
+    import ray
+
+    try:
+        ids = [str(i) for i in ray.get_gpu_ids()]
+    except Exception:  # noqa: BLE001 -- not in a Ray worker
+        ids = None
+    return {"ray_gpu_ids": ids, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def stamp_placement(checkpoint: str | Path, where: Mapping[str, Any] | None = None) -> None:
+    """Record :func:`placement` under ``placement`` in a checkpoint's ``meta.json`` (which its
+    SHA-256 list does not cover), atomically."""
+    meta = Path(checkpoint) / "meta.json"
+    m = json.loads(meta.read_text())
+    m["placement"] = dict(where if where is not None else placement())
+    atomic_write_text(meta, json.dumps(m, indent=1))
+
+
+class PlacementStamp(Callback):
+    """Stamps :func:`placement` into each checkpoint a run writes (a WSD stable-run task)."""
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        stamp_placement(path)
