@@ -187,7 +187,9 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     )
 
 
-def _bf16(cfg: TrainConfig, gpus: float) -> bool:
+def _bf16(cfg: TrainConfig, gpus: float | str) -> bool:
+    if gpus == "auto":  # resources.gpus: auto, as it resolves on this machine
+        gpus = resolve_gpus(gpus, local_cluster())
     return cfg.optim.dtype == "bf16" or (cfg.optim.dtype == "auto" and gpus > 0)
 
 

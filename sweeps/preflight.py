@@ -34,10 +34,21 @@ from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
 from moe_core.hf.load import weight_files
 from moe_core.params import count_params
+from sweeps import resources
 from sweeps.console import human_bytes
 from sweeps.cost import DEVICES
 from sweeps.plan import SweepPlan, _bf16, disk_estimate
 from sweeps.spec import SweepSpec
+
+
+def _resolved(spec: SweepSpec, nodes: Iterable[Mapping[str, float]] | None = None) -> SweepSpec:
+    """``spec`` with ``resources.gpus: auto`` as it will resolve: on ``nodes`` (a cluster's),
+    else on this machine (``sweeps.resources``)."""
+    if spec.resources.gpus != resources.AUTO:
+        return spec
+    nodes = list(nodes or [])
+    return resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
+                             else resources.local_cluster())
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +260,7 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     """Disk (checkpoints while running + kept + parents + stable runs) against the free space
     under ``results``; one trial's memory against the accelerator's (``gpu``, or CUDA here)
     or, for CPU trials, ``concurrent`` trials against the host's memory."""
+    spec = _resolved(spec)
     out = []
     d = disk_estimate(spec, plan)
     need = d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
@@ -295,14 +307,15 @@ def custom_resources(spec: SweepSpec) -> dict[str, float]:
 
 def trial_bundle(spec: SweepSpec) -> dict[str, float]:
     """The resources each Tune trial (its driver) asks Ray for (``sweeps.driver``'s bundle)."""
-    r = spec.resources
+    r = _resolved(spec).resources
     b = {"CPU": r.cpus, "GPU": r.gpus} if r.ranks == 1 else {"CPU": 0.0}
     return {**b, **custom_resources(spec)}
 
 
 def max_trial_memory(spec: SweepSpec, plan: SweepPlan) -> int:
     """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`)."""
-    return max((trial_memory_bytes(c, spec.resources.gpus) for c in _configs(plan)), default=0)
+    gpus = _resolved(spec).resources.gpus
+    return max((trial_memory_bytes(c, gpus) for c in _configs(plan)), default=0)
 
 
 def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
@@ -313,6 +326,7 @@ def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
     cluster that may add larger ones) some node can hold a whole trial bundle (``nodes``: each
     alive node's total resources, as ``ray.nodes()`` reports)."""
     nodes = [dict(n) for n in nodes]
+    spec = _resolved(spec, nodes)
     bundle = {k: v for k, v in trial_bundle(spec).items() if v}
     out = []
     biggest = max((n.get("memory", 0) for n in nodes), default=0)
@@ -345,7 +359,9 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``local``: the
     sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
     no custom resources; neither: a launch on a cluster, checked once connected
-    (``sweeps.driver``)."""
+    (``sweeps.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
+    else on this machine."""
+    spec = _resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)
     seen: set[tuple[str, str]] = set()
     for cfg in _configs(plan):
