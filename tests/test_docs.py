@@ -230,3 +230,25 @@ def test_mkdocs_build_strict(tmp_path):
                if any(f"link '{p}'" in w and "not found" in w for p in missing)]
     assert r.returncode == 0 and warnings == allowed, "\n".join(warnings) or r.stderr[-2000:]
     assert (tmp_path / "site" / "reference" / "spec" / "index.html").is_file()
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_readme_is_short_and_no_link_leaves_the_repository():
+    """README.md is a front door (≤ 250 lines); no link of README.md, CHANGELOG.md or the docs
+    points outside the repository (no URL, no path above it), and README's and CHANGELOG's
+    relative links name files that exist."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    bad = []
+    for page in [ROOT / "CHANGELOG.md"] + _doc_pages():
+        for target in LINK.findall(page.read_text()):
+            path = target.split("#")[0]
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^//", target):
+                bad.append(f"{page.relative_to(ROOT)}: {target} (a URL)")
+            elif path and not (page.parent / path).resolve().is_relative_to(ROOT):
+                bad.append(f"{page.relative_to(ROOT)}: {target} (outside the repository)")
+            elif path and page.parent == ROOT and not (ROOT / path).exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+    assert not bad, "\n".join(bad)
