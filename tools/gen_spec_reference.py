@@ -93,7 +93,10 @@ def _rules(path: str, messages: list[str], local: list[str]) -> list[str]:
     seen: list[str] = []
     for msg, bare in [(m, True) for m in local] + [(m, False) for m in messages]:
         for key in keys + ([parts[-1]] if bare else []):
-            m = re.match(rf"(missing required key )?{re.escape(key)}(=…|=\S+)?\s+(.*)", msg)
+            # in the class's own messages the bare name may carry any section prefix
+            pre = r"(?:[\w.]+\.)?" if bare and key == parts[-1] else ""
+            m = re.match(rf"(missing required key )?{pre}{re.escape(key)}(=…|=\S+)?\s+(.*)",
+                         msg)
             if m and (m.group(2) or m.group(1) or m.group(3).startswith(("must", "is ", "needs"))):
                 rule = ("required" if m.group(1) else m.group(3)).rstrip(".")
                 if rule not in seen:
@@ -209,6 +212,7 @@ def _anchor(path: str) -> str:
 
 def render() -> str:
     sys.path.insert(0, str(ROOT))
+    from moe_core.config import ModelConfig
     from moe_core.train.config import TrainConfig
     from sweeps import spec as spec_mod
 
@@ -233,6 +237,10 @@ def render() -> str:
     lines += _section(spec_mod.SweepSpec, "", messages, seen, SPEC_YAML)
     lines += ["# Training config (`base:`)", ""]
     lines += _section(TrainConfig, "base", messages, seen)
+    lines += ["# Model dimensions (not YAML keys)", "",
+              "What `model.preset` (`moe_core.presets`) or a `parent.from_pretrained` "
+              "checkpoint's config.json resolves to; shown for reference, set through them.", ""]
+    lines += _section(ModelConfig, "ModelConfig", messages, seen)
     text = "\n".join(lines).rstrip() + "\n"
     for key in sorted(getattr(spec_mod, "TOP_KEYS", ())):
         if f"| `{key}" not in text:
