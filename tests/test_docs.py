@@ -69,7 +69,10 @@ def test_spec_reference_lists_every_field_of_every_section():
 # ---- commands shown in the docs --------------------------------------------------------------
 
 
-FENCE = re.compile(r"^```bash[ \t]*\n(.*?)^```", re.M | re.S)
+FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```", re.M | re.S)
+SHELL = ("bash", "sh", "shell")
+"""Fences whose every line is a command; in other fences (output transcripts) only the lines
+that start with a ``$ `` prompt are."""
 NEEDS = re.compile(r"#\s*needs:\s*(gpu|cloud)\b")
 """``# needs: gpu`` / ``# needs: cloud``: on a line of its own it marks the whole block, after a
 command that command."""
@@ -82,15 +85,18 @@ PENDING_PAGES = ("gpu.md", "storage.md", "reliability.md")
 
 
 def doc_commands(text: str) -> list[tuple[str, bool]]:
-    """(command, marked) for every command line of every ```bash block of ``text``: lines
-    joined at a trailing backslash, split at ``&&``, ``||`` and ``;``, a ``$ `` prompt
-    dropped; ``marked`` when the block or the line says ``# needs: gpu|cloud``."""
+    """(command, marked) for every command line of every fenced block of ``text`` (each line
+    of a ```bash block, the ``$ `` lines of others): lines joined at a trailing backslash,
+    split at ``&&``, ``||`` and ``;``; ``marked`` when the block or the line says
+    ``# needs: gpu|cloud``."""
     out = []
     for block in FENCE.finditer(text):
-        body = block.group(1).replace("\\\n", " ")
+        body = block.group(2).replace("\\\n", " ")
         lines = body.splitlines()
         whole = any(NEEDS.search(ln) and ln.strip().startswith("#") for ln in lines)
         for line in lines:
+            if block.group(1) not in SHELL and not line.startswith("$ "):
+                continue
             line = line.strip().removeprefix("$ ")
             if not line or line.startswith("#"):
                 continue
@@ -206,10 +212,11 @@ def test_command_check_can_fail():
     are not, a make target is followed into its recipe."""
     md = ("```bash\npython -m nowhere.tool --x 1 \\\n    --y 2\nexport A=1 && python -m "
           "sweeps.best r\n```\n\n```bash\n# needs: cloud\nray up c.yaml\n```\n"
-          "```bash\nray up c.yaml\nmake demo\n```\n")
+          "```bash\nray up c.yaml\nmake demo\n```\n"
+          "```\n$ python -m shown.in.output --a\npython -m not.a.command\n```\n")
     bad = unchecked_commands(md, "sweeps.best sweeps.run")
     assert [b.split("  ")[0] for b in bad] == ["python -m nowhere.tool --x 1 --y 2",
-                                                "ray up c.yaml"]
+                                                "ray up c.yaml", "python -m shown.in.output --a"]
     assert entries("make demo") == ["sweeps.run"]
     assert entries("make test") == []
 
