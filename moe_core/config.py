@@ -174,7 +174,9 @@ class RopeScaling:
     between them (``moe_core.nn.rope_inv_freq``)."""
 
     kind: RopeKind
+    """``linear`` or ``llama3``."""
     factor: float
+    """How much longer the context is than the original (the frequencies' divisor)."""
     low_freq_factor: float = 1.0
     """llama3: wavelengths above original_max_position / low_freq_factor are divided."""
     high_freq_factor: float = 4.0

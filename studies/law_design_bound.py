@@ -22,7 +22,7 @@ and the design that runs every candidate with w_i > 0.01 is one such design, who
 checked and reported as ``rounded_cost_ratio`` (what an oracle can actually achieve).
 
 ``--sigma-group S``: the branches of one stable run also share a noise u_g ~ N(0, S²) in ln L
-(the simulator's ``sigma_group``; README "Noise"), ``--sigma`` being each branch's own. The
+(the simulator's ``sigma_group``; docs/law-search.md), ``--sigma`` being each branch's own. The
 information is then that of the parameters extended by one latent u_g per group, with prior
 precision 1/S²: M(w) = Σ w_i j̃_i j̃_iᵀ/σ² + diag(0, I/S²), j̃_i = (j_i, e_g(i)). For 0/1
 weights gᵀ(M⁻¹)g is exactly the generalised-least-squares variance under the equicorrelated

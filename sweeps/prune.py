@@ -90,6 +90,8 @@ class PruneConfig:
     """The spec's ``prune:`` block: rule name → :class:`PruneRule`."""
 
     rules: tuple[tuple[str, PruneRule], ...] = field(default=())
+    """YAML ``prune: {<rule>: {above: x, for_evals: n, after_tokens: t}}``, rules:
+    max_load_fraction, dead_experts, expert_similarity, transition_jump, drop_rate."""
 
     def __bool__(self) -> bool:
         return bool(self.rules)

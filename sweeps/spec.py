@@ -60,6 +60,7 @@ class Param:
     """One searched knob: a dotted key into the base config and its distribution."""
 
     key: str
+    """Dotted key into the trial config (``base``) the knob sets."""
     kind: str
     """grid | choice | uniform | loguniform | int | expr"""
     values: tuple[Any, ...] = ()
@@ -78,6 +79,7 @@ class AshaConfig:
     grace_period: int = 2
     """Evaluations a trial gets before it can be stopped."""
     reduction_factor: float = 3.0
+    """ASHA keeps 1/reduction_factor of the trials at each rung."""
     max_t: int | None = None
     """Evaluations of the longest trial; None = derived from the base config."""
     rung_metric: str | None = None
@@ -125,9 +127,11 @@ class FailureConfig:
 @dataclass(frozen=True, slots=True)
 class Resources:
     cpus: float = 1.0
+    """CPUs each trial (each rank of a multi-rank trial) reserves."""
     gpus: float | Literal["auto"] = "auto"
-    """Per trial rank, parent task and stable-run task; ``auto``: 1 when the Ray cluster has
-    GPUs, else 0 (``sweeps.resources``)."""
+    """GPUs each trial rank, parent task and stable-run task reserves; ``auto``: 1 when the Ray
+    cluster has GPUs, else 0 (``sweeps.resources``); fractions share a GPU (0.5: two trials per
+    GPU)."""
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
     trial_driver: float = 0.0
@@ -187,12 +191,15 @@ class StorageConfig:
 @dataclass(frozen=True, slots=True)
 class WandbConfig:
     enabled: bool = True
+    """false: no W&B logging at all."""
     project: str = "upcycle-sweeps"
+    """W&B project of the sweep's runs."""
     group: str | None = None
     """Default: the sweep name."""
     mode: str = "offline"
     """offline (default; ``wandb sync`` later), online, disabled."""
     entity: str | None = None
+    """W&B entity (team or user); None = wandb's default."""
 
 
 LAW_NAMES = ("eq8", "eq9", "eq12", "chinchilla")
@@ -214,12 +221,16 @@ class LawSearchConfig:
     target: str = "dstar"
     """dstar (000 Eq. 13) | alpha3 | loss_at (the predicted loss at ``loss_at``)."""
     loss_at: tuple[tuple[str, float], ...] = ()
+    """target loss_at: the point (law variable → value), YAML ``target: {loss_at: {D1: ..., D2:
+    ...}}``."""
     variables: tuple[tuple[str, str], ...] = ()
     """Law variable → the config key that sets it (D1: parent.tokens, D2: tokens, D: tokens by
     default; N, N1 must be given)."""
     candidates: str = "grid"
     """grid (the spec's grid points) | box (a log-spaced grid over ``box``)."""
     box: tuple[tuple[str, float, float], ...] = ()
+    """candidates box: each variable's key → [low, high], YAML ``candidates: {box: {parent.tokens:
+    [lo, hi], tokens: [lo, hi]}, points: 7}``."""
     points: int = 7
     """Candidates per axis of a box."""
     ci_width: float | None = 0.1
@@ -227,6 +238,7 @@ class LawSearchConfig:
     max_trials: int | None = None
     """Stop after this many trials (default: as many as there are candidates)."""
     ci: float = 0.9
+    """Level of the target's bootstrap interval."""
     bootstrap: int = 100
     """Bootstrap fits per refit."""
     noise: str = "groups"
@@ -247,6 +259,7 @@ class LawSearchConfig:
     """From-scratch MoE law for ``dstar``: chinchilla_d's A, alpha, E at the sweep's N1
     (000 Eq. 3 at one size), or chinchilla's A, alpha, B, beta, E with eq12."""
     dstar_range: tuple[float, float] = (1e3, 1e17)
+    """Token range searched for D* crossings (000 Eq. 13)."""
 
     def __post_init__(self) -> None:
         if self.law not in LAW_NAMES:
@@ -380,25 +393,49 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
 @dataclass(frozen=True, slots=True)
 class SweepSpec:
     name: str
+    """YAML ``sweep:`` (required): the sweep's name, letters, digits, - and _: the results
+    directory ``<results>/<name>/`` and the W&B group."""
     base: dict[str, Any]
+    """The trial config, a full training config (the ``base`` keys below); every knob of ``search``
+    is a dotted key into it."""
     search: tuple[Param, ...]
+    """Knobs: dotted key into ``base`` → one distribution (``grid``, ``choice``, ``uniform``,
+    ``loguniform``, ``int``, ``expr``), optionally with ``when: {key: value}``."""
     algorithm: str = "grid"
+    """``grid`` (every grid point), ``random``, ``optuna`` (TPE; GridSampler if every knob is a
+    grid) or ``law`` (``law:`` block: trials picked from the fitted scaling law)."""
     scheduler: str = "fifo"
+    """``fifo`` or ``asha``; the mapping form ``{kind: asha, grace_period: ..., ...}`` also sets
+    the ASHA keys below."""
     asha: AshaConfig = field(default_factory=AshaConfig)
+    """ASHA's settings, the keys of the ``scheduler:`` mapping besides ``kind``."""
     num_samples: int = 1
+    """Samples per grid point (random, optuna)."""
     metric: str = "val_loss"
+    """The reported column trials are ranked by (and ASHA compares, unless ``rung_metric``)."""
     mode: str = "min"
+    """``min`` or ``max``: whether a lower or a higher ``metric`` is better."""
     resources: Resources = field(default_factory=Resources)
+    """What each trial reserves on the cluster."""
     max_concurrent: int | None = None
+    """Trials running at once; null = cluster CPUs (and GPUs) / what one trial reserves."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """YAML ``logging: {wandb: ...}``: one W&B run per trial, grouped by the sweep."""
     results: str = "results"
+    """Results root: the sweep writes ``<results>/<sweep>/`` (shared storage on a cluster)."""
     max_failures: int = 2
+    """YAML ``failure: {max_failures: n}``: retries of a failed trial, each from its last
+    checkpoint."""
     seeds: tuple[int, ...] = ()
     """Repeat every configuration with each of these seeds (a grid over ``seed``)."""
     description: str = ""
+    """Free text, shown by ``--dry-run``."""
     path: str = ""
+    """The spec file it was read from (set by the loader, not a YAML key)."""
     storage: StorageConfig = field(default_factory=StorageConfig)
+    """Parent cache location and results write cadence."""
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    """Which eval reports carry a checkpoint."""
     wsd_branches: bool = True
     """Trials differing only in ``tokens`` share one WSD stable run and branch off it (000
     §3.1); results are identical to training each budget on its own."""

@@ -1,7 +1,7 @@
 """Write this project's models as Hugging Face ``save_pretrained`` folders that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads with the same logits.
 
-Mapping (exact in floating point unless said otherwise; see the README's architecture table):
+Mapping (exact in floating point unless said otherwise; table in docs/hf-checkpoints.md):
 
 * dense → ``LlamaForCausalLM`` (``attention_bias`` = ``model.qkv_bias``, with a zero o_proj bias),
   or ``Qwen3ForCausalLM`` with q/k norms (``model.qk_norm``). A decoupled ``head_dim`` and a

@@ -81,9 +81,14 @@ class OptimConfig:
     lr: float = 3e-3
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW β1, β2 (000 Table 4)."""
     eps: float = 1e-8
+    """AdamW ε."""
     weight_decay: float = 0.1
+    """Decoupled weight decay on matrices (000 Table 4)."""
     grad_clip: float = 1.0
+    """Clip the gradient norm of the whole model to this (000 Table 4); at ZeRO 0 every expert
+    counted once."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0–2 (DeepSpeed-MoE does not support ZeRO-3)."""
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
@@ -181,7 +186,11 @@ class UpcycleConfig:
     """``dense_to_moe`` (000 §2.1; 004 §2.3), ``expand_experts`` (003 Def. 3.1), or
     ``continue`` (same architecture: continued training, e.g. the dense baseline of 004 Fig. 4a)."""
     virtual_groups: bool = True
+    """dense_to_moe: the G shards of a group share one router row, so top-K takes whole groups (004
+    §2.3)."""
     weight_scaling: bool = True
+    """dense_to_moe: scale each expert's up/down projections so the MoE output equals the dense
+    output at init (004 §2.3.1)."""
     factor: int = 2
     """expand_experts: E → factor·E."""
     strategy: str = "uniform"
@@ -263,18 +272,29 @@ def _same_routing(a: MoEConfig, b: MoEConfig, d_ff: int) -> bool:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     name: str = "run"
+    """Run name, for logs and output folders."""
     seed: int = 0
+    """Seed of initialisation and data order (a sweep sets it per trial from ``seeds``)."""
     model: ModelSpec = field(default_factory=ModelSpec)
+    """Model size preset and execution options."""
     moe: MoEConfig | None = None
+    """null = a dense run; else the MoE layers (``moe_core.config.MoEConfig``)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Corpus and tokenizer."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and the DeepSpeed engine."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule."""
     batch: BatchConfig = field(default_factory=BatchConfig)
+    """Global and micro batch."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation cadence."""
     tokens: int = 100_000
     """D (D2 for an upcycled run): tokens this run trains on."""
     parent: ParentConfig | None = None
+    """The run this one is upcycled from; null = trained from scratch."""
     upcycle: UpcycleConfig | None = None
+    """How the run is made from its parent (defaults apply when ``parent`` is set)."""
 
     def __post_init__(self) -> None:
         _check(self.tokens >= 1, f"tokens={self.tokens} must be >= 1")
