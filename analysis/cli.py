@@ -13,9 +13,7 @@ argparse's own usage errors exit 2 as well.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from analysis.derived import (
 from analysis.fit import DEFAULT_DELTA, FitResult, fit
 from analysis.laws import TABLE2, get_law
 from analysis.noise import format_noise, read_noise
-from moe_core.errors import FitError
+from moe_core.errors import FitError, cli_boundary
 
 ERROR_EXIT = 2
 
@@ -42,17 +40,10 @@ def error_line(e: BaseException | str) -> str:
     return "error: " + " ".join(str(e).splitlines())
 
 
-def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command's ``main``: a FitError becomes one line on stderr and exit status 2."""
-    @functools.wraps(main)
-    def wrapped(*args: Any, **kwargs: Any) -> int:
-        try:
-            return main(*args, **kwargs)
-        except FitError as e:
-            print(error_line(e), file=sys.stderr)
-            return ERROR_EXIT
-
-    return wrapped
+one_line_errors: Callable[[Callable[..., int]], Callable[..., int]] = cli_boundary(
+    kept="the inputs are unchanged")
+"""Wrap a command's ``main``: a FitError (and any input error: ValueError, KeyError,
+OSError) becomes one line on stderr and exit status 2 (``moe_core.errors.cli_boundary``)."""
 
 
 def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
@@ -105,6 +96,7 @@ def _fit_parser() -> argparse.ArgumentParser:
                     help="optimise from this many best grid points (0: from all of them)")
     ap.add_argument("--jobs", type=int, default=None, help="bootstrap processes (default: cores)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
@@ -210,6 +202,7 @@ def _derived_parser() -> argparse.ArgumentParser:
         prog="python -m analysis.derived",
         description="Decisions from fitted laws (default: 000 Table 2's published parameters; "
                     "pass your own with --upcycled/--moe FILE, the JSON of analysis.fit --json).")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("dstar", help="D*: where from-scratch MoE catches up (000 Eq. 13, Eq. 2)")
     p.add_argument("--n1", type=float, required=True, help="dense non-embedding parameters")
@@ -285,6 +278,7 @@ def _decide_parser() -> argparse.ArgumentParser:
                          "(python -m analysis.noise measures it); default: estimated")
     ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
@@ -327,6 +321,7 @@ def _noise_parser() -> argparse.ArgumentParser:
                          "(default D2)")
     ap.add_argument("--metric", default="val_loss")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 

@@ -163,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="hold a law parameter fixed in the fits, e.g. --fix E=1.0 (000 §5)")
     ap.add_argument("--only", default=None,
                     help="with a folder: only these sweeps (comma-separated names)")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from moe_core.errors import UpcycleError
+from moe_core.errors import UpcycleError, cli_boundary
 from moe_core.fsio import atomic_write, atomic_write_text
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
 
@@ -106,12 +106,14 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
     return paths
 
 
+@cli_boundary(kept="the inputs are unchanged")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweeps.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="results directories (results/<sweep>)")
     ap.add_argument("--metric", default="val_loss")
     ap.add_argument("--out", default=None, help="output directory (default results/compare)")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
     try:
         sweeps = labelled((p, load(p)) for p in args.results)

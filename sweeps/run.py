@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from moe_core.errors import SearchSpaceError, UpcycleError, one_line
+from moe_core.errors import SearchSpaceError, UpcycleError, cli_boundary, one_line
 from sweeps import console, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
@@ -43,6 +43,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
+@cli_boundary(kept="finished trials, rows and checkpoints are kept (rerun with --resume)")
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     signals.install()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from moe_core.config import MoEConfig, RouterConfig
-from moe_core.errors import UpcycleError, one_line
+from moe_core.errors import UpcycleError, cli_boundary, one_line
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.model import build_model
@@ -168,6 +168,7 @@ def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+@cli_boundary(kept="the source is unchanged")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.hf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
