@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from analysis.fit import DEFAULT_DELTA, FitResult, fit
 from analysis.laws import TABLE2, get_law
 from analysis.noise import format_noise, read_noise
 from moe_core.errors import FitError, cli_boundary
+from sweeps.limits import MAX_BOOTSTRAP
 
 ERROR_EXIT = 2
 
@@ -44,6 +46,18 @@ one_line_errors: Callable[[Callable[..., int]], Callable[..., int]] = cli_bounda
     kept="the inputs are unchanged")
 """Wrap a command's ``main``: a FitError (and any input error: ValueError, KeyError,
 OSError) becomes one line on stderr and exit status 2 (``moe_core.errors.cli_boundary``)."""
+
+
+def check_numbers(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Numeric flags are finite, and ``--bootstrap`` at most the cap (one line naming it)."""
+    for n in names:
+        v = getattr(args, n, None)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise FitError(f"--{n.replace('_', '-')} {v}: not finite; give a number")
+    b = getattr(args, "bootstrap", None)
+    if b is not None and not 0 <= b <= MAX_BOOTSTRAP:
+        raise FitError(f"--bootstrap {b}: must lie in [0, {MAX_BOOTSTRAP:,}] (the cap; 200 to "
+                       "1,000 resamples give stable intervals)")
 
 
 def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
@@ -61,6 +75,8 @@ def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
                     out[k.strip()] = float(v)
                 except ValueError:
                     raise FitError(f"{flag} {part!r}: {v!r} is not a number") from None
+                if not math.isfinite(out[k.strip()]):
+                    raise FitError(f"{flag} {part!r}: {v!r} is not finite; give a number")
             else:
                 out[k.strip()] = v.strip()
     return out
@@ -121,6 +137,7 @@ def _fit_all(args: argparse.Namespace) -> list[FitResult]:
 def fit_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.fit``."""
     args = _fit_parser().parse_args(argv)
+    check_numbers(args, ("ci", "delta"))
     results = _fit_all(args)
     if not args.json:
         _print_fits(results, args)
@@ -228,6 +245,7 @@ def _derived_parser() -> argparse.ArgumentParser:
 def derived_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.derived``."""
     args = _derived_parser().parse_args(argv)
+    check_numbers(args, ("n1", "d1", "c2", "c_moe", "c_dense", "T", "tau", "s_E", "s_mE"))
     if args.cmd == "dstar":
         upc = _params(args.upcycled, TABLE2["upcycled"])
         moe = _params(args.moe, TABLE2["moe"])
@@ -286,6 +304,8 @@ def _decide_parser() -> argparse.ArgumentParser:
 def decide_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.decide``."""
     args = _decide_parser().parse_args(argv)
+    check_numbers(args, ("n1", "d1", "budget_tokens", "budget_flops", "gpu_tflops", "price",
+                         "ci", "icc"))
     if not 0 < args.ci < 1:
         raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
     if args.icc is not None and (args.noise != "groups" or not 0 <= args.icc <= 1):

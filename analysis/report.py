@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.claims import Claim, evaluate_claims
-from analysis.cli import _kv, one_line_errors
+from analysis.cli import _kv, check_numbers, one_line_errors
 from analysis.data import is_sweep_dir, sweep_dirs
 from analysis.plots import plot_curves, plot_d_star, plot_finals, plot_law_fit
 from analysis.sections import (
@@ -185,6 +185,7 @@ def _sweep_dirs(root: Path, only: str | None) -> list[Path]:
 @one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    check_numbers(args, ())
     root = Path(args.results)
     fixed = _kv(args.fix, "--fix", True)
     opts = {"baseline": args.baseline, "bootstrap": args.bootstrap, "fixed": fixed}

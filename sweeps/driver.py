@@ -23,6 +23,7 @@ from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
 from sweeps import console, faults, signals
 from sweeps.curves import load_calibration
+from sweeps.guard import SPEC_FILE, record_spec
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law_search import (
     LawSearcher,
@@ -269,7 +270,7 @@ def archive_previous(results_dir: Path) -> Path | None:
     """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
     so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents
     and WSD stable runs stay."""
-    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train")
+    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train", SPEC_FILE)
              if (results_dir / n).exists()]
     if not {RESULTS_FILE, "rows", "tune"} & set(names):
         return None
@@ -437,6 +438,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         if prev is not None:
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
+        record_spec(spec, results_dir)  # what a later --resume must match
     cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
     predictor = None  # fitted before any training: a bad calibration fails in seconds
     if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":

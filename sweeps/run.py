@@ -13,7 +13,7 @@ import os
 import sys
 
 from moe_core.errors import SearchSpaceError, UpcycleError, cli_boundary, one_line
-from sweeps import console, signals
+from sweeps import console, guard, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -26,6 +26,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="Ray cluster address (auto or HOST:PORT); default: start Ray locally")
     ap.add_argument("--resume", action="store_true",
                     help="resume the sweep's experiment directory; finished trials are kept")
+    ap.add_argument("--force-spec", action="store_true",
+                    help="with --resume: resume although the spec changed since the run began")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate and print the plan without starting Ray")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -52,13 +54,20 @@ def main(argv: list[str] | None = None) -> int:
             raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
         spec = load_spec(args.spec, args.overrides, results=args.results)
         plan = build_plan(spec)
+        checked = guard.preflight(spec, plan)  # before anything starts or moves
         if args.dry_run:
             console.print_plan(spec, plan)
+            for line in checked:
+                console.progress(line)
             return 0
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
-        summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                            max_concurrent=args.max_concurrent, verbose=args.verbose)
+        with guard.held(spec.results_dir, console.progress):  # one run per results folder
+            if args.resume:
+                guard.check_resume_spec(spec, spec.results_dir, args.force_spec,
+                                        console.progress)
+            summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
+                                max_concurrent=args.max_concurrent, verbose=args.verbose)
     except UpcycleError as e:
         if args.debug:
             raise

@@ -22,6 +22,7 @@ from safetensors import safe_open
 
 from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
+from moe_core.hf.check import check_sizes, check_tensor, read_config_bounded
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.model import Transformer
 
@@ -42,12 +43,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
     f = p / "config.json"
     if not f.is_file():
         raise ConfigError(f"{f} is missing; give a Hugging Face save_pretrained folder")
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f} is not readable JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{f} must hold a JSON object")
+    cfg = read_config_bounded(f)  # size capped before parsing
+    check_sizes(cfg, str(f))  # bounded sizes: nothing downstream builds 1e9 layers
     return cfg
 
 
@@ -95,6 +92,7 @@ def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch
         with safe_open(str(f), framework="pt") as fh:
             for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 t = fh.get_tensor(k)
+                check_tensor(f, k, t)
                 out[k] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
     return out
 
