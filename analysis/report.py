@@ -47,6 +47,7 @@ from analysis.sections import (
 from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
+from moe_core.outdir import claim_out_dir, mark_out_dir
 
 D_STAR_CAPTION = ("D* (000 Eq. 13) from 000 Table 2's published parameters, numerically and by "
                   "Eq. 2; this sweep has one model size, so it cannot fit the N1 dependence.")
@@ -187,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     check_numbers(args, ())
     root = Path(args.results)
+    if args.out:  # never into a folder this command did not write, nor into the input
+        claim_out_dir(args.out, inputs=[root])
+        mark_out_dir(args.out, "analysis.report")
     fixed = _kv(args.fix, "--fix", True)
     opts = {"baseline": args.baseline, "bootstrap": args.bootstrap, "fixed": fixed}
     if not root.is_dir() or is_sweep_dir(root):

@@ -155,7 +155,7 @@ def spec_record(spec: Any) -> dict[str, Any]:
         "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
                            "when": {k: list(v) for k, v in p.when}} for p in spec.search},
         "seeds": list(spec.seeds), "algorithm": spec.algorithm,
-        "num_samples": spec.num_samples, "base": spec.base,
+        "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
         "law": dataclasses.asdict(spec.law) if spec.law is not None else None,
     }
     return json.loads(json.dumps(rec, default=str))
@@ -204,6 +204,25 @@ def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
 # ---- preflight ---------------------------------------------------------------------------------
 
 
+def _check_scheduler_and_rules(spec: Any, plan: Any) -> None:
+    """Settings that would be silently ignored, or would stop every trial at its first eval."""
+    if spec.asha.rung_metric is not None and spec.scheduler != "asha":
+        raise SearchSpaceError(
+            f"scheduler.rung_metric={spec.asha.rung_metric} needs scheduler.kind: asha (a "
+            f"{spec.scheduler} scheduler has no rungs, so it would be ignored); use kind: asha "
+            "or remove rung_metric")
+    for name, rule in spec.prune.rules:
+        if name != "max_load_fraction":
+            continue
+        experts = {t.config.moe.num_experts for t in plan.trials if t.config.moe is not None}
+        for e in sorted(experts, reverse=True):
+            if rule.above < 1 / e:
+                raise SearchSpaceError(
+                    f"prune.max_load_fraction.above={rule.above:g} fires on every eval: with "
+                    f"{e} experts the largest load is at least 1/{e} = {1 / e:.3g}; give a "
+                    "threshold above it")
+
+
 def preflight(spec: Any, plan: Any) -> list[str]:
     """Everything checkable before a run starts or previous results move (also for
     ``--dry-run``); returns the lines to print. Refusals are one-line errors."""
@@ -214,10 +233,23 @@ def preflight(spec: Any, plan: Any) -> list[str]:
                       if t.config.parent is not None and t.config.parent.from_pretrained})
     for f in folders:
         lines.append(check_checkpoint(f, what=f"parent.from_pretrained={f!r}").summary())
+    _check_scheduler_and_rules(spec, plan)
     if spec.asha.rung_metric == "predicted_final" and spec.asha.calibration:
         from sweeps.curves import load_calibration
 
-        load_calibration(spec.asha.calibration)
+        if not Path(spec.asha.calibration).exists():
+            raise SearchSpaceError(f"scheduler.calibration={spec.asha.calibration!r} does not "
+                                   "exist; point it at a finished WSD sweep's results")
+
+        try:
+            load_calibration(spec.asha.calibration)
+        except UpcycleError:
+            raise
+        except (OSError, ValueError, KeyError) as e:
+            raise SearchSpaceError(
+                f"scheduler.calibration={spec.asha.calibration!r} is unreadable "
+                f"({type(e).__name__}: {str(e)[:200]}); point it at a finished WSD sweep's "
+                "results.parquet") from None
         lines.append(f"calibration {spec.asha.calibration}: readable")
     rd = spec.results_dir
     for name in WRITER_DIRS:
