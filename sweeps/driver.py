@@ -44,7 +44,7 @@ from sweeps.results import (
     summarize,
     write_summary,
 )
-from sweeps.sink import ResultsSink, error_reason, reconcile, row_from_result
+from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.spec import SweepSpec
 from sweeps.trainable import run_trial
 from sweeps.trust import hide_wandb_key, verify_experiment_state
@@ -85,8 +85,8 @@ class ResultsCallback(tune.Callback):
         self.done = self.sink.trial_ids("ok") | self.sink.trial_ids("pruned")
         for r in list(self.sink.rows.values()):
             self._track_best(r)
-        if self.health is not None:  # unfinished trials' streaks over a prune threshold
-            for t in self.sink.trial_ids() - self.done:
+        if self.health is not None:  # unfinished and pruned trials' streaks over a threshold
+            for t in self.sink.trial_ids() - self.sink.trial_ids("ok"):
                 self.health.restore(t, self.sink.rows_of(t).values())
         self.started = time.time()
         self._loaded = True
@@ -119,7 +119,8 @@ class ResultsCallback(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ensure_loaded()
         verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
-        pruned = verdict.columns() if verdict is not None else self._scheduler_stop(trial)
+        pruned = verdict.columns() if verdict is not None else (
+            recorded_prune(self.sink.rows_of(trial.trial_id)) or self._scheduler_stop(trial))
         if pruned is not None:
             self.sink.mark(trial.trial_id, "pruned", pruned["reason"],
                            placeholder=self._placeholder(trial))
@@ -172,7 +173,7 @@ class ResultsCallback(tune.Callback):
 
     def on_experiment_end(self, trials, **info):
         self._ensure_loaded()
-        reconcile(self.sink, trials)
+        reconcile(self.sink, trials, signals.received())
         self.sink.close()
 
 
@@ -379,7 +380,8 @@ def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
     sink = ResultsSink(results_dir, types=config_types(TrainConfig))
     for p in sink.load(results_dir / "tune").problems:
         console.progress(p)
-    reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [])
+    reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [],
+              signals.received())  # trials a stop signal cut are interrupted, not ok
     sink.close()
     if sink.write_errors:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "

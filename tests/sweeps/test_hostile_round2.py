@@ -337,7 +337,8 @@ CLI_CASES = [
     ("train_missing", ["moe_core.train", "/nonexistent.yaml"], r"nonexistent\.yaml"),
     ("hf_upcycle_missing_src", ["moe_core.hf", "upcycle", "/nonexistent", "OUTNEW",
                                 "--experts", "4", "--top-k", "2"], r"is not a directory"),
-    ("hf_export_garbage_ckpt", ["moe_core.hf", "export", "FOREIGN", "OUTNEW"], r"."),
+    ("hf_export_garbage_ckpt", ["moe_core.hf", "export", "FOREIGN", "OUTNEW"],
+     r"foreign is not a checkpoint \(no meta\.json\)"),
 ]
 
 
