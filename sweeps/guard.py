@@ -134,6 +134,22 @@ class held:
         self.lock.release()
 
 
+LOCAL_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for single-machine Ray (its default on Windows and macOS): with it off, Ray takes
+the loopback address as the node's, so GCS, raylet, workers and the driver listen on 127.0.0.1
+only. Read when ``ray`` is imported."""
+
+
+def local_only_ray(address: str | None) -> bool:
+    """A sweep that starts its own Ray (no ``--address``, no ``RAY_ADDRESS``) keeps every Ray
+    port on 127.0.0.1 (unless the user set :data:`LOCAL_RAY_ENV` themselves); must run before
+    ``import ray``. Returns whether it applies."""
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        return False
+    os.environ.setdefault(LOCAL_RAY_ENV, "0")
+    return True
+
+
 # ---- the recorded spec ------------------------------------------------------------------------
 
 

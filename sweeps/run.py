@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in checked:
                 console.progress(line)
             return 0
+        guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
         with guard.held(spec.results_dir, console.progress):  # one run per results folder
