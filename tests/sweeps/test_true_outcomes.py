@@ -117,3 +117,27 @@ def test_recorded_health_prune_is_kept_without_the_stopper(tmp_path):
     cb.sink.close()
     final = final_rows(read_rows(spec.results_dir / "results.parquet"))[0]
     assert final["status"] == "pruned" and final["prune_rule"] == "max_load_fraction"
+
+
+def test_netrc_left_by_a_killed_driver_is_cleaned_by_the_next(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from sweeps import trust
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = ("import os, sys; os.environ['WANDB_API_KEY'] = 'k-123'; import tempfile; "
+            f"tempfile.tempdir = {str(tmp_path)!r}; from sweeps.trust import hide_wandb_key; "
+            "print(hide_wandb_key(), flush=True); os.kill(os.getpid(), 9)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    left = list(tmp_path.glob("upcycle-wandb-*"))
+    assert p.returncode == -9 and len(left) == 1 and "k-123" in (left[0] / "netrc").read_text()
+    monkeypatch.setenv("WANDB_API_KEY", "k-456")
+    monkeypatch.delenv("NETRC", raising=False)
+    mine = trust.hide_wandb_key()  # the next run
+    assert not left[0].exists() and mine.exists()
+    assert trust.clean_stale_netrc(tmp_path) == []  # its own (alive) folder stays
+    import shutil
+    shutil.rmtree(mine.parent)
