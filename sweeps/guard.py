@@ -150,6 +150,21 @@ def local_only_ray(address: str | None) -> bool:
     return True
 
 
+def export_hf(state: Any, cfg: Any, out: Path) -> str:
+    """A finished trial's model as a Hugging Face folder at ``out`` (``export: hf``): refused
+    when ``out`` holds files this project did not write (``moe_core.outdir``); the folder
+    appears atomically with its marker inside."""
+    import tempfile
+
+    from moe_core.hf.save import save_moe
+    from moe_core.outdir import MARKER, claim_out_dir, mark_out_dir
+
+    claim_out_dir(out, what="export folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        mark_out_dir(tmp, "sweeps export: hf")
+        return save_moe(state, cfg, out, extra_files={MARKER: Path(tmp) / MARKER})
+
+
 # ---- the recorded spec ------------------------------------------------------------------------
 
 

@@ -26,13 +26,13 @@ import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
-from moe_core.hf import save_moe
 from moe_core.params import count_params
 from moe_core.predict import Calibration, Curve, predict_final
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from sweeps import faults
+from sweeps.guard import export_hf
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, json_safe, knob_columns
@@ -251,8 +251,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         try:
             trainer.fit()
             if export_dir is not None:
-                save_moe(trainer.full_model_state(), trainer.model.config,
-                         Path(export_dir) / trial_id)
+                export_hf(trainer.full_model_state(), trainer.model.config,
+                          Path(export_dir) / trial_id)
         except DivergenceError as e:
             reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         del trainer
@@ -293,8 +293,8 @@ def _train_worker(box: dict[str, Any]) -> None:
     if box.get("export_dir") is not None:  # every rank gathers its experts; rank 0 writes
         state = trainer.full_model_state()
         if rank == 0:
-            save_moe(state, trainer.model.config,
-                     Path(box["export_dir"]) / box["static"]["trial_id"])
+            export_hf(state, trainer.model.config,
+                      Path(box["export_dir"]) / box["static"]["trial_id"])
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,

@@ -396,3 +396,29 @@ def test_counts():
     """The size of the hostile set (reported in docs/reliability.md)."""
     assert len(CASES) >= 15 and len(CLI_CASES) >= 20
     print(json.dumps({"spec_cases": len(CASES), "cli_cases": len(CLI_CASES)}))
+
+
+def test_export_never_replaces_a_folder_it_did_not_write(tmp_path):
+    from moe_core.config import ModelConfig, MoEConfig
+    from moe_core.errors import ConfigError
+    from moe_core.model import build_model
+    from moe_core.outdir import MARKER
+
+    cfg = ModelConfig(vocab_size=32, n_layer=1, d_model=16, n_head=2, d_ff=32, max_seq_len=16,
+                      moe=MoEConfig(num_experts=4, top_k=2))
+    state = build_model(cfg).state_dict()
+    foreign = tmp_path / "export" / "trial_a"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files this command did not write"):
+        guard.export_hf(state, cfg, foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    out = tmp_path / "export" / "trial_b"
+    guard.export_hf(state, cfg, out)
+    assert (out / MARKER).is_file() and (out / "config.json").is_file()
+    guard.export_hf(state, cfg, out)  # ours: a re-export (a resumed trial) replaces it
+    assert (out / MARKER).is_file()
+    link = tmp_path / "export" / "trial_c"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        guard.export_hf(state, cfg, link)
