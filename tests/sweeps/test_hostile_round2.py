@@ -422,3 +422,29 @@ def test_export_never_replaces_a_folder_it_did_not_write(tmp_path):
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     with pytest.raises(ConfigError, match="is a symbolic link"):
         guard.export_hf(state, cfg, link)
+
+
+def _layers_1e9(d: Path) -> None:
+    c = json.loads((d / "config.json").read_text())
+    c["num_hidden_layers"] = 1e9
+    (d / "config.json").write_text(json.dumps(c))
+
+
+def _config_3gib(d: Path) -> None:
+    with open(d / "config.json", "r+b") as f:  # sparse: 3 GiB long, nothing on disk
+        f.truncate(3 << 30)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (_layers_1e9, r"num_hidden_layers=1000000000\.0 must be an integer in \[1, 1,024\]"),
+    (_config_3gib, r"config\.json is 3,221,225,472 bytes, more than 1,048,576"),
+], ids=["num_hidden_layers_1e9", "config_json_3GiB"])
+def test_dry_run_refuses_absurd_configs_at_once(tmp_path, capsys, llama, damage, match):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for x in llama.iterdir():
+        (bad / x.name).write_bytes(x.read_bytes())
+    damage(bad)
+    rc, err = _run([str(_pretrained_spec(tmp_path, bad)), "--dry-run"], capsys)
+    assert rc == 2
+    _one_line(err, match)
