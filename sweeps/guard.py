@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,10 @@ from typing import Any, Protocol
 
 from moe_core.errors import SearchSpaceError, UpcycleError, shown
 from moe_core.fsio import atomic_write_text
-from moe_core.outdir import confined
+from moe_core.hf.load import check_checkpoint
+from moe_core.hf.save import save_moe
+from moe_core.outdir import MARKER, claim_out_dir, confined, mark_out_dir
+from sweeps.curves import load_calibration
 
 LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"
@@ -154,11 +158,6 @@ def export_hf(state: Any, cfg: Any, out: Path) -> str:
     """A finished trial's model as a Hugging Face folder at ``out`` (``export: hf``): refused
     when ``out`` holds files this project did not write (``moe_core.outdir``); the folder
     appears atomically with its marker inside."""
-    import tempfile
-
-    from moe_core.hf.save import save_moe
-    from moe_core.outdir import MARKER, claim_out_dir, mark_out_dir
-
     claim_out_dir(out, what="export folder")
     with tempfile.TemporaryDirectory() as tmp:
         mark_out_dir(tmp, "sweeps export: hf")
@@ -257,8 +256,6 @@ def _check_scheduler_and_rules(spec: Any, plan: Any) -> None:
 def preflight(spec: Any, plan: Any) -> list[str]:
     """Everything checkable before a run starts or previous results move (also for
     ``--dry-run``); returns the lines to print. Refusals are one-line errors."""
-    from moe_core.hf.check import check_checkpoint
-
     lines = []
     folders = sorted({t.config.parent.from_pretrained for t in plan.trials
                       if t.config.parent is not None and t.config.parent.from_pretrained})
@@ -266,8 +263,6 @@ def preflight(spec: Any, plan: Any) -> list[str]:
         lines.append(check_checkpoint(f, what=f"parent.from_pretrained={f!r}").summary())
     _check_scheduler_and_rules(spec, plan)
     if spec.asha.rung_metric == "predicted_final" and spec.asha.calibration:
-        from sweeps.curves import load_calibration
-
         if not Path(spec.asha.calibration).exists():
             raise SearchSpaceError(f"scheduler.calibration={spec.asha.calibration!r} does not "
                                    "exist; point it at a finished WSD sweep's results")

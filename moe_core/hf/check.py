@@ -3,8 +3,8 @@
 - ``config.json`` is capped at :data:`MAX_CONFIG_BYTES` before it is parsed, and its sizes
   (layers, widths, vocabulary, experts) at :data:`SIZE_LIMITS` (:func:`check_sizes`): a
   ``num_hidden_layers: 1e9`` is refused in one line instead of hanging a plan.
-- :func:`check_checkpoint` streams the safetensors files: each header's length is checked
-  against the file before it is read (a header bomb, a truncated or garbage file), every
+- :func:`check_files` (``moe_core.hf.load.check_checkpoint`` on a folder) streams the
+  safetensors files: each header's length is checked against the file before it is read (a header bomb, a truncated or garbage file), every
   tensor's dtype, shape and byte range are checked against the header and ``config.json``
   (wrong shapes, integer embeddings), and each tensor is read once and checked finite (NaN
   weights); memory is bounded by the largest tensor.
@@ -187,35 +187,28 @@ def check_tensor(f: Path, name: str, t: Any) -> None:
                           "the checkpoint is damaged")
 
 
-def check_checkpoint(path: str | Path, what: str = "checkpoint",
-                     finite: bool = True) -> CheckReport:
-    """Refuse (one line) a folder whose config.json or safetensors files are unusable; reads
-    each tensor once when ``finite``. Returns what it checked."""
+def check_files(files: list[Path], hf: dict[str, Any], finite: bool = True) -> CheckReport:
+    """Stream the safetensors ``files`` of a folder whose config.json is ``hf``: headers,
+    dtypes, shapes and byte ranges first, then (``finite``) each tensor read once."""
     from safetensors import safe_open
 
-    from moe_core.hf.load import read_config, weight_files
-
+    check_sizes(hf)
     try:
-        hf = read_config(path)
-        check_sizes(hf)
         dims = _dims(hf)
-        files = weight_files(path)
-        tensors = elements = 0
-        for f in files:
-            header, start = read_header(f)
-            data_len = f.stat().st_size - start
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                elements += _check_entry(f, name, info, data_len, dims)
-                tensors += 1
-            if finite:
-                with safe_open(str(f), framework="pt") as fh:
-                    for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                        check_tensor(f, k, fh.get_tensor(k))
-    except ConfigError as e:
-        raise ConfigError(f"{what}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"{what}: config.json lacks or mistypes a size ({e}); fix "
-                          "config.json") from None
-    return CheckReport(str(path), len(files), tensors, elements)
+        raise ConfigError(f"config.json lacks or mistypes a size ({e}); fix config.json") \
+            from None
+    tensors = elements = 0
+    for f in files:
+        header, start = read_header(f)
+        data_len = f.stat().st_size - start
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            elements += _check_entry(f, name, info, data_len, dims)
+            tensors += 1
+        if finite:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    check_tensor(f, k, fh.get_tensor(k))
+    return CheckReport(str(files[0].parent) if files else "", len(files), tensors, elements)

@@ -22,7 +22,13 @@ from safetensors import safe_open
 
 from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
-from moe_core.hf.check import check_sizes, check_tensor, read_config_bounded
+from moe_core.hf.check import (
+    CheckReport,
+    check_files,
+    check_sizes,
+    check_tensor,
+    read_config_bounded,
+)
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.model import Transformer
 
@@ -72,6 +78,16 @@ def weight_files(path: str | Path) -> list[Path]:
         if not f.is_file():
             raise ConfigError(f"{f} is missing: the folder's {INDEX} names it")
     return files
+
+
+def check_checkpoint(path: str | Path, what: str = "checkpoint",
+                     finite: bool = True) -> CheckReport:
+    """Refuse (one line) a folder whose config.json or safetensors files are unusable, in
+    bounded time and memory (``moe_core.hf.check``); reads each tensor once when ``finite``."""
+    try:
+        return check_files(weight_files(path), read_config(path), finite)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
 
 
 def checkpoint_hash(path: str | Path) -> str:
