@@ -4,10 +4,11 @@
   (layers, widths, vocabulary, experts) at :data:`SIZE_LIMITS` (:func:`check_sizes`): a
   ``num_hidden_layers: 1e9`` is refused in one line instead of hanging a plan.
 - :func:`check_files` (``moe_core.hf.load.check_checkpoint`` on a folder) streams the
-  safetensors files: each header's length is checked against the file before it is read (a header bomb, a truncated or garbage file), every
-  tensor's dtype, shape and byte range are checked against the header and ``config.json``
-  (wrong shapes, integer embeddings), and each tensor is read once and checked finite (NaN
-  weights); memory is bounded by the largest tensor.
+  safetensors files: each header's length is checked against the file before it is read (a
+  header bomb, a truncated or garbage file), every tensor's dtype, shape and byte range are
+  checked against the header and ``config.json`` (wrong shapes, integer embeddings), and each
+  tensor is read once and checked finite (NaN weights); memory is bounded by the largest
+  tensor.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ SIZE_LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 17, "intermediate_
                "num_experts": 1 << 14, "num_experts_per_tok": 1 << 14,
                "decoder_sparse_step": 1024, "sliding_window": 1 << 24}
 """Largest accepted value of each config.json size (far above any released model)."""
+ZERO_OK = ("shared_expert_intermediate_size", "decoder_sparse_step", "sliding_window")
+"""Sizes where 0 means "none"."""
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
                "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -63,9 +66,10 @@ def check_sizes(hf: dict[str, Any], where: str = "config.json") -> None:
         if v is None:
             continue
         ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) \
-            and v == int(v) and 0 <= v <= cap and (v >= 1 or k == "decoder_sparse_step")
+            and v == int(v) and (1 if k not in ZERO_OK else 0) <= v <= cap
         if not ok:
-            raise ConfigError(f"{where}: {k}={shown(v)} must be an integer in [1, {cap:,}]; "
+            lo = 0 if k in ZERO_OK else 1
+            raise ConfigError(f"{where}: {k}={shown(v)} must be an integer in [{lo}, {cap:,}]; "
                               "fix config.json")
 
 
