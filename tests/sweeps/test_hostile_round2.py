@@ -448,3 +448,16 @@ def test_dry_run_refuses_absurd_configs_at_once(tmp_path, capsys, llama, damage,
     rc, err = _run([str(_pretrained_spec(tmp_path, bad)), "--dry-run"], capsys)
     assert rc == 2
     _one_line(err, match)
+
+
+def test_noise_says_what_it_left_out(caplog):
+    from analysis.noise import noise_structure
+
+    rows = [{"trial_id": f"t{i}{s}", "status": "ok", "step": 1, "D1": 1e9, "D2": d2, "seed": s,
+             "parent_key": f"p{s}", "val_loss": 3.0 + 0.01 * s + 0.001 * i}
+            for i, d2 in enumerate((1e9, 2e9, 4e9)) for s in (0, 1)]
+    rows[0]["val_loss"] = float("nan")
+    rows[1]["val_loss"] = -1.0
+    with caplog.at_level("WARNING", logger="analysis"):
+        noise_structure(pd.DataFrame(rows))
+    assert "left out 2 of 6 final evals" in caplog.text
