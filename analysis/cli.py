@@ -13,9 +13,8 @@ argparse's own usage errors exit 2 as well.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import sys
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,10 @@ from analysis.derived import (
     skywork_advice,
 )
 from analysis.noise import format_noise, read_noise
-from moe_core.errors import FitError, UpcycleError
+from moe_core.errors import FitError, cli_boundary
 from scaling.fit import DEFAULT_DELTA, FitResult, fit
 from scaling.laws import TABLE2, get_law
+from sweeps.limits import MAX_BOOTSTRAP
 
 ERROR_EXIT = 2
 
@@ -43,18 +43,22 @@ def error_line(e: BaseException | str) -> str:
     return "error: " + " ".join(str(e).splitlines())
 
 
-def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command's ``main``: any of the project's errors (a FitError, a ConfigError of a
-    checkpoint's config.json, ...) becomes one line on stderr and exit status 2."""
-    @functools.wraps(main)
-    def wrapped(*args: Any, **kwargs: Any) -> int:
-        try:
-            return main(*args, **kwargs)
-        except UpcycleError as e:
-            print(error_line(e), file=sys.stderr)
-            return ERROR_EXIT
+one_line_errors: Callable[[Callable[..., int]], Callable[..., int]] = cli_boundary(
+    kept="the inputs are unchanged")
+"""Wrap a command's ``main``: a FitError (and any input error: ValueError, KeyError,
+OSError) becomes one line on stderr and exit status 2 (``moe_core.errors.cli_boundary``)."""
 
-    return wrapped
+
+def check_numbers(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Numeric flags are finite, and ``--bootstrap`` at most the cap (one line naming it)."""
+    for n in names:
+        v = getattr(args, n, None)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise FitError(f"--{n.replace('_', '-')} {v}: not finite; give a number")
+    b = getattr(args, "bootstrap", None)
+    if b is not None and not 0 <= b <= MAX_BOOTSTRAP:
+        raise FitError(f"--bootstrap {b}: must lie in [0, {MAX_BOOTSTRAP:,}] (the cap; 200 to "
+                       "1,000 resamples give stable intervals)")
 
 
 def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
@@ -72,6 +76,8 @@ def _kv(items: Sequence[str], flag: str, numeric: bool) -> dict[str, Any]:
                     out[k.strip()] = float(v)
                 except ValueError:
                     raise FitError(f"{flag} {part!r}: {v!r} is not a number") from None
+                if not math.isfinite(out[k.strip()]):
+                    raise FitError(f"{flag} {part!r}: {v!r} is not finite; give a number")
             else:
                 out[k.strip()] = v.strip()
     return out
@@ -107,6 +113,7 @@ def _fit_parser() -> argparse.ArgumentParser:
                     help="optimise from this many best grid points (0: from all of them)")
     ap.add_argument("--jobs", type=int, default=None, help="bootstrap processes (default: cores)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
@@ -131,6 +138,7 @@ def _fit_all(args: argparse.Namespace) -> list[FitResult]:
 def fit_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.fit``."""
     args = _fit_parser().parse_args(argv)
+    check_numbers(args, ("ci", "delta"))
     results = _fit_all(args)
     if not args.json:
         _print_fits(results, args)
@@ -212,6 +220,7 @@ def _derived_parser() -> argparse.ArgumentParser:
         prog="python -m analysis.derived",
         description="Decisions from fitted laws (default: 000 Table 2's published parameters; "
                     "pass your own with --upcycled/--moe FILE, the JSON of analysis.fit --json).")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("dstar", help="D*: where from-scratch MoE catches up (000 Eq. 13, Eq. 2)")
     p.add_argument("--n1", type=float, required=True, help="dense non-embedding parameters")
@@ -237,6 +246,7 @@ def _derived_parser() -> argparse.ArgumentParser:
 def derived_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.derived``."""
     args = _derived_parser().parse_args(argv)
+    check_numbers(args, ("n1", "d1", "c2", "c_moe", "c_dense", "T", "tau", "s_E", "s_mE"))
     if args.cmd == "dstar":
         upc = _params(args.upcycled, TABLE2["upcycled"])
         moe = _params(args.moe, TABLE2["moe"])
@@ -292,6 +302,7 @@ def _decide_parser() -> argparse.ArgumentParser:
                          "(python -m analysis.noise measures it); default: estimated")
     ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
@@ -299,6 +310,8 @@ def _decide_parser() -> argparse.ArgumentParser:
 def decide_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.decide``."""
     args = _decide_parser().parse_args(argv)
+    check_numbers(args, ("n1", "d1", "budget_tokens", "budget_flops", "gpu_tflops", "price",
+                         "ci", "icc"))
     if args.plan:
         return plan_main(args)
     if args.results is None:
@@ -340,6 +353,7 @@ def _noise_parser() -> argparse.ArgumentParser:
                          "(default D2)")
     ap.add_argument("--metric", default="val_loss")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 

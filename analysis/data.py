@@ -10,6 +10,7 @@ results is the driver's published compute ledger.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from moe_core.errors import FitError
 from scaling.laws import Law, Points, get_law
 from sweeps import results as schema
 
+_log = logging.getLogger("analysis")
 DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
 SUMMARY_FILE = "summary.json"
 """The sweep driver's compute ledger next to ``results.parquet``."""
@@ -121,6 +123,30 @@ def _variable(df, law: Law, var: str, col: str | None) -> np.ndarray:
     return pd.to_numeric(df[col], errors="coerce").to_numpy(float)
 
 
+def _left_out(before, after) -> list[str]:
+    """Trials the status filter left out, counted by status (said, never silent)."""
+    if "trial_id" not in before.columns or "status" not in before.columns:
+        return []
+    gone = before[~before["trial_id"].isin(set(after["trial_id"]))]
+    if gone.empty:
+        return []
+    last = gone.sort_values("step", kind="stable").groupby("trial_id").tail(1) \
+        if "step" in gone.columns else gone.drop_duplicates("trial_id")
+    counts = last["status"].astype(str).value_counts()
+    return [f"{n} {st} trial(s)" for st, n in sorted(counts.items())]
+
+
+def _refuse_infinite(values: Mapping[str, np.ndarray], law: Law, lcol: str) -> None:
+    """An infinite variable or loss is not a measurement: refused, never silently dropped
+    (one D2 = inf would otherwise set the range a decision extrapolates to)."""
+    for var, v in values.items():
+        n = int(np.isinf(v).sum())
+        if n:
+            name = lcol if var == "L" else var
+            raise FitError(f"{n} row(s) have an infinite {name} (law {law.name}); an infinite "
+                           "value is not a measurement: fix or remove those rows")
+
+
 MIN_PARENT_CLUSTERS = 10
 """Fewest distinct parents for resampling by parent: fewer clusters than this give a cluster
 bootstrap that mostly resamples the design (a D1 × D2 grid has one parent per D1)."""
@@ -161,16 +187,25 @@ def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = Non
     law = get_law(law) if isinstance(law, str) else law
     df = data if isinstance(data, pd.DataFrame) else read_table(data)
     df = _filter(df, where)
+    before = df
     df = ok_trials(df, include_pruned) if curves else final_evals(df, include_pruned)
+    left_out = _left_out(before, df)
     cmap = dict(columns or {})
     x = {var: _variable(df, law, var, cmap.get(var)) for var in law.variables}
     lcol = cmap.get("L") or ("val_loss" if "val_loss" in df.columns else "loss")
     if lcol not in df.columns:
         raise FitError(f"no loss column {lcol!r}; map it with --columns L=<column>")
     L = pd.to_numeric(df[lcol], errors="coerce").to_numpy(float)
+    _refuse_infinite({**x, "L": L}, law, lcol)
     good = np.isfinite(L) & (L > 0)
-    for v in x.values():
-        good &= np.isfinite(v) & (v > 0)
+    why = {f"no or non-positive {lcol}": int((~good).sum())}
+    for var, v in x.items():
+        bad = good & ~(np.isfinite(v) & (v > 0))
+        why[f"no or non-positive {var}"] = int(bad.sum())
+        good &= ~bad
+    dropped = [f"{n} with {w}" for w, n in why.items() if n] + left_out
+    if dropped:
+        _log.warning("analysis: left out %s (law %s)", "; ".join(dropped), law.name)
     labels = tuple(df["trial_id"].astype(str)) if "trial_id" in df.columns else ()
     groups = bootstrap_units(df)
     idx = np.flatnonzero(good)

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.claims import Claim, evaluate_claims
-from analysis.cli import _kv, one_line_errors
+from analysis.cli import _kv, check_numbers, one_line_errors
 from analysis.data import is_sweep_dir, sweep_dirs
 from analysis.plots import plot_curves, plot_d_star, plot_finals, plot_law_fit
 from analysis.sections import (
@@ -50,6 +50,7 @@ from analysis.sections import (
 from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
+from moe_core.outdir import claim_out_dir, mark_out_dir
 from sweeps.twoway import plot_overlay, shared_cells, shared_markdown, twoway_lines
 
 D_STAR_CAPTION = ("The paper's D* (000 Eq. 13) from 000 Table 2's **published** parameters, "
@@ -221,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
                          "paper's")
     ap.add_argument("--only", default=None,
                     help="with a folder: only these sweeps (comma-separated names)")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
@@ -242,7 +244,11 @@ def _sweep_dirs(root: Path, only: str | None) -> list[Path]:
 @one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    check_numbers(args, ())
     root = Path(args.results)
+    if args.out:  # never into a folder this command did not write, nor into the input
+        claim_out_dir(args.out, inputs=[root])
+        mark_out_dir(args.out, "analysis.report")
     fixed = _kv(args.fix, "--fix", True)
     if args.seed_noise is not None and not (math.isfinite(args.seed_noise)
                                             and args.seed_noise > 0):

@@ -7,21 +7,12 @@ entry is fsynced too). No torch here: ``sweeps.results`` and ``analysis`` use it
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-from moe_core.errors import OutputError
-
-WRITER_MARK = ".upcycle-sweeps.json"
-"""The file this project writes into every folder it publishes as an output (HF exports): the
-proof, for ``--overwrite``, that the folder is the project's own to replace."""
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -118,57 +109,3 @@ def publish_dir(tmp: str | Path, path: str | Path) -> Path:
     fsync_dir(path.parent)
     return path
 
-
-def mark_written(folder: str | Path, writer: str) -> None:
-    """Record in ``folder`` that this project wrote it (``writer``: the command or function)."""
-    info = {"writer": writer, "host": socket.gethostname(), "pid": os.getpid(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    Path(folder, WRITER_MARK).write_text(json.dumps(info) + "\n")
-
-
-def written_by_us(folder: str | Path) -> dict | None:
-    """The mark :func:`mark_written` left in ``folder`` (None when there is none)."""
-    try:
-        info = json.loads(Path(folder, WRITER_MARK).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and "writer" in info else None
-
-
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
-def guard_output_dir(out: str | Path, *, sources: tuple[str | Path, ...] = (),
-                     overwrite: bool = False, flag: str = "--overwrite") -> str | None:
-    """Check, before any work, that publishing a folder at ``out`` destroys nothing this project
-    did not write. Refused (:class:`OutputError`, one line): ``out`` is a file or a symlink;
-    ``out`` is one of ``sources`` (what the command reads), inside one or holding one, unless
-    ``overwrite`` and the project wrote ``out``; ``out`` is a non-empty folder, unless
-    ``overwrite`` and the project wrote it (:data:`WRITER_MARK`). Returns the line to print when
-    a folder will be replaced, None otherwise."""
-    out = Path(out)
-    if out.is_symlink():
-        raise OutputError(f"{out} is a symlink; give the real folder (nothing was written)")
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{out} is a file, not a folder; give a new folder path (nothing was "
-                          "written)")
-    real = out.resolve()
-    mark = written_by_us(out) if out.is_dir() else None
-    for src in sources:
-        s = Path(src).resolve()
-        if (_inside(real, s) or _inside(s, real)) and not (overwrite and mark):
-            where = "is" if real == s else "is inside" if _inside(real, s) else "holds"
-            raise OutputError(f"{out} {where} the source {src}; give a new folder (nothing was "
-                              "written)")
-    if not out.is_dir() or not any(out.iterdir()):
-        return None
-    if not overwrite:
-        raise OutputError(f"{out} exists and is not empty; give a new folder, or {flag} to "
-                          "replace a folder this project wrote (nothing was written)")
-    if mark is None:
-        raise OutputError(f"{flag}: {out} was not written by this project (no {WRITER_MARK}); "
-                          "it replaces only its own folders: move it away yourself or give a "
-                          "new folder (nothing was written)")
-    return (f"replacing {out}, written by {mark['writer']} on {mark.get('time', '?')} "
-            f"({flag})")

@@ -4,12 +4,12 @@ checkpoint with (it reads no weights)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from moe_core.config import ModelConfig, MoEConfig, RopeScaling
 from moe_core.errors import ConfigError
+from moe_core.hf_check import check_sizes, read_config_bounded
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                "Phi3ForCausalLM")
@@ -24,12 +24,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
     f = p / "config.json"
     if not f.is_file():
         raise ConfigError(f"{f} is missing; give a Hugging Face save_pretrained folder")
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f} is not readable JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{f} must hold a JSON object")
+    cfg = read_config_bounded(f)  # size capped before parsing
+    check_sizes(cfg, str(f))  # bounded sizes: nothing downstream builds 1e9 layers
     return cfg
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import UpcycleError, one_line
-from moe_core.fsio import guard_output_dir
 from moe_core.hf.export import export_checkpoint
+from moe_core.outdir import guard_output_dir
 from sweeps.results import (
     CONFIG_SECTIONS,
     KNOB_PREFIX,
@@ -122,7 +122,7 @@ def trial_checkpoints(results_dir: Path, trial_id: str, sweep: str | None = None
 
 def check_export_dir(out: Path, overwrite: bool, results: Path | None = None) -> str | None:
     """Refuse a file, a symlink, a non-empty folder (unless ``overwrite`` and this project wrote
-    it: ``moe_core.fsio.guard_output_dir``) and the results folder or one inside it; returns the
+    it: ``moe_core.outdir.guard_output_dir``) and the results folder or one inside it; returns the
     line to print when an export of ours is replaced."""
     return guard_output_dir(out, sources=(results,) if results else (), overwrite=overwrite)
 

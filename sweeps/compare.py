@@ -20,8 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from moe_core.errors import UpcycleError
+from moe_core.errors import UpcycleError, cli_boundary
 from moe_core.fsio import atomic_write, atomic_write_text
+from moe_core.outdir import claim_out_dir, mark_out_dir
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
 from sweeps.twoway import (
     SEED_KNOB,
@@ -118,20 +119,19 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
     return paths
 
 
+@cli_boundary(kept="the inputs are unchanged")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweeps.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="results directories (results/<sweep>)")
     ap.add_argument("--metric", default="val_loss")
     ap.add_argument("--out", default=None, help="output directory (default results/compare)")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
-    try:
-        sweeps = labelled((p, load(p)) for p in args.results)
-    except UpcycleError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     out = Path(args.out or Path(args.results[0]).parent / "compare")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out_dir(out, inputs=args.results)  # never a folder it did not write, nor an input
+    sweeps = labelled((p, load(p)) for p in args.results)
+    mark_out_dir(out, "sweeps.compare")
     lines = summarize(sweeps, args.metric)
     from rich.console import Console
     from rich.table import Table

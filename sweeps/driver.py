@@ -26,6 +26,7 @@ from moe_core.train.config import TrainConfig
 from sweeps import console, faults, progress, resources, signals
 from sweeps.curves import load_calibration
 from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
+from sweeps.guard import SPEC_FILE, record_spec
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
@@ -44,7 +45,7 @@ from sweeps.results import (
     summarize,
     write_summary,
 )
-from sweeps.sink import ResultsSink, error_reason, reconcile, row_from_result
+from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.spec import SweepSpec
 from sweeps.trainable import run_trial
 from sweeps.trust import hide_wandb_key, verify_experiment_state
@@ -85,8 +86,8 @@ class ResultsCallback(tune.Callback):
         self.done = self.sink.trial_ids("ok") | self.sink.trial_ids("pruned")
         for r in list(self.sink.rows.values()):
             self._track_best(r)
-        if self.health is not None:  # unfinished trials' streaks over a prune threshold
-            for t in self.sink.trial_ids() - self.done:
+        if self.health is not None:  # unfinished and pruned trials' streaks over a threshold
+            for t in self.sink.trial_ids() - self.sink.trial_ids("ok"):
                 self.health.restore(t, self.sink.rows_of(t).values())
         self.started = time.time()
         self._loaded = True
@@ -138,7 +139,8 @@ class ResultsCallback(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ensure_loaded()
         verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
-        pruned = verdict.columns() if verdict is not None else self._scheduler_stop(trial)
+        pruned = verdict.columns() if verdict is not None else (
+            recorded_prune(self.sink.rows_of(trial.trial_id)) or self._scheduler_stop(trial))
         if pruned is not None:
             self.sink.mark(trial.trial_id, "pruned", pruned["reason"],
                            placeholder=self._placeholder(trial))
@@ -191,7 +193,7 @@ class ResultsCallback(tune.Callback):
 
     def on_experiment_end(self, trials, **info):
         self._ensure_loaded()
-        reconcile(self.sink, trials)
+        reconcile(self.sink, trials, signals.received())
         self.sink.close()
 
 
@@ -301,7 +303,7 @@ def archive_previous(results_dir: Path) -> Path | None:
     """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
     so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents
     and WSD stable runs stay."""
-    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train")
+    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train", SPEC_FILE)
              if (results_dir / n).exists()]
     if not {RESULTS_FILE, "rows", "tune"} & set(names):
         return None
@@ -427,7 +429,8 @@ def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
     sink = ResultsSink(results_dir, types=config_types(TrainConfig))
     for p in sink.load(results_dir / "tune").problems:
         console.progress(p)
-    reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [])
+    reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [],
+              signals.received())  # trials a stop signal cut are interrupted, not ok
     sink.close()
     if sink.write_errors:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
@@ -492,6 +495,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         if prev is not None:
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
+        record_spec(spec, results_dir)  # what a later --resume must match
     cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
     predictor = None  # fitted before any training: a bad calibration fails in seconds
     if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":

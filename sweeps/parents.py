@@ -28,7 +28,7 @@ from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
-from moe_core.train.runner import load_parent, parent_key, train_parent
+from moe_core.train.runner import cached_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
 from sweeps import console, resources
 from sweeps.devices import check_reserved_device
@@ -89,8 +89,9 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
             raise DivergenceError(payload["step"], f"parent {key} {payload['diverged']}")
         if payload is not None:
             return ParentState(**{k: v for k, v in payload.items() if not k.startswith("_")})
-    if (cache_dir / key / "meta.json").exists():
-        return load_parent(cache_dir / key)
+    cached = cached_parent(cache_dir / key, key)  # a damaged entry: moved aside, retrained
+    if cached is not None:
+        return cached
     with _file_lock(cache_dir / f"{key}.lock"):
         state, _ = train_parent(cfg, cache_dir)
     return state

@@ -36,6 +36,10 @@ RULE_METRICS = {
     "drop_rate": "router.drop_rate",
 }
 """Rule name → the reported column it reads (a contract: the spec's keys)."""
+FLOORS = {"max_load_fraction": 0.0, "dead_experts": 0.0, "expert_similarity": -1.0,
+          "drop_rate": 0.0}
+"""The least value each statistic can take: a threshold below it fires on every eval
+(``max_load_fraction`` is also at least 1/E, checked against the plan by ``sweeps.guard``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,11 @@ def parse_prune(raw: Any) -> PruneConfig:
             raise SearchSpaceError(f"prune.{name}.{e}") from None
         except ConfigError as e:
             raise SearchSpaceError(str(e)) from None
+        floor = FLOORS.get(name)
+        if floor is not None and rules[-1][1].above < floor:
+            raise SearchSpaceError(
+                f"prune.{name}.above={rules[-1][1].above:g} fires on every eval: "
+                f"{RULE_METRICS[name]} is never below {floor:g}; give a threshold above it")
     return PruneConfig(tuple(rules))
 
 

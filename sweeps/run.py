@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from moe_core.errors import SearchSpaceError, UpcycleError, one_line
-from sweeps import console, preflight, resources, signals
+from moe_core.errors import SearchSpaceError, UpcycleError, cli_boundary, one_line
+from sweeps import console, guard, preflight, resources, signals
 from sweeps.plan import build_plan
 from sweeps.spec import load_spec
 
@@ -26,6 +26,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="Ray cluster address (auto or HOST:PORT); default: start Ray locally")
     ap.add_argument("--resume", action="store_true",
                     help="resume the sweep's experiment directory; finished trials are kept")
+    ap.add_argument("--force-spec", action="store_true",
+                    help="with --resume: resume although the spec changed since the run began")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate and print the plan without starting Ray")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -55,6 +57,7 @@ def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
+@cli_boundary(kept="finished trials, rows and checkpoints are kept (rerun with --resume)")
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     signals.install()
@@ -71,17 +74,25 @@ def main(argv: list[str] | None = None) -> int:
         checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
             seen, plan, gpu=args.gpu, concurrent=args.max_concurrent, nodes=nodes,
             local=args.address is None)
+        checked = guard.preflight(spec, plan)  # before anything starts or moves
         if args.dry_run:
             console.print_plan(spec, plan)
             console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
                                    max_concurrent=args.max_concurrent)
+            for line in checked:
+                console.progress(line)
         preflight.enforce(checks, console.progress)
         if args.dry_run:
             return 0
+        guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
-        summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                            max_concurrent=args.max_concurrent, verbose=args.verbose)
+        with guard.held(spec.results_dir, console.progress):  # one run per results folder
+            if args.resume:
+                guard.check_resume_spec(spec, spec.results_dir, args.force_spec,
+                                        console.progress)
+            summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
+                                max_concurrent=args.max_concurrent, verbose=args.verbose)
     except UpcycleError as e:
         if args.debug:
             raise

@@ -243,7 +243,7 @@ class ResultsSink:
             cur = row.get("status")
             if cur == "diverged":
                 continue
-            if cur in (None, "running") or status == "failed":
+            if cur in (None, "running", "interrupted") or status == "failed":
                 row["status"] = status
                 if reason:
                     row["reason"] = reason
@@ -330,15 +330,28 @@ class ResultsSink:
             self._log = None
 
 
-def reconcile(sink: ResultsSink, trials: Iterable[Any]) -> None:
+def reconcile(sink: ResultsSink, trials: Iterable[Any], signal: int | None = None) -> None:
     """Set each trial's outcome from Tune's own trial states (covers trials that finished in an
-    earlier run, whose statuses a lost file would otherwise leave as 'running')."""
+    earlier run, whose statuses a lost file would otherwise leave as 'running'). After a stop
+    ``signal`` Tune marks the trials it cut as TERMINATED too: a trial with no outcome yet is
+    then ``interrupted``, never ``ok`` (``--resume`` runs it on)."""
     for t in trials:
         status = getattr(t, "status", None)
-        if status == "TERMINATED":
+        if status == "TERMINATED" and signal is not None:
+            sink.mark(t.trial_id, "interrupted", f"cut by signal {signal} before its end; "
+                      "rerun with --resume to finish it")
+        elif status == "TERMINATED":
             sink.mark(t.trial_id, "ok")
         elif status == "ERROR":
             sink.mark(t.trial_id, "failed", error_reason(t))
+
+
+def recorded_prune(rows: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The prune columns of a health rule that already fired on these rows (a run before a
+    ``--resume``): kept as they are, never relabelled as a scheduler's stop."""
+    row = next((r for _, r in sorted(rows.items())
+                if r.get("prune_rule") not in (None, "asha")), None)
+    return None if row is None else {k: row.get(k) for k in (*PRUNE_COLUMNS, "reason")}
 
 
 def error_reason(trial: Any) -> str:

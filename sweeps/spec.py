@@ -27,6 +27,7 @@ from moe_core.train.config import (
     train_config_from_dict,
 )
 from scaling.predict import METHODS as PREDICTORS
+from sweeps.limits import check_law
 from sweeps.prune import PruneConfig, parse_prune
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
@@ -311,6 +312,7 @@ class LawSearchConfig:
             raise _err(f"law.ci={self.ci} must lie in (0, 1), e.g. 0.9")
         if not 0 < self.dstar_range[0] < self.dstar_range[1]:
             raise _err(f"law.dstar_range={list(self.dstar_range)} needs 0 < low < high")
+        check_law(self)  # values, names, finite bounds, caps (sweeps.limits)
 
     def variable_keys(self) -> dict[str, str]:
         """Law variable → config key, defaults filled in."""

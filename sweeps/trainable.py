@@ -26,7 +26,6 @@ import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
-from moe_core.hf import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
@@ -35,6 +34,7 @@ from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
 from sweeps import compile_stats, faults, resources
 from sweeps.devices import check_reserved_device
+from sweeps.guard import export_hf
 from sweeps.not_retried import fail_once
 from sweeps.parents import StableRun, extend_stable, get_parent
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
@@ -185,8 +185,9 @@ class CheckpointCadence:
 
 def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
     """``export: hf``: the trial's final model as a Hugging Face folder, with the tokenizer
-    its run used (``moe_core.hf.tokenizer.save_run_tokenizer``)."""
-    save_moe(state, model_config, out)
+    its run used (``moe_core.hf.tokenizer.save_run_tokenizer``); a folder this project did not
+    write is refused (``sweeps.guard.export_hf``)."""
+    export_hf(state, model_config, out)
     p = t.config.parent
     save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)
 

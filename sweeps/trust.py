@@ -3,7 +3,8 @@
 - The W&B API key never enters Ray: ``hide_wandb_key`` moves ``WANDB_API_KEY`` out of the
   environment (which Ray writes into its session logs when it is passed through ``runtime_env``)
   into a private netrc file (mode 0600 in a 0700 directory, removed at exit) that wandb reads
-  through ``NETRC``.
+  through ``NETRC``. The directory names its owner's pid; a later run removes those whose
+  owner is gone (a driver killed with -9 runs no exit handler).
 - ``--resume`` unpickles Tune's experiment state (``tune/*.pkl`` and the trial records), so a
   file another user could have written is code they could run: ``verify_experiment_state``
   refuses to resume unless every file and directory under ``tune/`` is owned by the current
@@ -25,12 +26,45 @@ from moe_core.errors import UpcycleError
 WANDB_KEY_ENV = "WANDB_API_KEY"
 
 
+NETRC_PREFIX = "upcycle-wandb-"
+"""``<tmp>/upcycle-wandb-<owner pid>-XXXX/netrc``: the folder names the process that wrote it."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_netrc(tmp: str | Path | None = None) -> list[Path]:
+    """Remove the netrc folders (with the W&B key) that a driver killed with -9 left behind:
+    ours (same uid) whose owner pid is gone. Returns what was removed."""
+    gone = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{NETRC_PREFIX}*"):
+        pid = d.name[len(NETRC_PREFIX):].split("-", 1)[0]
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
+                or _alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
+    return gone
+
+
 def hide_wandb_key() -> Path | None:
     """Move the W&B key from the environment into a private netrc file; returns its path."""
     key = os.environ.pop(WANDB_KEY_ENV, None)
+    clean_stale_netrc()
     if not key:
         return None
-    d = Path(tempfile.mkdtemp(prefix="upcycle-wandb-"))  # 0700
+    d = Path(tempfile.mkdtemp(prefix=f"{NETRC_PREFIX}{os.getpid()}-"))  # 0700
     atexit.register(shutil.rmtree, d, True)
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     path = d / "netrc"

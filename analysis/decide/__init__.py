@@ -85,6 +85,24 @@ def _num(df, col: str) -> np.ndarray:
     return pd.to_numeric(df[col], errors="coerce").to_numpy(float)
 
 
+def _name(data: Any, default: str) -> str:
+    """A path's name for a message; ``default`` for a DataFrame."""
+    return default if hasattr(data, "columns") else str(data)
+
+
+def _refuse_non_finite(df, cols: tuple[str, ...], where: Any) -> None:
+    """A decision extrapolates to the data's ranges: one infinite or NaN D2 (or loss) would
+    answer with confidence from nothing. Refused in one line."""
+    for c in cols:
+        if c not in df.columns:
+            continue
+        v = _num(df, c)
+        bad = int((~np.isfinite(v)).sum())
+        if bad:
+            raise FitError(f"{where}: {bad} trial(s) have a non-finite {c} "
+                           f"({v[~np.isfinite(v)][0]}); fix or remove them before deciding")
+
+
 def load_decision_data(results, baseline=None) -> DecisionData:
     """Upcycled (dense → MoE) trials' final evals from ``results``; from-scratch MoE runs from
     ``baseline``, or the rows of kind ``moe`` without a parent in ``results``."""
@@ -99,6 +117,10 @@ def load_decision_data(results, baseline=None) -> DecisionData:
     sc = bdf[bdf["kind"] == "moe"] if "kind" in bdf.columns else bdf.iloc[:0]
     if "parent_key" in sc.columns:
         sc = sc[sc["parent_key"].fillna("").astype(str) == ""]
+    _refuse_non_finite(up, ("D1", "D2", "N1", "N2", "val_loss"), _name(results, "the results"))
+    _refuse_non_finite(sc, ("tokens", "N1", "N2", "val_loss"),
+                       _name(results, "the results") if baseline is None else
+                       _name(baseline, "the baseline"))
     if len(up) < 6 or up["D1"].nunique() < 2 or up["D2"].nunique() < 2:
         raise FitError(f"{results}: need upcycled (dense_to_moe) trials over at least 2 D1 and "
                        f"2 D2 values (a D1 × D2 sweep such as search_spaces/scaling_d1_d2.yaml);"

@@ -32,6 +32,7 @@ degrees of freedom), and the report says how many points, pairs and seeds they r
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -87,10 +88,16 @@ def noise_structure(df, *, point: Sequence[str] = ("D1", "D2"), group: str = "pa
     if missing:
         raise FitError(f"no column {missing[0]!r} in the results (columns: "
                        f"{', '.join(map(str, df.columns[:15]))}, …)")
+    n0 = len(df)
     df = df.dropna(subset=[*point, "seed", metric])
-    y = np.log(df[metric].astype(float).to_numpy())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(df[metric].astype(float).to_numpy())
     ok = np.isfinite(y)
     df, y = df[ok], y[ok]
+    if len(df) < n0:  # said, never silent
+        logging.getLogger("analysis").warning(
+            "analysis.noise: left out %d of %d final evals (a missing %s, seed or %s, or a "
+            "non-positive or non-finite %s)", n0 - len(df), n0, "/".join(point), metric, metric)
     keys = [tuple(r) for r in df[list(point)].itertuples(index=False, name=None)]
     seeds = df["seed"].astype(int).to_numpy()
     groups = df[group].astype(str).to_numpy() if group else np.array([""] * len(df))

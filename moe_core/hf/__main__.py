@@ -35,13 +35,13 @@ from typing import Any
 import torch
 
 from moe_core.config import MoEConfig, RouterConfig
-from moe_core.errors import UpcycleError, one_line
-from moe_core.fsio import guard_output_dir
+from moe_core.errors import UpcycleError, cli_boundary, one_line
 from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel_err
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import TOKENIZER_FILES
 from moe_core.model import build_model
+from moe_core.outdir import guard_output_dir
 from moe_core.upcycle import dense_to_moe_state, expand_experts_state
 
 
@@ -147,6 +147,7 @@ def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+@cli_boundary(kept="the source is unchanged")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.hf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

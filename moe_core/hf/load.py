@@ -23,6 +23,11 @@ from safetensors import safe_open
 from moe_core.config import ModelConfig, MoEConfig, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
+from moe_core.hf_check import (
+    CheckReport,
+    check_files,
+    check_tensor,
+)
 from moe_core.hf_config import (  # re-exported: config.json alone, without torch
     DENSE_ARCHS,
     MOE_ARCHS,
@@ -57,6 +62,16 @@ def weight_files(path: str | Path) -> list[Path]:
     return files
 
 
+def check_checkpoint(path: str | Path, what: str = "checkpoint",
+                     finite: bool = True) -> CheckReport:
+    """Refuse (one line) a folder whose config.json or safetensors files are unusable, in
+    bounded time and memory (``moe_core.hf_check``); reads each tensor once when ``finite``."""
+    try:
+        return check_files(weight_files(path), read_config(path), finite)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
 def checkpoint_hash(path: str | Path) -> str:
     """Content hash (16 hex chars) of config.json and the weight files (the parent cache key)."""
     p = Path(path)
@@ -75,6 +90,7 @@ def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch
         with safe_open(str(f), framework="pt") as fh:
             for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 t = fh.get_tensor(k)
+                check_tensor(f, k, t)
                 out[k] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
     return out
 

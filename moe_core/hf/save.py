@@ -39,9 +39,10 @@ from safetensors.torch import save_file
 
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
-from moe_core.fsio import mark_written, publish_dir
+from moe_core.fsio import publish_dir
 from moe_core.hf.convert import attn_to_hf, dense_mlp_to_hf
 from moe_core.hf.load import INDEX, SINGLE
+from moe_core.outdir import mark_out_dir
 from moe_core.upcycle._state import to_torch_state
 
 ARCHS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -277,8 +278,8 @@ def save_moe(model_or_state: Any, cfg: ModelConfig | None, path: str | Path, *,
     where exact, else Qwen2-MoE; Qwen3 / Qwen3-MoE for q/k norms; module docstring). ``dtype``
     casts floating tensors (default: as stored). ``extra_files`` (name → source path, e.g. the
     source's tokenizer.json) are copied in. The folder appears atomically, with the project's
-    mark (``moe_core.fsio.WRITER_MARK``), and replaces whatever is at ``path``: callers that
-    write where a user points check it first (``moe_core.fsio.guard_output_dir``). Configs with no
+    mark (``moe_core.outdir.MARKER``), and replaces whatever is at ``path``: callers that
+    write where a user points check it first (``moe_core.outdir``). Configs with no
     exact HF form are refused in one line.
     """
     if isinstance(model_or_state, torch.nn.Module):
@@ -304,6 +305,6 @@ def save_moe(model_or_state: Any, cfg: ModelConfig | None, path: str | Path, *,
     _write_weights(tensors, tmp, max_shard_bytes)
     for name, src in (extra_files or {}).items():
         (tmp / name).write_bytes(Path(src).read_bytes())
-    mark_written(tmp, "moe_core.hf.save_moe")
+    mark_out_dir(tmp, "moe_core.hf.save_moe")
     publish_dir(tmp, out)
     return ARCHS[kind]

@@ -12,12 +12,13 @@ import logging
 import sys
 from pathlib import Path
 
-from moe_core.errors import UpcycleError, one_line
+from moe_core.errors import UpcycleError, cli_boundary, one_line
 from moe_core.train.callbacks import FunctionCallback
 from moe_core.train.config import apply_overrides, load_yaml, train_config_from_dict
 from moe_core.train.runner import run
 
 
+@cli_boundary(kept="checkpoints written so far are kept")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_core.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -12,6 +12,7 @@ from moe_core import loss as lm_loss
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
 from moe_core.train.config import TrainConfig
+from moe_core.train.dsops import skip_unneeded_ops
 
 
 def init_distributed() -> tuple[int, int]:
@@ -26,6 +27,7 @@ def init_distributed() -> tuple[int, int]:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                               RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        skip_unneeded_ops()  # no JIT build, no stale build lock to hang on (moe_core.train.dsops)
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 

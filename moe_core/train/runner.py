@@ -9,7 +9,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
+import os
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +21,15 @@ import torch
 
 from moe_core.config import model_config_from_dict
 from moe_core.data import data_fingerprint
+from moe_core.errors import CheckpointError, one_line
 from moe_core.hf.load import checkpoint_hash, load_pretrained, weight_files
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.loop import Trainer, train
+
+log = logging.getLogger(__name__)
 
 
 def _stable(obj: Any) -> Any:
@@ -91,8 +98,9 @@ def train_parent(
     Returns (state, trained_now)."""
     key = parent_key(cfg)
     path = Path(cache_dir) / key
-    if (path / "meta.json").exists():
-        return load_parent(path), False
+    cached = cached_parent(path, key)
+    if cached is not None:
+        return cached, False
     if cfg.parent is not None and cfg.parent.from_pretrained is not None:
         return load_pretrained_parent(cfg.parent.from_pretrained, path), True
     p = cfg.parent_run()
@@ -110,6 +118,54 @@ def train_parent(
         },
     )
     return load_parent(path), True
+
+
+def check_cache_entry(path: Path, key: str) -> None:
+    """Refuse (``CheckpointError``) a parent cache entry this run must not trust: a symbolic
+    link or a file another user owns in it, a meta.json that names another parent, or a file
+    its meta.json lists no checksum for (the checksums themselves, written by the run that
+    trained it, are verified by ``load_checkpoint``)."""
+    uid = os.geteuid()
+    for p in [path, *path.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckpointError(f"{p} is a symbolic link")
+        if st.st_uid != uid:
+            raise CheckpointError(f"{p} is owned by uid {st.st_uid}, not by you (uid {uid})")
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path / 'meta.json'} is unreadable ({e})") from None
+    if not isinstance(meta, dict) or meta.get("parent_key") != key:
+        raise CheckpointError(f"{path / 'meta.json'} names parent "
+                              f"{meta.get('parent_key') if isinstance(meta, dict) else None!r},"
+                              f" not {key!r}")
+    sums = meta.get("sha256") or {}
+    unlisted = sorted(f.name for f in path.iterdir() if f.name != "meta.json" and f.name not in
+                      sums)
+    if not sums or unlisted:
+        raise CheckpointError(f"{path} holds {unlisted[0] if unlisted else 'files'} without a "
+                              "checksum in its meta.json")
+
+
+def cached_parent(path: Path, key: str) -> ParentState | None:
+    """The cached parent at ``path`` (None if absent). An entry that fails its checks or its
+    checksums is moved aside (``.corrupt-<key>-<time>`` next to it, kept for inspection) with
+    a warning, and None is returned: the caller trains the parent again."""
+    if not (path / "meta.json").exists():
+        return None
+    try:
+        check_cache_entry(path, key)
+        return load_parent(path)
+    except (CheckpointError, KeyError, ValueError, OSError) as e:
+        aside = path.with_name(f".corrupt-{key}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:  # another process moved it first
+            return None
+        log.warning("parent cache entry %s is unusable (%s); moved it to %s and training the "
+                    "parent again", path, one_line(e), aside)
+        return None
 
 
 def load_parent(path: str | Path) -> ParentState:

@@ -30,10 +30,41 @@ def test_one_line_errors_turns_a_fit_error_into_one_stderr_line(capsys):
 def test_other_exceptions_are_not_swallowed():
     @one_line_errors
     def main() -> int:
-        raise ValueError("a bug, not a user error")
+        raise TypeError("a bug, not a user error")
 
-    with pytest.raises(ValueError, match="a bug"):
+    with pytest.raises(TypeError, match="a bug"):
         main()
+
+
+def test_input_and_disk_errors_are_one_line_saying_what_was_kept(capsys, monkeypatch):
+    """The shared boundary (``moe_core.errors.cli_boundary``): ValueError / KeyError from input
+    parsing and OSError (a full disk) are one line; --debug or UPCYCLE_DEBUG=1 re-raise."""
+    import errno
+
+    from moe_core.errors import cli_boundary
+
+    @cli_boundary(kept="finished rows are kept")
+    def main(argv=None) -> int:
+        kind = argv[0]
+        if kind == "disk":
+            raise OSError(errno.ENOSPC, "No space left on device", "/results/x.parquet")
+        if kind == "key":
+            raise KeyError("weight_map")
+        raise ValueError("could not convert string to float: 'abc'")
+
+    assert main(["disk"]) == 2
+    assert capsys.readouterr().err == (
+        "error: the disk is full at /results/x.parquet (OSError errno 28); finished rows are "
+        "kept (--debug shows the traceback)\n")
+    assert main(["key"]) == 2
+    assert "missing key 'weight_map' in the input (KeyError)" in capsys.readouterr().err
+    assert main(["value"]) == 2
+    assert "could not convert string to float: 'abc' (ValueError)" in capsys.readouterr().err
+    with pytest.raises(OSError):
+        main(["disk", "--debug"])
+    monkeypatch.setenv("UPCYCLE_DEBUG", "1")
+    with pytest.raises(KeyError):
+        main(["key"])
 
 
 def test_kv_flags():

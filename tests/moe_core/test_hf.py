@@ -399,8 +399,8 @@ def test_cli_upcycle_never_destroys_what_it_did_not_write(tmp_path, capsys):
     """#32: an existing OUT folder, OUT = SRC, OUT inside SRC, OUT a file and OUT a symlink are
     refused in one line before any work, exit 2, nothing touched; --overwrite replaces only a
     folder this project wrote, and says so."""
-    from moe_core.fsio import WRITER_MARK
     from moe_core.hf.__main__ import main
+    from moe_core.outdir import MARKER as WRITER_MARK
 
     src = tiny_dense("llama", tmp_path / "src")
     mine = tmp_path / "mine"

@@ -30,7 +30,7 @@ def test_ties_go_to_the_smallest_id_and_others_are_left_out_by_status():
 
 
 def test_a_non_empty_export_folder_is_refused_unless_overwrite_and_ours(tmp_path):
-    from moe_core.fsio import mark_written
+    from moe_core.outdir import mark_out_dir
 
     (tmp_path / "mine.txt").write_text("keep")
     with pytest.raises(UpcycleError, match="exists and is not empty; give a new folder, or "
@@ -43,7 +43,7 @@ def test_a_non_empty_export_folder_is_refused_unless_overwrite_and_ours(tmp_path
         check_export_dir(tmp_path / "mine.txt", overwrite=True)
     ours = tmp_path / "ours"
     ours.mkdir()
-    mark_written(ours, "sweeps.best")
+    mark_out_dir(ours, "sweeps.best")
     assert "replacing" in check_export_dir(ours, overwrite=True)
     with pytest.raises(UpcycleError, match="is inside the source"):
         check_export_dir(tmp_path / "res" / "x", overwrite=False, results=tmp_path / "res")

@@ -144,6 +144,13 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         summary = yaml.safe_load((res / "summary.json").read_text())
         assert summary["complete"] is False
         assert summary["ok"] < 3 and summary["unfinished"] or summary["not_started"]
+        # a trial the signal cut is interrupted, never ok (#32): every ok trial reached step 8
+        finals = {}
+        for r in pq.read_table(res / "results.parquet").to_pylist():
+            if r["trial_id"] not in finals or r["step"] >= finals[r["trial_id"]]["step"]:
+                finals[r["trial_id"]] = r
+        assert all(r["step"] == 8 for r in finals.values() if r["status"] == "ok"), finals
+        assert summary["ok"] == sum(r["status"] == "ok" for r in finals.values())
 
         pkl = res / "tune" / "tuner.pkl"
         good = pkl.read_bytes()

@@ -1,0 +1,281 @@
+"""One run per results folder, a resume that runs what it says, and checks before anything moves.
+
+- :func:`run_lock`: a lock on ``results/<sweep>/`` held for the run's life. Local folders use
+  ``fcntl.flock`` on ``.run.lock``, which holds the holder's host, pid and start time as JSON;
+  a second run is refused in one line naming the holder; a lock left by a process that is
+  gone (the kernel drops a flock with its process) is taken over with a message. Another
+  storage (``s3://...``) registers its own lock class in :data:`LOCKS` by URL scheme.
+- :func:`check_resume_spec` / :func:`record_spec`: the spec's search space and base config are
+  recorded in ``spec.json`` when a run starts; ``--resume`` with a changed one is refused in one
+  line naming the first difference (``--force-spec`` resumes anyway).
+- :func:`preflight`: what can be checked before previous results move to ``previous/``: the
+  ``parent.from_pretrained`` checkpoints (streamed, ``moe_core.hf_check``), the calibration
+  results of ``rung_metric: predicted_final``, and writer folders that symbolic links would
+  take outside the results folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from moe_core.errors import SearchSpaceError, UpcycleError, shown
+from moe_core.fsio import atomic_write_text
+from moe_core.hf.load import check_checkpoint
+from moe_core.hf.save import save_moe
+from moe_core.outdir import claim_out_dir, confined
+from sweeps.curves import load_calibration
+
+LOCK_FILE = ".run.lock"
+SPEC_FILE = "spec.json"
+WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous")
+"""Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
+
+
+class FolderInUseError(UpcycleError):
+    """Another run holds the results folder."""
+
+
+class RunLock(Protocol):
+    def acquire(self) -> str | None: ...  # a takeover message, or None
+    def release(self) -> None: ...
+
+
+def holder_info() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def describe_holder(h: dict[str, Any]) -> str:
+    return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('started', '?')}"
+
+
+class LocalRunLock:
+    """``flock`` on ``<folder>/.run.lock`` (its content: the holder as JSON)."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / LOCK_FILE
+        self.fd: int | None = None
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            d = json.loads(self.path.read_text()[:4096] or "{}")
+            return d if isinstance(d, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> str | None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FolderInUseError(
+                f"{self.path.parent} is in use by another run ({describe_holder(self._read())}); "
+                "wait for it to end or stop it, or give this run another --results folder"
+            ) from None
+        old = self._read()
+        me = holder_info()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        os.fsync(fd)
+        self.fd = fd
+        if old.get("pid") and not old.get("released"):  # its holder died holding it
+            return (f"took over the lock of {self.path.parent} from {describe_holder(old)}, "
+                    f"which is gone")
+        return None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, (json.dumps({**holder_info(), "released": True}) + "\n")
+                      .encode(), 0)
+        finally:
+            os.close(self.fd)  # drops the flock
+            self.fd = None
+
+
+LOCKS: dict[str, Callable[[str], RunLock]] = {}
+"""URL scheme → lock class for results on other storage (``s3`` with #28)."""
+
+
+def run_lock(folder: str | Path) -> RunLock:
+    """The lock for a results folder: :class:`LocalRunLock`, or the one registered for its URL
+    scheme."""
+    s = str(folder)
+    if "://" in s:
+        scheme = s.split("://", 1)[0]
+        if scheme not in LOCKS:
+            raise UpcycleError(f"results {s}: no run lock for {scheme}:// storage")
+        return LOCKS[scheme](s)
+    return LocalRunLock(folder)
+
+
+class held:
+    """``with held(folder, say): ...``: :func:`run_lock` acquired (its takeover message passed
+    to ``say``) and released at the end."""
+
+    def __init__(self, folder: str | Path, say: Callable[[str], None] = print):
+        self.lock, self.say = run_lock(folder), say
+
+    def __enter__(self) -> RunLock:
+        msg = self.lock.acquire()
+        if msg:
+            self.say(msg)
+        return self.lock
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+LOCAL_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for single-machine Ray (its default on Windows and macOS): with it off, Ray takes
+the loopback address as the node's, so GCS, raylet, workers and the driver listen on 127.0.0.1
+only. Read when ``ray`` is imported."""
+
+
+def local_only_ray(address: str | None) -> bool:
+    """A sweep that starts its own Ray (no ``--address``, no ``RAY_ADDRESS``) keeps every Ray
+    port on 127.0.0.1 (unless the user set :data:`LOCAL_RAY_ENV` themselves); must run before
+    ``import ray``. Returns whether it applies."""
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        return False
+    os.environ.setdefault(LOCAL_RAY_ENV, "0")
+    return True
+
+
+def export_hf(state: Any, cfg: Any, out: Path) -> str:
+    """A finished trial's model as a Hugging Face folder at ``out`` (``export: hf``): refused
+    when ``out`` holds files this project did not write (``moe_core.outdir``); the folder
+    appears atomically with its marker inside."""
+    claim_out_dir(out, what="export folder")
+    return save_moe(state, cfg, out)  # which leaves the marker inside
+
+
+# ---- the recorded spec ------------------------------------------------------------------------
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): d}
+
+
+def spec_record(spec: Any) -> dict[str, Any]:
+    """What decides which trials a run trains: the search space, seeds, algorithm, samples,
+    the base config and the law search (as JSON)."""
+    import dataclasses
+
+    rec = {
+        "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
+                           "when": {k: list(v) for k, v in p.when}} for p in spec.search},
+        "seeds": list(spec.seeds), "algorithm": spec.algorithm,
+        "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
+        "law": dataclasses.asdict(spec.law) if spec.law is not None else None,
+    }
+    return json.loads(json.dumps(rec, default=str))
+
+
+def record_spec(spec: Any, results_dir: str | Path) -> None:
+    atomic_write_text(Path(results_dir) / SPEC_FILE, json.dumps(spec_record(spec), indent=1))
+
+
+def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """The first difference between two :func:`spec_record` s, as ``key: old → new``."""
+    a, b = _flat(old), _flat(new)
+    for k in sorted(set(a) | set(b)):
+        was, now = a.get(k, "<absent>"), b.get(k, "<absent>")
+        if was != now:
+            return f"{k} was {shown(was, 80)}, now {shown(now, 80)}"
+    return None
+
+
+def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
+                      say: Callable[[str], None] = print) -> None:
+    """On ``--resume``: refuse a spec that differs from the one the run recorded (unless
+    ``force``; then the new one is recorded)."""
+    path = Path(results_dir) / SPEC_FILE
+    new = spec_record(spec)
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        say(f"{path} is missing (a run of an older version): recording this spec")
+        record_spec(spec, results_dir)
+        return
+    except (OSError, ValueError):
+        old = {}
+    diff = spec_difference(old, new)
+    if diff is None:
+        return
+    if not force:
+        raise SearchSpaceError(
+            f"--resume: the spec differs from the one this run started with ({diff}); resume "
+            "with the spec unchanged, start afresh without --resume (the old run moves to "
+            "previous/), or pass --resume --force-spec to resume with the new spec")
+    say(f"--force-spec: resuming with a changed spec ({diff})")
+    record_spec(spec, results_dir)
+
+
+# ---- preflight ---------------------------------------------------------------------------------
+
+
+def _check_scheduler_and_rules(spec: Any, plan: Any) -> None:
+    """Settings that would be silently ignored, or would stop every trial at its first eval."""
+    if spec.asha.rung_metric is not None and spec.scheduler != "asha":
+        raise SearchSpaceError(
+            f"scheduler.rung_metric={spec.asha.rung_metric} needs scheduler.kind: asha (a "
+            f"{spec.scheduler} scheduler has no rungs, so it would be ignored); use kind: asha "
+            "or remove rung_metric")
+    for name, rule in spec.prune.rules:
+        if name != "max_load_fraction":
+            continue
+        experts = {t.config.moe.num_experts for t in plan.trials if t.config.moe is not None}
+        for e in sorted(experts, reverse=True):
+            if rule.above < 1 / e:
+                raise SearchSpaceError(
+                    f"prune.max_load_fraction.above={rule.above:g} fires on every eval: with "
+                    f"{e} experts the largest load is at least 1/{e} = {1 / e:.3g}; give a "
+                    "threshold above it")
+
+
+def preflight(spec: Any, plan: Any) -> list[str]:
+    """Everything checkable before a run starts or previous results move (also for
+    ``--dry-run``); returns the lines to print. Refusals are one-line errors."""
+    lines = []
+    folders = sorted({t.config.parent.from_pretrained for t in plan.trials
+                      if t.config.parent is not None and t.config.parent.from_pretrained})
+    for f in folders:
+        lines.append(check_checkpoint(f, what=f"parent.from_pretrained={f!r}").summary())
+    _check_scheduler_and_rules(spec, plan)
+    if spec.asha.rung_metric == "predicted_final" and spec.asha.calibration:
+        if not Path(spec.asha.calibration).exists():
+            raise SearchSpaceError(f"scheduler.calibration={spec.asha.calibration!r} does not "
+                                   "exist; point it at a finished WSD sweep's results")
+
+        try:
+            load_calibration(spec.asha.calibration)
+        except UpcycleError:
+            raise
+        except (OSError, ValueError, KeyError) as e:
+            raise SearchSpaceError(
+                f"scheduler.calibration={spec.asha.calibration!r} is unreadable "
+                f"({type(e).__name__}: {str(e)[:200]}); point it at a finished WSD sweep's "
+                "results.parquet") from None
+        lines.append(f"calibration {spec.asha.calibration}: readable")
+    rd = spec.results_dir
+    for name in WRITER_DIRS:
+        if (rd / name).exists() or (rd / name).is_symlink():
+            confined(rd / name, rd, f"results folder {rd}")
+    return lines

@@ -1,0 +1,43 @@
+"""A sweep that starts its own Ray keeps every Ray port on 127.0.0.1 (issue #32): the driver,
+GCS, raylet and workers listen on the loopback address only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+CODE = """
+import psutil
+from sweeps.guard import local_only_ray
+assert local_only_ray(None)
+import ray
+ray.init(include_dashboard=False, configure_logging=False, _temp_dir=TMP)
+ray.get([ray.remote(lambda: 1).remote() for _ in range(2)])
+me = psutil.Process()
+ips = set()
+for p in [me, *me.children(recursive=True)]:
+    try:
+        ips |= {c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == "LISTEN"}
+    except psutil.Error:
+        pass
+print("LISTEN", sorted(ips))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_local_ray_listens_on_loopback_only():
+    tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    for k in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", CODE.replace("TMP", repr(tmp))],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("LISTEN"))
+    ips = eval(line[len("LISTEN "):])  # noqa: S307 - our own printed list
+    assert ips and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in ips), ips
