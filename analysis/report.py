@@ -47,6 +47,7 @@ from analysis.sections import (
 from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
+from sweeps.storage import is_url
 
 D_STAR_CAPTION = ("D* (000 Eq. 13) from 000 Table 2's published parameters, numerically and by "
                   "Eq. 2; this sweep has one model size, so it cannot fit the N1 dependence.")
@@ -88,12 +89,21 @@ def _json_default(o):
     return str(o)
 
 
+def default_out(path: str | Path, name: str) -> Path:
+    """Where a report goes without ``--out``: next to a local sweep's results; for results on
+    object storage, the local folder ``reports/<sweep>`` (never a folder named after a URL)."""
+    if is_url(path):
+        return Path("reports") / name
+    path = Path(path)
+    return path if path.is_dir() else path.parent
+
+
 def report(results: str | Path, out: str | Path | None = None, *,
            baseline: str | Path | None = None, bootstrap: int = 200,
            fixed: Mapping[str, float] | None = None) -> Path:
     """Write ``report.md`` and its PNGs for one sweep's results directory; returns the path."""
     s = load_sweep(results)
-    out_dir = Path(out) if out else (s.path if s.path.is_dir() else s.path.parent)
+    out_dir = Path(out) if out else default_out(s.path, s.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = load_sweep(baseline) if baseline else None
     led, groups = ledger_section(s), groups_section(s)
@@ -184,10 +194,13 @@ def _sweep_dirs(root: Path, only: str | None) -> list[Path]:
 @one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    root = Path(args.results)
+    root = args.results if is_url(args.results) else Path(args.results)
     fixed = _kv(args.fix, "--fix", True)
     opts = {"baseline": args.baseline, "bootstrap": args.bootstrap, "fixed": fixed}
-    if not root.is_dir() or is_sweep_dir(root):
+    if is_url(root) and not is_sweep_dir(root):
+        raise FitError(f"{root}: a URL must name one sweep's results folder (holding "
+                       "results.parquet); report several sweeps one by one with --out")
+    if is_url(root) or not root.is_dir() or is_sweep_dir(root):
         print(report(root, args.out, **opts))
         return 0
     reports = []

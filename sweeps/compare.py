@@ -20,10 +20,12 @@ from typing import Any
 from moe_core.errors import UpcycleError
 from moe_core.fsio import atomic_write, atomic_write_text
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
+from sweeps.storage import Location, is_url
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
-    p = Path(path)
+    """A sweep's rows from its results folder or file (a local path or a URL)."""
+    p = Location.of(path)
     f = p / RESULTS_FILE if p.is_dir() else p
     if not f.exists():
         raise UpcycleError(f"{path}: no {RESULTS_FILE} (run python -m sweeps.run first)")
@@ -36,7 +38,8 @@ def load(path: str) -> tuple[str, list[dict[str, Any]]]:
 def labelled(loaded) -> dict[str, list[dict[str, Any]]]:
     """Results keyed by sweep name; results of one spec run twice (other ``--set`` or
     ``--results``) are told apart by their folder, never merged or dropped."""
-    loaded = [(name, str(Path(path)), rows) for path, (name, rows) in loaded]
+    loaded = [(name, path if is_url(path) else str(Path(path)), rows)
+              for path, (name, rows) in loaded]
     names = [n for n, _, _ in loaded]
     out: dict[str, list[dict[str, Any]]] = {}
     for name, path, rows in loaded:
@@ -118,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path(args.results[0]).parent / "compare")
+    # results on object storage: a local ./compare (never a folder named after a URL)
+    out = Path(args.out or ("compare" if is_url(args.results[0]) else
+                            Path(args.results[0]).parent / "compare"))
     out.mkdir(parents=True, exist_ok=True)
     lines = summarize(sweeps, args.metric)
     from rich.console import Console

@@ -19,10 +19,12 @@ named after it) and publishes the result with :func:`upload_dir`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import pyarrow.fs as pafs
 
 from moe_core.errors import ConfigError, shown
 from moe_core.fsio import atomic_write
+from sweeps.signing import signed_filesystem
 
 SCHEMES = ("s3", "gs", "gcs", "file")
 """URL schemes a results/parents/export location may use (pyarrow.fs's)."""
@@ -107,6 +110,14 @@ class Location:
             return Location(self.fs, p, p)
         rel = "/".join(p.strip("/") for p in parts)
         return Location(self.fs, f"{self.path}/{rel}", f"{self.uri}/{rel}")
+
+    def signed(self) -> Location:
+        """This location through the HMAC-signing filesystem (``sweeps.signing``): every file
+        written is signed, every file read verified. Local locations stay as they are
+        (``sweeps.trust`` checks owners and modes there)."""
+        if self.is_local or self.fs.type_name.startswith("py::upcycle-signed"):
+            return self
+        return Location(signed_filesystem(self.fs), self.path, self.uri)
 
     def __truediv__(self, part: str) -> Location:
         return self.join(part)
@@ -187,6 +198,19 @@ class Location:
         elif t == pafs.FileType.File:
             self.fs.delete_file(self.path)
 
+    def move_to(self, dst: Location) -> None:
+        """Move this file or folder to ``dst`` (locally a rename; on object storage a copy of
+        each object, then the delete: not atomic)."""
+        if self.is_local:
+            os.replace(self.path, dst.path)
+            return
+        if self.is_file():
+            self.fs.copy_file(self.path, dst.path)
+        else:
+            for rel in self.files():
+                self.fs.copy_file(f"{self.path}/{rel}", f"{dst.path}/{rel}")
+        self.delete()
+
     # ---- folders ----------------------------------------------------------------------------
 
     def upload_dir(self, local: str | Path, last: Iterable[str] = ()) -> int:
@@ -224,3 +248,21 @@ def staging_dir(loc: Location) -> Path:
         return loc.local_path
     root = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache/upcycle-sweeps/staging")
     return root / hashlib.sha256(loc.uri.encode()).hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def publishing(target: str | os.PathLike, manifest: str) -> Iterator[Path]:
+    """A local folder to write ``target``'s files in: ``target`` itself when local; else a
+    staging folder, uploaded to ``target`` (``manifest`` last) when the block ends without an
+    error, then removed."""
+    loc = Location.of(target)
+    if loc.is_local:
+        yield loc.local_path
+        return
+    local = staging_dir(loc)
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        yield local
+        loc.upload_dir(local, last=(manifest,))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)

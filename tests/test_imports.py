@@ -38,7 +38,8 @@ def test_analysis_imports_neither_torch_nor_ray():
 
 # analysis' own import graph (module → the analysis modules it imports, anywhere in the file),
 # plus its only ways into the rest of the project: the results schema, moe_core.errors, the
-# durable writes of moe_core.fsio and the law math of moe_core.scaling (none imports torch).
+# durable writes of moe_core.fsio, the storage layer that reads results from object storage
+# (sweeps.storage) and the law math of moe_core.scaling (none imports torch).
 # `python -m analysis.fit` / `analysis.derived` run the packages' __main__, which import the
 # command lines (analysis.cli); the libraries themselves do not (cli imports them).
 ANALYSIS_GRAPH = {
@@ -59,7 +60,8 @@ ANALYSIS_GRAPH = {
     "cli": {"data", "decide", "derived", "fit", "laws", "noise"},
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
-OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "moe_core.scaling.laws",
+OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.storage",
+           "moe_core.scaling.laws",
            "moe_core.scaling.crossing",
            "moe_core.scaling.fit"}
 
