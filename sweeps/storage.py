@@ -107,9 +107,9 @@ class Location:
     def join(self, *parts: str) -> Location:
         if self.is_local:
             p = str(Path(self.path).joinpath(*parts))
-            return Location(self.fs, p, p)
+            return type(self)(self.fs, p, p)
         rel = "/".join(p.strip("/") for p in parts)
-        return Location(self.fs, f"{self.path}/{rel}", f"{self.uri}/{rel}")
+        return type(self)(self.fs, f"{self.path}/{rel}", f"{self.uri}/{rel}")
 
     def signed(self) -> Location:
         """This location through the HMAC-signing filesystem (``sweeps.signing``): every file
