@@ -53,8 +53,16 @@ def check_uri(target: str, key: str) -> None:
     if scheme not in SCHEMES:
         raise ConfigError(f"{key}={shown(target)}: unknown storage scheme {scheme}://; use a "
                           f"local path or one of {', '.join(s + '://' for s in SCHEMES)}")
-    if not target.split("://", 1)[1].strip("/"):
+    rest = target.split("://", 1)[1]
+    if not rest.strip("/"):
         raise ConfigError(f"{key}={shown(target)} names no bucket; write {scheme}://BUCKET/PATH")
+    query = rest.partition("?")[2].lower()
+    if "@" in rest.split("/", 1)[0] or any(k in query for k in ("secret", "access_key",
+                                                                 "session_token")):
+        raise ConfigError(f"{key}: the URL carries credentials, which would be written into "
+                          "summary.json and Tune's state; drop them and set them in the "
+                          "environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                          "GOOGLE_APPLICATION_CREDENTIALS; docs/storage.md)")
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -43,6 +43,11 @@ def test_check_uri_names_the_key_and_the_fix():
         check_uri("ftp://b/x", "results")
     with pytest.raises(ConfigError, match=r"storage.parent_cache='s3://' names no bucket"):
         check_uri("s3://", "storage.parent_cache")
+    with pytest.raises(ConfigError, match="results: the URL carries credentials") as e:
+        check_uri("s3://AKIA:hunter2@b/x", "results")
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(ConfigError, match="carries credentials"):
+        check_uri("s3://b/x?secret_key=hunter2", "results")
 
 
 def test_spec_keeps_a_url_as_a_url():
