@@ -210,10 +210,24 @@ class SigningHandler(pafs.FileSystemHandler):
         raise NotImplementedError("append is not supported on object storage")
 
 
+def _synchronous(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's
+    upload) closes a Python file on Arrow's IO thread pool; an S3 stream with background
+    writes, closed there, waits for its upload queued on that same pool: with as many files
+    as IO threads, every thread waits and nothing runs (reproduced in
+    tests/sweeps/test_storage.py). Rebuilt from its own pickle arguments (no credentials
+    there: those come from the environment on each node)."""
+    if isinstance(fs, pafs.S3FileSystem):
+        rebuild, (kw,) = fs.__reduce__()
+        if kw.get("background_writes"):
+            return rebuild({**kw, "background_writes": False})
+    return fs
+
+
 def signed_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
     """``fs`` wrapped so that everything written is signed and everything read verified."""
     load_key()  # create (or check) the key now, on the driver, before anything is written
-    return pafs.PyFileSystem(SigningHandler(fs))
+    return pafs.PyFileSystem(SigningHandler(_synchronous(fs)))
 
 
 def verify_tree(fs: pafs.FileSystem, root: str) -> int:

@@ -270,3 +270,31 @@ def test_publishing_uploads_then_removes_the_staging_copy(s3_env, tmp_path):
         (d / "config.json").write_text("{}")
     assert not d.exists()
     assert Location.of(f"s3://{b}/export/t1").files() == ["config.json", "model.safetensors"]
+
+
+_COPY_MANY = """
+import os, sys, tempfile, pathlib
+import pyarrow as pa, pyarrow.fs as pafs
+pa.set_io_thread_count(2)
+from sweeps.storage import Location
+d = pathlib.Path(tempfile.mkdtemp())
+for i in range(12):
+    (d / f"f{i}.bin").write_bytes(os.urandom(2000))
+loc = Location.of(sys.argv[1]).signed()
+pafs.copy_files(str(d), loc.path + "/ck", destination_filesystem=loc.fs)
+print(len(loc.join("ck").files()))
+"""
+
+
+def test_copy_files_into_the_signed_filesystem_does_not_deadlock(s3_env, tmp_path):
+    """Ray uploads with pyarrow's copy_files, which closes each file on Arrow's IO pool: with
+    S3 background writes, each close waits for an upload queued on that same pool, and with
+    more files than IO threads nothing ever runs again (this hung a whole sweep)."""
+    import subprocess
+    import sys
+
+    b = s3_env.bucket()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", _COPY_MANY, f"s3://{b}/x"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["12"], out.stderr[-2000:]
