@@ -48,14 +48,14 @@ from sweeps.sink import ResultsSink, error_reason, reconcile, row_from_result
 from sweeps.spec import SweepSpec
 from sweeps.storage import STAGING_ENV, Location, join_uri, staging_dir
 from sweeps.trainable import run_trial
-from sweeps.trust import hide_wandb_key, verify_experiment_state
+from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 
 # Passed to every worker through runtime_env (Ray writes these into its session logs: never a
 # secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.trust).
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            "OMP_NUM_THREADS", KEY_FILE_ENV, STAGING_ENV)
+            "OMP_NUM_THREADS", KEY_FILE_ENV, STAGING_ENV, "AWS_SHARED_CREDENTIALS_FILE")
 Results = Path | Location
 """A sweep's results folder: a local Path, or a Location on object storage."""
 
@@ -466,6 +466,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               verbose: bool = False) -> dict[str, Any]:
     """Run the planned sweep to the end; returns the summary (also in ``summary.json``)."""
     os.environ.setdefault("WANDB_MODE", spec.wandb.mode)
+    hide_cloud_keys()  # before any S3 filesystem is built: keys never reach Ray's logs
     results_dir = results_location(spec, resume)
     check_address(address)  # an unreachable cluster fails here, before anything is moved
     hide_wandb_key()

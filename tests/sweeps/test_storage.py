@@ -298,3 +298,23 @@ def test_copy_files_into_the_signed_filesystem_does_not_deadlock(s3_env, tmp_pat
     out = subprocess.run([sys.executable, "-c", _COPY_MANY, f"s3://{b}/x"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["12"], out.stderr[-2000:]
+
+
+def test_aws_keys_leave_the_environment_for_a_private_file(s3_env, monkeypatch):
+    """Ray's runtime-env agent logs its environment: the driver moves the keys into a private
+    credentials file first, and S3 still works through the SDK's profile provider."""
+    from sweeps.trust import hide_cloud_keys
+
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")  # restored after
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    path = hide_cloud_keys()
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "AWS_ACCESS_KEY_ID" not in os.environ
+    assert os.environ["AWS_SHARED_CREDENTIALS_FILE"] == str(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert f"aws_secret_access_key = {FAKE_SECRET}" in path.read_text()
+    b = s3_env.bucket()
+    loc = Location.of(f"s3://{b}/x")
+    (loc / "a.txt").write_text("ok")
+    assert (loc / "a.txt").read_text() == "ok"
+    assert hide_cloud_keys() is None  # nothing left to move
