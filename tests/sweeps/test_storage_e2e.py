@@ -154,3 +154,56 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     with capsys.disabled():
         objs = _objects(fs, bucket)
         print(f"after --resume: {sum(objs.values())} bytes in {len(objs)} objects")
+
+
+WSD_SPEC = {
+    "sweep": "s3wsd",
+    "base": {
+        "model": {"preset": "debug"},
+        "moe": {"num_experts": 4, "top_k": 2},
+        "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
+                 "seq_len": 32},
+        "batch": {"global_batch": 8, "micro_batch": 8},
+        "optim": {"lr": 3e-3},
+        "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_frac": 0.25},
+        "eval": {"every_steps": 2, "batches": 2},
+        "tokens": 2048,
+    },
+    "search": {"tokens": {"grid": [1024, 2048]}},  # two WSD branches of one stable run
+    "export": "hf",
+    "logging": {"wandb": {"enabled": False}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_wsd_stable_run_and_hf_exports_go_to_the_bucket(s3, work, monkeypatch):
+    bucket = s3.bucket()
+    (work / "spec.yaml").write_text(yaml.safe_dump(dict(WSD_SPEC,
+                                                        results=f"s3://{bucket}/r")))
+    env = dict(os.environ, **s3.env, WANDB_MODE="disabled", UPCYCLE_CACHE=str(work / "cache"),
+               UPCYCLE_STAGING=str(work / "staging"), RAY_TMPDIR=str(work / "ray"),
+               UPCYCLE_SWEEPS_HMAC_KEY_FILE=str(work / "cfg" / "hmac.key"))
+    env.pop("RAY_ADDRESS", None)
+    out = _run(work, env, "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    objs = _objects(s3.filesystem(), bucket)
+    stable = [k for k in objs if k.startswith("r/s3wsd/stable/") and k.endswith("/stable.json")]
+    assert len(stable) == 1  # the shared stable run, its manifest signed
+    assert stable[0] + ".upcycle-hmac" in objs
+    assert [k for k in objs if k.startswith(stable[0].rsplit("/", 1)[0] + "/")
+            and k.endswith("model.safetensors")]
+    exports = sorted(k for k in objs if k.startswith("r/s3wsd/export/")
+                     and k.endswith("/config.json"))
+    assert len(exports) == 2, sorted(objs)
+    for e in exports:  # each export is whole: its weights are there beside its manifest
+        assert [k for k in objs if k.startswith(e.rsplit("/", 1)[0] + "/")
+                and k.endswith(".safetensors")]
+    assert not [p for p in work.rglob("*") if "s3:" in p.parts or bucket in p.name]
+    from sweeps.results import final_rows, read_rows
+
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    finals = final_rows(read_rows(f"s3://{bucket}/r/s3wsd"))
+    assert {r["status"] for r in finals} == {"ok"} and len(finals) == 2
+    assert all(r["branch_from_step"] for r in finals)  # both decayed from the shared run
