@@ -30,7 +30,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="validate and print the plan without starting Ray")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a spec key, e.g. base.optim.lr=1e-3 or num_samples=4")
-    ap.add_argument("--results", default=None, help="results root (default: spec's, 'results')")
+    ap.add_argument("--results", default=None,
+                    help="results root: a folder, s3://BUCKET/PATH or gs://BUCKET/PATH "
+                         "(default: the spec's, 'results'; docs/storage.md)")
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="at most this many trials at once")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
