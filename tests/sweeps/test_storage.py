@@ -318,3 +318,30 @@ def test_aws_keys_leave_the_environment_for_a_private_file(s3_env, monkeypatch):
     (loc / "a.txt").write_text("ok")
     assert (loc / "a.txt").read_text() == "ok"
     assert hide_cloud_keys() is None  # nothing left to move
+
+
+def test_driver_locations_on_s3(s3_env):
+    """The driver's results folder on S3: a fresh run moves an earlier one aside (copy, then
+    delete); --resume checks every Tune file's digest first; algorithm: law is refused."""
+    import dataclasses
+
+    from sweeps.driver import archive_previous, results_location
+
+    b = s3_env.bucket()
+    spec = parse_spec({"sweep": "s", "base": tiny_base(), "results": f"s3://{b}/r"})
+    loc = results_location(spec, resume=False)
+    assert isinstance(loc, Location) and loc.uri == f"s3://{b}/r/s"
+    assert archive_previous(loc) is None  # nothing there yet
+    (loc / "results.parquet").write_bytes(b"old")
+    (loc.signed() / "tune" / "tuner.pkl").write_bytes(b"state")
+    prev = archive_previous(loc)
+    assert prev is not None and not (loc / "results.parquet").exists()
+    assert sorted(prev.files()) == ["results.parquet", "tune/tuner.pkl",
+                                    "tune/tuner.pkl" + signing.SUFFIX]
+    (loc.signed() / "tune" / "tuner.pkl").write_bytes(b"state")
+    assert results_location(spec, resume=True) == loc  # every digest checks out
+    (loc / "tune" / "tuner.pkl").write_bytes(b"tampered")
+    with pytest.raises(UntrustedStateError, match="tuner.pkl: its HMAC"):
+        results_location(spec, resume=True)
+    with pytest.raises(UpcycleError, match="algorithm: law .* not supported on object storage"):
+        results_location(dataclasses.replace(spec, algorithm="law"), resume=False)
