@@ -4,7 +4,8 @@ Sweep results are read only through :mod:`sweeps.results`, the column schema's m
 upgrades files written before schema 2 on read, so the columns here are always schema 2's (config
 by YAML path, knobs as ``knob.<YAML path>``, router statistics as ``router.<stat>``). Nothing
 here reads the sweep driver's private files (the parent cache); ``summary.json`` next to the
-results is the driver's published compute ledger.
+results is the driver's published compute ledger. A results path may be an object-storage URL
+(``s3://bucket/results/sweep``, ``gs://...``): it is read through ``sweeps.storage``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from moe_core.errors import FitError
 from scaling.laws import Law, Points, get_law
 from sweeps import results as schema
+from sweeps.storage import Location, is_url
 
 _log = logging.getLogger("analysis")
 DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
@@ -27,7 +29,7 @@ SUMMARY_FILE = "summary.json"
 """The sweep driver's compute ledger next to ``results.parquet``."""
 
 
-def _results_frame(path: Path):
+def _results_frame(path: Path | Location):
     table = schema.read_table(path)
     if table is None:
         raise FitError(f"{path} holds no {schema.RESULTS_FILE} (run python -m sweeps.run first)")
@@ -36,12 +38,30 @@ def _results_frame(path: Path):
 
 def is_sweep_dir(path: str | Path) -> bool:
     """A sweep's results directory (it holds ``results.parquet``)."""
+    if is_url(path):
+        return (Location.of(path) / schema.RESULTS_FILE).is_file()
     return (Path(path) / schema.RESULTS_FILE).is_file()
 
 
 def sweep_dirs(root: str | Path) -> list[Path]:
-    """The sweep results directories right below ``root``, sorted."""
+    """The sweep results directories right below ``root``, sorted (URLs for a URL)."""
+    if is_url(root):
+        loc, tail = Location.of(root), "/" + schema.RESULTS_FILE
+        return sorted(f"{loc.uri}/{f[:-len(tail)]}" for f in loc.files()
+                      if f.count("/") == 1 and f.endswith(tail))
     return sorted(p.parent for p in Path(root).glob(f"*/{schema.RESULTS_FILE}"))
+
+
+def _read_url(path: str):
+    import pandas as pd
+
+    loc = Location.of(path)
+    if loc.is_file():
+        return _results_frame(loc)
+    dirs = [path] if is_sweep_dir(path) else sweep_dirs(path)
+    if not dirs:
+        raise FitError(f"{path} holds no {schema.RESULTS_FILE} (run python -m sweeps.run first)")
+    return pd.concat([_results_frame(Location.of(d)) for d in dirs], ignore_index=True)
 
 
 def read_table(path: str | Path):
@@ -49,6 +69,8 @@ def read_table(path: str | Path):
     ``results.parquet``, or those of the sweep directories right below it)."""
     import pandas as pd
 
+    if is_url(path):
+        return _read_url(str(path))
     path = Path(path)
     if path.is_dir():
         dirs = [path] if is_sweep_dir(path) else sweep_dirs(path)
@@ -67,6 +89,11 @@ def read_table(path: str | Path):
 
 def read_summary(path: str | Path) -> dict[str, Any] | None:
     """``summary.json`` next to a sweep's results (None when the sweep wrote none)."""
+    if is_url(path):
+        loc = Location.of(path)
+        sp = (loc if not loc.is_file() else Location.of(loc.uri.rsplit("/", 1)[0])) / \
+            SUMMARY_FILE
+        return json.loads(sp.read_text()) if sp.exists() else None
     path = Path(path)
     sp = (path if path.is_dir() else path.parent) / SUMMARY_FILE
     return json.loads(sp.read_text()) if sp.exists() else None

@@ -51,6 +51,7 @@ from analysis.sweep import Sweep, load_sweep
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
 from moe_core.outdir import claim_out_dir, mark_out_dir
+from sweeps.storage import is_url
 from sweeps.twoway import plot_overlay, shared_cells, shared_markdown, twoway_lines
 
 D_STAR_CAPTION = ("The paper's D* (000 Eq. 13) from 000 Table 2's **published** parameters, "
@@ -110,13 +111,22 @@ def _json_default(o):
     return str(o)
 
 
+def default_out(path: str | Path, name: str) -> Path:
+    """Where a report goes without ``--out``: next to a local sweep's results; for results on
+    object storage, the local folder ``reports/<sweep>`` (never a folder named after a URL)."""
+    if is_url(path):
+        return Path("reports") / name
+    path = Path(path)
+    return path if path.is_dir() else path.parent
+
+
 def report(results: str | Path, out: str | Path | None = None, *,
            baseline: str | Path | None = None, bootstrap: int = 200,
            fixed: Mapping[str, float] | None = None, seed_noise: float | None = None,
            paper_d_star: bool = False) -> Path:
     """Write ``report.md`` and its PNGs for one sweep's results directory; returns the path."""
     s = load_sweep(results)
-    out_dir = Path(out) if out else (s.path if s.path.is_dir() else s.path.parent)
+    out_dir = Path(out) if out else default_out(s.path, s.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = load_sweep(baseline) if baseline else None
     led, groups = ledger_section(s), groups_section(s)
@@ -245,9 +255,9 @@ def _sweep_dirs(root: Path, only: str | None) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     check_numbers(args, ())
-    root = Path(args.results)
+    root = args.results if is_url(args.results) else Path(args.results)
     if args.out:  # never into a folder this command did not write, nor into the input
-        claim_out_dir(args.out, inputs=[root])
+        claim_out_dir(args.out, inputs=[] if is_url(root) else [root])
         mark_out_dir(args.out, "analysis.report")
     fixed = _kv(args.fix, "--fix", True)
     if args.seed_noise is not None and not (math.isfinite(args.seed_noise)
@@ -256,7 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "nats, a finite number > 0")
     opts = {"baseline": args.baseline, "bootstrap": args.bootstrap, "fixed": fixed,
             "seed_noise": args.seed_noise, "paper_d_star": args.paper_d_star}
-    if not root.is_dir() or is_sweep_dir(root):
+    if is_url(root) and not is_sweep_dir(root):
+        raise FitError(f"{root}: a URL must name one sweep's results folder (holding "
+                       "results.parquet); report several sweeps one by one with --out")
+    if is_url(root) or not root.is_dir() or is_sweep_dir(root):
         print(report(root, args.out, **opts))
         return 0
     reports = []

@@ -19,6 +19,7 @@ import numpy as np
 from analysis.data import final_evals, ok_trials, read_summary, read_table
 from moe_core.errors import FitError
 from sweeps import results as schema
+from sweeps.storage import is_url
 
 STATS = ["router.cos_to_parent", "router.max1_max2", "router.max2_max3",
          "router.expert_similarity", "router.max_load", "router.drop_rate", "aux_loss"]
@@ -222,14 +223,15 @@ def _knob_paths(columns: Iterable[str]) -> tuple[str, ...]:
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    """A sweep's results directory (or results file) as a :class:`Sweep`."""
-    path = Path(path)
+    """A sweep's results directory (or results file; a local path or a URL) as a
+    :class:`Sweep`."""
+    path = path.rstrip("/") if is_url(path) else Path(path)
     rows = read_table(path)
     if rows.empty:
         raise FitError(f"{path}: the results are empty")
     finals = final_evals(rows)
     knobs = _knob_paths(rows.columns)
     named = rows["sweep"].dropna() if "sweep" in rows.columns else ()
-    name = str(named.iloc[0]) if len(named) else path.name
+    name = str(named.iloc[0]) if len(named) else str(path).rsplit("/", 1)[-1]
     return Sweep(name, path, rows, finals, knobs, read_summary(path),
                  tuple(group_finals(finals, knobs)))

@@ -24,6 +24,7 @@ from moe_core.errors import UpcycleError, cli_boundary
 from moe_core.fsio import atomic_write, atomic_write_text
 from moe_core.outdir import claim_out_dir, mark_out_dir
 from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
+from sweeps.storage import Location, is_url
 from sweeps.twoway import (
     SEED_KNOB,
     plot_overlay,
@@ -35,7 +36,8 @@ from sweeps.twoway import colors as qualitative
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
-    p = Path(path)
+    """A sweep's rows from its results folder or file (a local path or a URL)."""
+    p = Location.of(path)
     f = p / RESULTS_FILE if p.is_dir() else p
     if not f.exists():
         raise UpcycleError(f"{path}: no {RESULTS_FILE} (run python -m sweeps.run first)")
@@ -48,7 +50,8 @@ def load(path: str) -> tuple[str, list[dict[str, Any]]]:
 def labelled(loaded) -> dict[str, list[dict[str, Any]]]:
     """Results keyed by sweep name; results of one spec run twice (other ``--set`` or
     ``--results``) are told apart by their folder, never merged or dropped."""
-    loaded = [(name, str(Path(path)), rows) for path, (name, rows) in loaded]
+    loaded = [(name, path if is_url(path) else str(Path(path)), rows)
+              for path, (name, rows) in loaded]
     names = [n for n, _, _ in loaded]
     out: dict[str, list[dict[str, Any]]] = {}
     for name, path, rows in loaded:
@@ -128,9 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default results/compare)")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
-    out = Path(args.out or Path(args.results[0]).parent / "compare")
-    claim_out_dir(out, inputs=args.results)  # never a folder it did not write, nor an input
-    sweeps = labelled((p, load(p)) for p in args.results)
+    # results on object storage: a local ./compare (never a folder named after a URL)
+    out = Path(args.out or ("compare" if is_url(args.results[0]) else
+                            Path(args.results[0]).parent / "compare"))
+    # never a folder it did not write, nor an input
+    claim_out_dir(out, inputs=[p for p in args.results if not is_url(p)])
+    try:
+        sweeps = labelled((p, load(p)) for p in args.results)
+    except UpcycleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     mark_out_dir(out, "sweeps.compare")
     lines = summarize(sweeps, args.metric)
     from rich.console import Console

@@ -32,7 +32,7 @@ from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
 from sweeps.naming import trial_dirname
-from sweeps.parents import train_parents, train_stables
+from sweeps.parents import cache_paths, train_parents, train_stables
 from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
 from sweeps.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.results import (
@@ -45,21 +45,30 @@ from sweeps.results import (
     summarize,
     write_summary,
 )
+from sweeps.signing import KEY_FILE_ENV, verify_tree
 from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.spec import SweepSpec
+from sweeps.storage import STAGING_ENV, Location, join_uri, staging_dir
 from sweeps.trainable import run_trial
-from sweeps.trust import hide_wandb_key, verify_experiment_state
+from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 
 # Passed to every worker through runtime_env (Ray writes these into its session logs: never a
 # secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.trust).
+# Object-storage credentials are never here: each node reads them from its own environment or
+# provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            "OMP_NUM_THREADS", ALLOW_CPU_ENV)
+            "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
+            "AWS_SHARED_CREDENTIALS_FILE")
+Results = Path | Location
+"""A sweep's results folder: a local Path, or a Location on object storage."""
+
+
 class ResultsCallback(tune.Callback):
     """Hands every reported row to the sweep's ``ResultsSink`` (durable before Tune moves on;
     ``results.parquet`` rewritten in the background), marks trial outcomes, and prints
     progress with the best metric so far and an ETA."""
 
-    def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Path,
+    def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Results,
                  flush_s: float = 10.0, health: HealthStopper | None = None):
         self.spec, self.plan, self.total = spec, plan, plan.num_trials
         # algorithm: law runs at most max_trials of its candidates (and may stop sooner)
@@ -299,7 +308,13 @@ def cluster_nodes(address: str) -> list[dict[str, float]]:
         ray.shutdown()
 
 
-def archive_previous(results_dir: Path) -> Path | None:
+def _local(results_dir: Results) -> Path:
+    """A local folder for what must be local (W&B's files): the staging folder on object
+    storage."""
+    return results_dir if isinstance(results_dir, Path) else staging_dir(results_dir)
+
+
+def archive_previous(results_dir: Results) -> Results | None:
     """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
     so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents
     and WSD stable runs stay."""
@@ -307,9 +322,14 @@ def archive_previous(results_dir: Path) -> Path | None:
              if (results_dir / n).exists()]
     if not {RESULTS_FILE, "rows", "tune"} & set(names):
         return None
-    prev = results_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    while prev.exists():
-        prev = prev.with_name(prev.name + "_")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    while (results_dir / "previous" / stamp).exists():
+        stamp += "_"
+    prev = results_dir / "previous" / stamp
+    if isinstance(results_dir, Location):  # object storage: copy, then delete
+        for n in names:
+            (results_dir / n).move_to(prev / n)
+        return prev
     prev.mkdir(parents=True)
     for n in names:
         os.replace(results_dir / n, prev / n)
@@ -335,7 +355,7 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
                  log_to_driver=verbose, configure_logging=False)
 
 
-def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Path,
+def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
                health: HealthStopper | None = None) -> list[Any]:
     callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s,
                                             health)]
@@ -344,7 +364,7 @@ def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Path,
     return callbacks
 
 
-def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> Any:
+def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:
     """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
     knob and static column) is the run's config, so W&B filters and groups by any key, and the
     per-eval metrics are its history."""
@@ -352,7 +372,7 @@ def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> Any:
 
     cb = WandbLoggerCallback(
         project=spec.wandb.project, group=spec.wandb.group or spec.name,
-        entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(results_dir),
+        entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(_local(results_dir)),
         log_config=False, upload_timeout=15 if spec.wandb.mode == "offline" else 600,
     )
     # results keys listed here go to wandb.config instead of wandb.log (Ray's own mechanism)
@@ -393,17 +413,22 @@ def pending_trials(conc: int) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
+def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Results,
            callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
     exp_dir = results_dir / "tune"
-    if resume and tune.Tuner.can_restore(str(exp_dir)):
+    # object storage: Tune writes and reads through the HMAC-signing filesystem, so each file
+    # of its experiment state and each trial checkpoint is signed as written (sweeps.signing)
+    fs = results_dir.signed().fs if isinstance(results_dir, Location) else None
+    where = exp_dir.path if fs is not None else str(exp_dir)
+    if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
         # algorithm=law: the searcher restored with the experiment reads its own state file
         # (law_search.json) too, so a resume never starts the design over (ray#30861)
-        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
-                                  resume_errored=True)
+        return tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True,
+                                  resume_errored=True, storage_filesystem=fs)
     run_config = tune.RunConfig(
-        name="tune", storage_path=str(results_dir),
+        name="tune", storage_path=results_dir.path if fs is not None else str(results_dir),
+        storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0, stop=health,
@@ -423,7 +448,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Path,
     )
 
 
-def _final_results(results_dir: Path, grid: Any) -> list[dict[str, Any]]:
+def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
     """Every row, with each trial's outcome taken from Tune's own trial states (a resumed sweep
     restores finished trials without calling back for them)."""
     sink = ResultsSink(results_dir, types=config_types(TrainConfig))
@@ -471,14 +496,32 @@ def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, A
             "tokens_saved_by_branches": sum(sum(g) - max(g) for g in groups.values())}
 
 
+def results_location(spec: SweepSpec, resume: bool) -> Results:
+    """The sweep's results folder (a resolved local Path, or a Location on object storage),
+    its Tune state checked before anything unpickles it: locally its owners and modes
+    (``sweeps.trust``), on object storage every file's HMAC digest (``sweeps.signing``)."""
+    loc = Location.of(spec.results_uri)
+    if loc.is_local:
+        results_dir = loc.local_path
+        if resume and (results_dir / "tune").exists():
+            verify_experiment_state(results_dir / "tune")
+        return results_dir
+    if spec.algorithm == "law":
+        raise UpcycleError(f"results={spec.results}: algorithm: law keeps its design in a local "
+                           "file and is not supported on object storage yet; use a local "
+                           "results folder (on a shared disk for a cluster)")
+    if resume and (loc / "tune").exists():
+        verify_tree(loc.fs, (loc / "tune").path)
+    return loc
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False) -> dict[str, Any]:
     """Run the planned sweep to the end; returns the summary (also in ``summary.json``)."""
     os.environ.setdefault("WANDB_MODE", spec.wandb.mode)
-    results_dir = spec.results_dir.resolve()
-    if resume and (results_dir / "tune").exists():
-        verify_experiment_state(results_dir / "tune")  # before anything unpickles it
+    hide_cloud_keys()  # before any S3 filesystem is built: keys never reach Ray's logs
+    results_dir = results_location(spec, resume)
     check_address(address)  # an unreachable cluster fails here, before anything is moved
     allow_cpu_for_gpu()  # a bad value of the switch fails here, not in every trial
     hide_wandb_key()
@@ -489,14 +532,15 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                           "the Ray cluster" if address else "the local Ray", fit=address is None,
                           trial_bytes=max_trial_memory(spec, plan)),
             console.progress)
-    results_dir.mkdir(parents=True, exist_ok=True)
+    _local(results_dir).mkdir(parents=True, exist_ok=True)
     if not resume:
         prev = archive_previous(results_dir)
         if prev is not None:
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
         record_spec(spec, results_dir)  # what a later --resume must match
-    cache_dir = Path(spec.storage.parent_cache or results_dir / "parents").resolve()
+    cache_dir = spec.storage.parent_cache or join_uri(str(results_dir), "parents")
+    cache_dir = cache_dir if "://" in cache_dir else str(Path(cache_dir).resolve())
     predictor = None  # fitted before any training: a bad calibration fails in seconds
     if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":
         predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
@@ -511,8 +555,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
-                             cache_dir=str(cache_dir), stables=stables,
-                             report=faults.report_function(cache_dir), predictor=predictor,
+                             cache_dir=cache_dir, stables=stables,
+                             report=faults.report_function(cache_paths(cache_dir)[1]),
+                             predictor=predictor,
                              export_dir=str(results_dir / "export") if spec.export else None,
                              stable_dir=str(results_dir / "stable") if law else None,
                              stable_starts=on_demand_starts(spec, (
@@ -528,7 +573,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     finals = final_rows(_final_results(results_dir, grid))
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=_planned(spec, plan, results_dir),
-                        results=str(spec.results_dir / RESULTS_FILE),
+                        results=join_uri(spec.results_uri, RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
     if law:

@@ -20,7 +20,9 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +33,7 @@ from moe_core.hf.load import check_checkpoint
 from moe_core.hf.save import save_moe
 from moe_core.outdir import claim_out_dir, confined
 from sweeps.curves import load_calibration
+from sweeps.storage import Location
 
 LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"
@@ -104,8 +107,69 @@ class LocalRunLock:
             self.fd = None
 
 
-LOCKS: dict[str, Callable[[str], RunLock]] = {}
-"""URL scheme → lock class for results on other storage (``s3`` with #28)."""
+class ObjectRunLock:
+    """A lease on ``<url>/.run.lock`` for results on object storage, which has no flock: the
+    holder writes its record (host, pid, start, a random token) and renews ``updated`` every
+    :attr:`BEAT` seconds from a daemon thread; a record not renewed for :attr:`TTL` seconds
+    belongs to a run that is gone and is taken over with a message. Two runs that start within
+    the same :attr:`CONFIRM` seconds are told apart by reading the record back (the last write
+    wins, and the loser is refused); object stores without strong read-after-write consistency
+    weaken that (S3 and GCS have it)."""
+
+    TTL, BEAT, CONFIRM = 600.0, 60.0, 1.0
+
+    def __init__(self, url: str):
+        self.url, self.loc = url, Location.of(url) / LOCK_FILE
+        self.me: dict[str, Any] | None = None
+        self._stop = threading.Event()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            d = json.loads(self.loc.read_text()[:4096] or "{}")
+            return d if isinstance(d, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, **extra: Any) -> None:
+        self.loc.write_text(json.dumps({**(self.me or {}), "updated": time.time(), **extra}))
+
+    def acquire(self) -> str | None:
+        old = self._read() if self.loc.exists() else {}
+        age = time.time() - float(old.get("updated", 0) or 0)
+        if old and not old.get("released") and age < self.TTL:
+            raise FolderInUseError(
+                f"{self.url} is in use by another run ({describe_holder(old)}; its lease was "
+                f"renewed {age:.0f} s ago); wait for it to end, or give this run another "
+                "results location")
+        self.me = {**holder_info(), "token": uuid.uuid4().hex}
+        self._write()
+        time.sleep(self.CONFIRM)
+        if self._read().get("token") != self.me["token"]:
+            raise FolderInUseError(f"{self.url}: another run took its lock at the same moment "
+                                   f"({describe_holder(self._read())})")
+        threading.Thread(target=self._renew, daemon=True, name="run-lock-lease").start()
+        if old and not old.get("released"):
+            return (f"took over the lock of {self.url} from {describe_holder(old)}, whose lease "
+                    f"lapsed {age:.0f} s ago")
+        return None
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.BEAT):
+            try:
+                self._write()
+            except OSError:  # a transient store error: the next beat retries
+                pass
+
+    def release(self) -> None:
+        if self.me is None:
+            return
+        self._stop.set()
+        self._write(released=True)
+        self.me = None
+
+
+LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": ObjectRunLock, "gs": ObjectRunLock}
+"""URL scheme → lock class for results on object storage."""
 
 
 def run_lock(folder: str | Path) -> RunLock:
@@ -188,8 +252,13 @@ def spec_record(spec: Any) -> dict[str, Any]:
     return json.loads(json.dumps(rec, default=str))
 
 
-def record_spec(spec: Any, results_dir: str | Path) -> None:
-    atomic_write_text(Path(results_dir) / SPEC_FILE, json.dumps(spec_record(spec), indent=1))
+def record_spec(spec: Any, results_dir: Any) -> None:
+    """``spec.json`` in the results folder (a local path, a URL or a ``Location``)."""
+    text = json.dumps(spec_record(spec), indent=1)
+    if "://" in str(results_dir):
+        (Location.of(results_dir) / SPEC_FILE).write_text(text)
+        return
+    atomic_write_text(Path(str(results_dir)) / SPEC_FILE, text)
 
 
 def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
@@ -206,9 +275,14 @@ def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
                       say: Callable[[str], None] = print) -> None:
     """On ``--resume``: refuse a spec that differs from the one the run recorded (unless
     ``force``; then the new one is recorded)."""
-    path = Path(results_dir) / SPEC_FILE
+    if "://" in str(results_dir):
+        path: Any = Location.of(results_dir) / SPEC_FILE
+    else:
+        path = Path(str(results_dir)) / SPEC_FILE
     new = spec_record(spec)
     try:
+        if not path.exists():
+            raise FileNotFoundError(str(path))
         old = json.loads(path.read_text())
     except FileNotFoundError:
         say(f"{path} is missing (a run of an older version): recording this spec")

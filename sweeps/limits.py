@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moe_core.scaling.laws import get_law
+from scaling.laws import get_law
 
 from moe_core.errors import SearchSpaceError, shown
 

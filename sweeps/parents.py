@@ -9,12 +9,23 @@ Under ``algorithm: law`` nothing is trained up front: ``extend_stable`` trains a
 run, in the trial that first needs it, only as far as that trial's decay start, resuming from the
 furthest checkpoint earlier trials left (under the group's file lock; the manifest is rewritten
 atomically at each new checkpoint).
+
+On object storage (``storage.parent_cache`` or ``results`` a URL; ``sweeps.storage``) every
+parent and stable run is trained in a node-local staging folder and then published to the
+bucket file by file through the HMAC-signing filesystem (``sweeps.signing``), its manifest
+(``meta.json``, ``stable.json``) last; a node that lacks one fetches it (verified) into its own
+staging folder. The file lock is node-local there: parents and stable runs are trained by the
+driver's tasks, and a trial trains one only when its object is lost and the bucket lacks it
+(two nodes may then train the same content-hashed parent twice; both copies are identical).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
+import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +34,7 @@ from typing import Any
 import ray
 
 from moe_core.errors import DivergenceError
-from moe_core.fsio import atomic_write_text
+from moe_core.fsio import atomic_write_text, publish_dir
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.checkpoint import load_checkpoint
@@ -34,6 +45,7 @@ from sweeps import console, resources
 from sweeps.devices import check_reserved_device
 from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
 from sweeps.spec import SweepSpec
+from sweeps.storage import Location, is_url, join_uri, staging_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,9 @@ class StableRun:
     checkpoints: dict[int, str]
     curve: list[dict[str, Any]]
     peak: float
+    source: str | None = None
+    """The run's folder on object storage (its checkpoints are node-local staging paths,
+    fetched from there by :func:`fetch_stable` where absent); None: a local folder."""
 
 
 MANIFEST = "stable.json"
@@ -74,9 +89,46 @@ def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str
     }
 
 
+def cache_paths(cache_dir: str | Path) -> tuple[Location | None, Path]:
+    """(the signed object-storage folder or None, the local folder to train and load in)."""
+    if not is_url(str(cache_dir)):
+        return None, Path(cache_dir)
+    loc = Location.of(str(cache_dir))
+    return (loc.signed(), staging_dir(loc)) if not loc.is_local else (None, loc.local_path)
+
+
+def publish(remote: Location | None, local: Path, manifest: str) -> None:
+    """Upload a finished local folder to object storage, its manifest last (no-op locally)."""
+    if remote is not None and (local / manifest).exists():
+        remote.upload_dir(local, last=(manifest,))
+
+
+def fetch(remote: Location | None, local: Path, manifest: str) -> bool:
+    """Fetch a published folder (its manifest is there) into ``local`` (verified, then renamed
+    into place); True when ``local`` holds it now."""
+    if (local / manifest).exists():
+        return True
+    if remote is None or not (remote / manifest).exists():
+        return False
+    tmp = local.with_name(f".{local.name}.fetch-{os.getpid()}")
+    remote.download_dir(tmp)
+    publish_dir(tmp, local)
+    return True
+
+
+def fetch_stable(st: StableRun) -> None:
+    """Make a stable run's checkpoints present on this node (from its ``source`` folder)."""
+    if st.source is None or all(Path(p).exists() for p in st.checkpoints.values()):
+        return
+    remote, local = cache_paths(st.source)
+    shutil.rmtree(local, ignore_errors=True)  # a partial copy: fetch it whole
+    fetch(remote, local, MANIFEST)
+
+
 def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
-               cache_dir: Path) -> ParentState | None:
-    """The trial's parent: object store first, then the disk cache (training it if absent)."""
+               cache_dir: str | Path) -> ParentState | None:
+    """The trial's parent: object store first, then the disk cache (training it if absent);
+    on object storage the bucket's copy, fetched into this node's staging folder."""
     if key is None:
         return None
     ref = parents.get(key)
@@ -89,11 +141,15 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
             raise DivergenceError(payload["step"], f"parent {key} {payload['diverged']}")
         if payload is not None:
             return ParentState(**{k: v for k, v in payload.items() if not k.startswith("_")})
+    remote, cache_dir = cache_paths(cache_dir)
+    fetch(remote and remote / key, cache_dir / key, "meta.json")
     cached = cached_parent(cache_dir / key, key)  # a damaged entry: moved aside, retrained
     if cached is not None:
         return cached
     with _file_lock(cache_dir / f"{key}.lock"):
-        state, _ = train_parent(cfg, cache_dir)
+        state, trained = train_parent(cfg, cache_dir)
+    if trained:
+        publish(remote and remote / key, cache_dir / key, "meta.json")
     return state
 
 
@@ -112,11 +168,15 @@ def _train_parent_task(child: TrainConfig, cache_dir: str,
     check_reserved_device()
     key = parent_key(child)
     steps = 0 if child.parent.from_pretrained is not None else child.parent_run().steps
-    progress = ProgressFile(Path(cache_dir) / f"{key}.progress.json", steps)
+    remote, local = cache_paths(cache_dir)
+    progress = ProgressFile(local / f"{key}.progress.json", steps)
     try:
-        state, trained = train_parent(child, Path(cache_dir), callbacks=(progress,))
-        if trained and (Path(cache_dir) / key / "meta.json").exists():
-            resources.stamp_placement(Path(cache_dir) / key)  # the GPU Ray lent it
+        fetch(remote and remote / key, local / key, "meta.json")
+        state, trained = train_parent(child, local, callbacks=(progress,))
+        if trained and (local / key / "meta.json").exists():
+            resources.stamp_placement(local / key)  # the GPU Ray lent it
+        if trained:
+            publish(remote and remote / key, local / key, "meta.json")
     except DivergenceError as e:  # the trials of this parent each report it as diverged
         return {"diverged": str(e), "step": e.step}
     finally:
@@ -156,7 +216,7 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
                              + "; ".join(parts))
 
 
-def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str, Any]:
+def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path) -> dict[str, Any]:
     """Train every distinct parent of the plan once (in parallel Ray tasks) and return their
     ObjectRefs keyed by parent hash. The state lives in the object store as numpy arrays."""
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
@@ -166,8 +226,9 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: Path) -> dict[str
     if refs:
         console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
                          f"{cache_dir})")
+        local = cache_paths(cache_dir)[1]
         _wait_with_progress("parents", refs,
-                            {k: cache_dir / f"{k}.progress.json" for k in refs})
+                            {k: local / f"{k}.progress.json" for k in refs})
         payloads = ray.get(list(refs.values()))  # a failure surfaces now
         for key, payload in zip(refs, payloads):
             if "diverged" in payload:
@@ -284,26 +345,29 @@ def _train_stable_task(group: BranchGroup, parents: dict[str, Any], cache_dir: s
                        out_dir: str) -> StableRun | None:
     check_reserved_device()
     rep = group.representative
+    remote, local = cache_paths(out_dir)
     try:
-        parent = get_parent(rep.config, rep.parent_key, parents, Path(cache_dir))
-        return train_stable_group(group, parent, Path(out_dir),
-                                  (resources.PlacementStamp(),))
+        parent = get_parent(rep.config, rep.parent_key, parents, cache_dir)
+        fetch(remote, local, MANIFEST)
+        run = train_stable_group(group, parent, local, (resources.PlacementStamp(),))
+        publish(remote, local, MANIFEST)
+        return run if remote is None else dataclasses.replace(run, source=out_dir)
     except DivergenceError:  # no shared stable run: each trial trains (and reports) alone
         return None
 
 
-def train_stables(spec: SweepSpec, plan: SweepPlan, refs: dict[str, Any], cache_dir: Path,
-                  results_dir: Path) -> dict[str, StableRun]:
+def train_stables(spec: SweepSpec, plan: SweepPlan, refs: dict[str, Any],
+                  cache_dir: str | Path, results_dir: str | Path) -> dict[str, StableRun]:
     """Train each WSD stable run shared by a token-budget grid once; trials branch off it."""
     groups = plan.branch_groups
     if not groups:
         return {}
     console.progress(f"training {len(groups)} shared WSD stable run(s) for "
                      f"{sum(len(g.starts) for g in groups.values())} token budgets")
+    dirs = {k: join_uri(str(results_dir), "stable", k) for k in groups}
     tasks = {k: _train_stable_task.options(**task_options(spec)).remote(
-        g, dict(refs), str(cache_dir), str(results_dir / "stable" / k))
-        for k, g in groups.items()}
+        g, dict(refs), str(cache_dir), dirs[k]) for k, g in groups.items()}
     _wait_with_progress("stable runs", tasks,
-                        {k: results_dir / "stable" / k / "progress.json" for k in tasks})
+                        {k: cache_paths(dirs[k])[1] / "progress.json" for k in tasks})
     runs = {k: ray.get(t) for k, t in tasks.items()}
     return {k: r for k, r in runs.items() if r is not None}

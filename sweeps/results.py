@@ -16,9 +16,11 @@ Columns, in this order:
 
 Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
 read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
-file's metadata carries ``SCHEMA_VERSION``. Files written before version 2 (router config under
-``router.*``, ``parent.num_experts``, Python ``str()`` of dicts) are upgraded on read; files
-before version 3 (no ``pruned`` status) get the version-3 columns as nulls.
+file's metadata carries ``SCHEMA_VERSION``. A path may be a URL (``s3://``, ``gs://``;
+``sweeps.storage``): there the file is written as one object (a PUT: atomic, no rename). Files
+written before version 2 (router config under ``router.*``, ``parent.num_experts``, Python
+``str()`` of dicts) are upgraded on read; files before version 3 (no ``pruned`` status) get the
+version-3 columns as nulls.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moe_core.fsio import atomic_write, atomic_write_text
+from moe_core.fsio import atomic_write
+from sweeps.storage import Location, is_url
 
 RESULTS_FILE = "results.parquet"
 SCHEMA_VERSION = 3
@@ -248,9 +251,17 @@ def concat_tables(tables: Iterable[pa.Table]) -> pa.Table:
     return pa.concat_tables(list(tables), promote_options="permissive")
 
 
-def write_table(path: str | Path, table: pa.Table) -> Path:
-    """Write a results table to ``path`` atomically (unique temp file, fsync, rename)."""
+def write_table(path: str | Path | Location, table: pa.Table) -> Path | Location:
+    """Write a results table to ``path`` atomically (unique temp file, fsync, rename; on
+    object storage one whole object)."""
     table = table.replace_schema_metadata({_META_KEY: str(SCHEMA_VERSION).encode()})
+    if isinstance(path, Location) or is_url(path):
+        loc = Location.of(path)
+        if not loc.is_local:
+            buf = pa.BufferOutputStream()
+            pq.write_table(table, buf)
+            return loc.write_bytes(buf.getvalue().to_pybytes())
+        path = loc.local_path
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
@@ -260,14 +271,15 @@ def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]],
     return write_table(path, rows_table(rows, types))
 
 
-def read_table(path: str | Path) -> pa.Table | None:
-    """The results table of a file or a sweep directory (None if absent), at SCHEMA_VERSION."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    if not path.exists():
+def read_table(path: str | Path | Location) -> pa.Table | None:
+    """The results table of a file or a sweep directory, local or a URL (None if absent), at
+    SCHEMA_VERSION."""
+    loc = Location.of(path)
+    if loc.is_dir():
+        loc = loc / RESULTS_FILE
+    if not loc.exists():
         return None
-    table = pq.read_table(path)
+    table = pq.read_table(loc.path, filesystem=loc.fs)
     meta = table.schema.metadata or {}
     version = int(meta.get(_META_KEY, b"1"))
     if version < 2:
@@ -362,7 +374,7 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
     }
 
 
-def write_summary(results_dir: str | Path, summary: Mapping[str, Any]) -> Path:
+def write_summary(results_dir: str | Path | Location, summary: Mapping[str, Any]) -> Location:
     """``summary.json`` next to the results (the compute ledger analysis.report reads)."""
-    return atomic_write_text(Path(results_dir) / "summary.json",
-                             json.dumps(summary, indent=1, default=str))
+    return (Location.of(results_dir) / "summary.json").write_text(
+        json.dumps(summary, indent=1, default=str))

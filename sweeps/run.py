@@ -32,7 +32,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="validate and print the plan without starting Ray")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a spec key, e.g. base.optim.lr=1e-3 or num_samples=4")
-    ap.add_argument("--results", default=None, help="results root (default: spec's, 'results')")
+    ap.add_argument("--results", default=None,
+                    help="results root: a folder, s3://BUCKET/PATH or gs://BUCKET/PATH "
+                         "(default: the spec's, 'results'; docs/storage.md)")
     ap.add_argument("--max-concurrent", type=int, default=None,
                     help="at most this many trials at once")
     ap.add_argument("--gpu", default=None, metavar="TYPE",
@@ -87,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
         from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
 
-        with guard.held(spec.results_dir, console.progress):  # one run per results folder
+        with guard.held(spec.results_uri, console.progress):  # one run per results folder
             if args.resume:
-                guard.check_resume_spec(spec, spec.results_dir, args.force_spec,
+                guard.check_resume_spec(spec, spec.results_uri, args.force_spec,
                                         console.progress)
             summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
                                 max_concurrent=args.max_concurrent, verbose=args.verbose)

@@ -7,6 +7,11 @@ row on Tune's event loop. ``results.parquet`` is rewritten from memory by a back
 covers are deleted, so the log stays small. On ``--resume`` the rows are rebuilt from, in
 order: ``results.parquet`` (if it is readable at all), the log, and Tune's own trial records
 (``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
+
+On object storage (``results: s3://...``; ``sweeps.storage``) there is no append or fsync: each
+log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when its
+PUT returns; replay reads them in name order, and the rewrite of ``results.parquet`` (one
+object) deletes the ones it covers, as locally.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from sweeps.results import (
     rows_table,
     write_table,
 )
+from sweeps.storage import Location, is_url
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]
@@ -58,7 +64,7 @@ def rewind(curve: dict[int, Any], step: int) -> None:
         del curve[s]
 
 
-def tune_results(path: Path) -> list[dict[str, Any]]:
+def tune_results(path: Path | Location) -> list[dict[str, Any]]:
     """The results in a Tune ``result.json``, oldest first; a line cut by a kill (or any line
     that is not JSON) is skipped: everything before it is whole."""
     out = []
@@ -81,10 +87,13 @@ class LoadReport:
 class ResultsSink:
     """In-memory rows, a durable log of every change, and a background Parquet writer."""
 
-    def __init__(self, results_dir: str | Path, flush_s: float = 10.0,
+    def __init__(self, results_dir: str | Path | Location, flush_s: float = 10.0,
                  types: dict[str, pa.DataType] | None = None,
                  write: Callable[[Path, pa.Table], Any] = write_table):
-        self.dir = Path(results_dir)
+        loc = Location.of(results_dir) if isinstance(results_dir, Location) or \
+            is_url(results_dir) else None
+        self.remote = loc is not None and not loc.is_local
+        self.dir = loc if self.remote else Path(loc.path if loc is not None else results_dir)
         self.types = types or {}
         self.path = self.dir / RESULTS_FILE
         self.log_dir = self.dir / "rows"
@@ -118,10 +127,18 @@ class ResultsSink:
 
     # ---- the log ---------------------------------------------------------------------------
 
-    def _segments(self) -> list[Path]:
+    def _segments(self) -> list[Any]:
+        if self.remote:
+            return [self.log_dir / f for f in self.log_dir.files(recursive=False)
+                    if f.startswith("wal-") and f.endswith(".jsonl")]
         return sorted(self.log_dir.glob("wal-*.jsonl"))
 
     def _open_segment(self) -> None:
+        if self.remote:  # one object per record, under the segment's prefix
+            last = self._segments()
+            self._segment = max([self._segment, *(int(p.name[4:10]) for p in last)]) + 1
+            self._log = _ObjectLog(self.log_dir, self._segment)
+            return
         self.log_dir.mkdir(parents=True, exist_ok=True)
         last = self._segments()
         self._segment = max([self._segment, *(int(p.stem[4:]) for p in last)]) + 1
@@ -133,7 +150,8 @@ class ResultsSink:
             self._open_segment()
         self._log.write(json.dumps(record, default=str) + "\n")
         self._log.flush()
-        os.fsync(self._log.fileno())
+        if not self.remote:
+            os.fsync(self._log.fileno())
 
     # ---- rebuilding --------------------------------------------------------------------------
 
@@ -152,7 +170,8 @@ class ResultsSink:
             for seg in self._segments():
                 rep.from_log += self._replay(seg, rep)
             if tune_dir is not None:
-                rep.from_tune = self._from_tune(Path(tune_dir), rep)
+                rep.from_tune = self._from_tune(
+                    tune_dir if self.remote else Path(tune_dir), rep)
         return rep
 
     def _replay(self, seg: Path, rep: LoadReport) -> int:
@@ -170,12 +189,18 @@ class ResultsSink:
                 self._apply_mark(**rec["mark"])
         return n
 
-    def _from_tune(self, tune_dir: Path, rep: LoadReport) -> int:
+    def _from_tune(self, tune_dir: Path | Location, rep: LoadReport) -> int:
         """Rows Tune recorded that nothing else kept. A trial's ``result.json`` holds every
         attempt's results in order: it is replayed with the same rewind as the log, so a row
         a later attempt rewrote away is not brought back."""
         n = 0
-        for f in sorted(tune_dir.glob("*/result.json")):
+        if isinstance(tune_dir, (Location, str)):
+            tune_dir = Location.of(tune_dir)
+            found = [tune_dir / f for f in tune_dir.files()
+                     if f.count("/") == 1 and f.endswith("/result.json")]
+        else:
+            found = sorted(tune_dir.glob("*/result.json"))
+        for f in found:
             curve: dict[int, dict[str, Any]] = {}  # one trial's folder, one trial's curve
             for res in tune_results(f):
                 tid = res.get("trial_id")
@@ -316,7 +341,7 @@ class ResultsSink:
                                         for r in self._tables[t].to_pylist()), self.types)
                 self._write(self.path, table)
                 for seg in covered:  # every row they hold is in the file now
-                    seg.unlink(missing_ok=True)
+                    seg.delete() if self.remote else seg.unlink(missing_ok=True)
             except Exception as e:  # noqa: BLE001 - keep the log; report at the end
                 self.write_errors.append(f"{type(e).__name__}: {e}")
             with self._lock:
@@ -328,6 +353,24 @@ class ResultsSink:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+class _ObjectLog:
+    """The row log on object storage: each record one write-once object, durable when
+    ``write`` returns (object storage has no append)."""
+
+    def __init__(self, log_dir: Location, segment: int):
+        self.log_dir, self.segment, self.seq = log_dir, segment, 0
+
+    def write(self, line: str) -> None:
+        self.seq += 1
+        (self.log_dir / f"wal-{self.segment:06d}-{self.seq:08d}.jsonl").write_text(line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def reconcile(sink: ResultsSink, trials: Iterable[Any], signal: int | None = None) -> None:

@@ -29,6 +29,7 @@ from moe_core.train.config import (
 from scaling.predict import METHODS as PREDICTORS
 from sweeps.limits import check_law
 from sweeps.prune import PruneConfig, parse_prune
+from sweeps.storage import check_uri, is_url, join_uri
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
 ALGORITHMS = ("grid", "random", "optuna", "law")
@@ -187,6 +188,8 @@ class StorageConfig:
     def __post_init__(self) -> None:
         if not self.flush_s >= 0:
             raise SearchSpaceError(f"storage.flush_s={self.flush_s} must be >= 0")
+        if self.parent_cache is not None:
+            check_uri(self.parent_cache, "storage.parent_cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,7 +458,16 @@ class SweepSpec:
         return train_config_from_dict(self.base)
 
     @property
+    def results_uri(self) -> str:
+        """``<results>/<sweep>``: a local path or an object-storage URL (``sweeps.storage``)."""
+        return join_uri(self.results, self.name)
+
+    @property
     def results_dir(self) -> Path:
+        """The local results folder; object storage has none (use ``results_uri``)."""
+        if is_url(self.results):
+            raise ConfigError(f"results={self.results} is object storage, not a local folder: "
+                              "this code path must use spec.results_uri (sweeps.storage)")
         return Path(self.results) / self.name
 
     def grid_params(self) -> list[Param]:
@@ -727,6 +739,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         prune=parse_prune(raw.get("prune")),
         law=_law(raw, algorithm),
     )
+    check_uri(spec.results, "results")
     validate(spec)
     return spec
 

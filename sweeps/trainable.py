@@ -36,10 +36,20 @@ from sweeps import compile_stats, faults, resources
 from sweeps.devices import check_reserved_device
 from sweeps.guard import export_hf
 from sweeps.not_retried import fail_once
-from sweeps.parents import StableRun, extend_stable, get_parent
+from sweeps.parents import (
+    MANIFEST,
+    StableRun,
+    cache_paths,
+    extend_stable,
+    fetch,
+    fetch_stable,
+    get_parent,
+    publish,
+)
 from sweeps.plan import SweepPlan, TrialPlan, extends_stable
 from sweeps.results import config_columns, json_safe, knob_columns
 from sweeps.spec import CheckpointSpec, SweepSpec
+from sweeps.storage import Location, join_uri, publishing, staging_dir
 
 
 class TrialReporter(Callback):
@@ -211,6 +221,17 @@ def _restored_checkpoint(work: Path) -> Path | None:
     return dest
 
 
+def extend_stable_in(t: TrialPlan, parent: ParentState | None, out_dir: str,
+                     starts: Mapping[int, int]) -> StableRun | None:
+    """``extend_stable`` in ``out_dir`` (a local folder, or on object storage: this node's
+    staging copy of it, fetched first and published after)."""
+    remote, local = cache_paths(out_dir)
+    fetch(remote, local, MANIFEST)
+    st = extend_stable(t, parent, local, starts)
+    publish(remote, local, MANIFEST)
+    return st
+
+
 @fail_once(static_columns)  # a ConfigError: failed once, in one line, not retried by Tune
 def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
               parents: dict[str, Any], cache_dir: str,
@@ -234,7 +255,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
     check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
     compile_stats.start_trial()  # a reused actor: no dynamo cache from the trials before
     try:
-        parent = get_parent(t.config, t.parent_key, parents, Path(cache_dir))
+        parent = get_parent(t.config, t.parent_key, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
         TrialReporter(static_columns(spec, t, None, trial_id), report, tune.Checkpoint
                       ).diverged(e, t.config.tokens_per_step, 0.0)
@@ -248,7 +269,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         on_demand = stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # algorithm=law: train what the stable run lacks
             starts = {**plan.branch_starts(t), **(stable_starts or {}).get(t.stable_key, {})}
-            st = extend_stable(t, parent, Path(stable_dir) / t.stable_key, starts)
+            st = extend_stable_in(t, parent, join_uri(stable_dir, t.stable_key), starts)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
         reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,
                                  extra=compile_stats.snapshot)
@@ -259,6 +280,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
                 for m in st.curve:  # the stable phase's evals are this trial's too
                     if m["step"] <= t.decay_start:
                         reporter.report(reporter.row(m))
+                fetch_stable(st)  # on object storage: this node's copy
                 resume_from = Path(st.checkpoints[t.config.tokens])
         if spec.resources.ranks > 1:
             run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor,
@@ -271,8 +293,8 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         try:
             trainer.fit()
             if export_dir is not None:
-                export_model(trainer.full_model_state(), trainer.model.config, t,
-                             Path(export_dir) / trial_id)
+                with publishing(join_uri(export_dir, trial_id), "config.json") as dest:
+                    export_model(trainer.full_model_state(), trainer.model.config, t, dest)
         except DivergenceError as e:
             reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         del trainer
@@ -291,7 +313,7 @@ def _train_worker(box: dict[str, Any]) -> None:
     t: TrialPlan = box["trial"]
     check_reserved_device()
     compile_stats.start_trial()
-    parent = get_parent(t.config, t.parent_key, box["parents"], Path(box["cache_dir"]))
+    parent = get_parent(t.config, t.parent_key, box["parents"], box["cache_dir"])
     rank = ray.train.get_context().get_world_rank()
     resume = box["resume"]
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
@@ -299,7 +321,7 @@ def _train_worker(box: dict[str, Any]) -> None:
         resume = ck.path
     pred = box.get("predictor")
     report = ray.train.report if rank else faults.report_function(
-        box["cache_dir"], ray.train.report, lambda: box["static"]["trial_id"])
+        cache_paths(box["cache_dir"])[1], ray.train.report, lambda: box["static"]["trial_id"])
     reporter = TrialReporter(box["static"], report, ray.train.Checkpoint,
                              attach=rank == 0, predictor=None if pred is None else
                              PostDecayPredictor.for_trial(*pred, t, parent),
@@ -316,8 +338,9 @@ def _train_worker(box: dict[str, Any]) -> None:
     if box.get("export_dir") is not None:  # every rank gathers its experts; rank 0 writes
         state = trainer.full_model_state()
         if rank == 0:
-            export_model(state, trainer.model.config, t,
-                         Path(box["export_dir"]) / box["static"]["trial_id"])
+            with publishing(join_uri(box["export_dir"], box["static"]["trial_id"]),
+                            "config.json") as dest:
+                export_model(state, trainer.model.config, t, dest)
 
 
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
@@ -335,8 +358,8 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
 
     r = spec.resources
     trial_id = static["trial_id"]
-    storage = (spec.results_dir / "train").resolve()
-    ckpt_root = storage / "rank_checkpoints" / trial_id
+    storage = Location.of(join_uri(spec.results_uri, "train"))
+    ckpt_root = staging_dir(storage) / "rank_checkpoints" / trial_id  # shared by the ranks
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
@@ -347,7 +370,9 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker=resources.rank_resources(spec)),
-        run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=str(storage),
+        run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=storage.path,
+                             storage_filesystem=None if storage.is_local else
+                             storage.signed().fs,
                              failure_config=FailureConfig(max_failures=spec.max_failures),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=spec.checkpoint.keep),

@@ -5,6 +5,11 @@
   into a private netrc file (mode 0600 in a 0700 directory, removed at exit) that wandb reads
   through ``NETRC``. The directory names its owner's pid; a later run removes those whose
   owner is gone (a driver killed with -9 runs no exit handler).
+- Object-storage keys never enter Ray either: Ray's runtime-env agent writes its whole
+  environment into its session log, so ``hide_cloud_keys`` moves ``AWS_ACCESS_KEY_ID`` /
+  ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` out of the environment into a private AWS
+  credentials file (same 0600/0700 rules, removed at exit) named by
+  ``AWS_SHARED_CREDENTIALS_FILE``, which the AWS SDK inside pyarrow reads on this node.
 - ``--resume`` unpickles Tune's experiment state (``tune/*.pkl`` and the trial records), so a
   file another user could have written is code they could run: ``verify_experiment_state``
   refuses to resume unless every file and directory under ``tune/`` is owned by the current
@@ -72,6 +77,33 @@ def hide_wandb_key() -> Path | None:
     with os.fdopen(fd, "w") as f:
         f.write(f"machine {host}\n  login user\n  password {key}\n")
     os.environ["NETRC"] = str(path)
+    return path
+
+
+AWS_KEY_ENVS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def hide_cloud_keys() -> Path | None:
+    """Move AWS keys from the environment into a private credentials file (the profile
+    ``$AWS_PROFILE``, default ``default``); returns its path. Call before any S3 filesystem is
+    built (the SDK picks its providers then)."""
+    keys = {k: os.environ.get(k) for k in AWS_KEY_ENVS}
+    if not keys["AWS_ACCESS_KEY_ID"] or not keys["AWS_SECRET_ACCESS_KEY"]:
+        return None
+    for k in AWS_KEY_ENVS:
+        os.environ.pop(k, None)
+    d = Path(tempfile.mkdtemp(prefix="upcycle-aws-"))  # 0700
+    atexit.register(shutil.rmtree, d, True)
+    path = d / "credentials"
+    lines = [f"[{os.environ.get('AWS_PROFILE') or 'default'}]",
+             f"aws_access_key_id = {keys['AWS_ACCESS_KEY_ID']}",
+             f"aws_secret_access_key = {keys['AWS_SECRET_ACCESS_KEY']}"]
+    if keys["AWS_SESSION_TOKEN"]:
+        lines.append(f"aws_session_token = {keys['AWS_SESSION_TOKEN']}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(path)
     return path
 
 

@@ -38,9 +38,9 @@ def test_analysis_imports_neither_torch_nor_ray():
 
 # analysis' own import graph (module → the analysis modules it imports, anywhere in the file),
 # plus its only ways into the rest of the project: the results schema, moe_core.errors, the
-# durable writes of moe_core.fsio, the law math of the scaling package, the torch-free model
-# configuration (config, params, presets, hf_config), sweeps.cost and sweeps.twoway (none imports
-# torch).
+# durable writes of moe_core.fsio, the storage layer that reads results from object storage
+# (sweeps.storage), the law math of the scaling package, the torch-free model configuration
+# (config, params, presets, hf_config), sweeps.cost and sweeps.twoway (none imports torch).
 # `python -m analysis.fit` / `analysis.derived` run the packages' __main__, which import the
 # command lines (analysis.cli); the libraries themselves do not (cli imports them).
 ANALYSIS_GRAPH = {
@@ -62,7 +62,8 @@ ANALYSIS_GRAPH = {
     "cli": {"data", "decide", "decide.plan", "derived", "noise"},
     "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
 }
-OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", "scaling.laws",
+OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", "sweeps.storage",
+           "scaling.laws",
            "scaling.crossing", "scaling.fit",
            # decide --plan sizes a checkpoint from its config.json and the presets (no torch)
            "moe_core.config", "moe_core.params", "moe_core.presets", "moe_core.hf_config",

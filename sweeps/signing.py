@@ -1,0 +1,245 @@
+"""Keyed digests of the pickle-bearing files a sweep keeps on object storage.
+
+``--resume`` unpickles Tune's experiment state, and a restarted trial loads its checkpoint
+(``torch.load``): code from the bucket, for anyone with write access to it. Locally
+``sweeps.trust`` checks owners and modes; object storage has neither. So Tune's storage
+filesystem is wrapped (:func:`signed_filesystem`, a ``pyarrow.fs.PyFileSystem``): every object
+written through it gets a sidecar ``<object>.upcycle-hmac`` holding HMAC-SHA256(key, path +
+content), written after the object; every read through it checks the sidecar and refuses, in
+one line, a file whose digest is missing or wrong. :func:`verify_tree` checks a whole folder up
+front (the driver runs it before ``Tuner.restore``).
+
+The key never enters the bucket, Ray's runtime_env or a pickle: it is read on each node from
+``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file ``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default
+``~/.config/upcycle-sweeps/hmac.key``, created mode 0600 on first use; a key file others can
+read or write is refused). Every node of a cluster needs the same key file (``file_mounts``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from moe_core.errors import UpcycleError
+from sweeps.trust import UntrustedStateError
+
+KEY_ENV = "UPCYCLE_SWEEPS_HMAC_KEY"
+KEY_FILE_ENV = "UPCYCLE_SWEEPS_HMAC_KEY_FILE"
+SUFFIX = ".upcycle-hmac"
+_DOMAIN = b"upcycle-sweeps/hmac/v1\0"
+
+
+def key_file() -> Path:
+    return Path(os.environ.get(KEY_FILE_ENV) or
+                Path.home() / ".config" / "upcycle-sweeps" / "hmac.key")
+
+
+def load_key(create: bool = True) -> bytes:
+    """The HMAC key: ``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex), else the key file (created 0600 with
+    32 random bytes when absent and ``create``)."""
+    env = os.environ.get(KEY_ENV)
+    if env:
+        try:
+            return bytes.fromhex(env.strip())
+        except ValueError:
+            raise UpcycleError(f"{KEY_ENV} must be hex (e.g. `openssl rand -hex 32`)") from None
+    path = key_file()
+    if not path.exists():
+        if not create:
+            raise UpcycleError(f"no HMAC key at {path} (nor {KEY_ENV}): copy the key the sweep "
+                               "was written with there (mode 0600)")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        except FileExistsError:  # another process made it first
+            pass
+    st = path.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UpcycleError(f"refusing the HMAC key {path}: it must be yours and mode 0600 "
+                           f"(chmod 600 {path})")
+    return bytes.fromhex(path.read_text().strip())
+
+
+def digest(key: bytes, path: str, data: bytes) -> str:
+    """HMAC-SHA256 over the object's path and content (a file copied to another path does not
+    verify there)."""
+    return hmac.new(key, _DOMAIN + path.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+
+def _refuse(path: str, why: str) -> UntrustedStateError:
+    return UntrustedStateError(
+        f"refusing to load {path}: {why}, so it may not have been written by this sweep and "
+        "loading it could run code from the bucket; start the sweep afresh without --resume, "
+        f"or restore the HMAC key it was written with ({KEY_FILE_ENV} / {KEY_ENV})")
+
+
+def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None) -> None:
+    """Raise UntrustedStateError unless ``path``'s sidecar holds the digest of ``data``."""
+    try:
+        with fs.open_input_stream(path + SUFFIX) as f:
+            want = f.read().decode().strip()
+    except (FileNotFoundError, OSError):
+        raise _refuse(path, "it has no HMAC digest") from None
+    if not hmac.compare_digest(want, digest(key or load_key(), path, data)):
+        raise _refuse(path, "its HMAC-SHA256 digest does not match")
+
+
+class _SigningWriter:
+    """A write-only file object: the bytes go to ``inner``; at close, the sidecar digest."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
+        self.fs, self.path = fs, path
+        self.key = load_key()
+        self.mac = hmac.new(self.key, _DOMAIN + path.encode() + b"\0", hashlib.sha256)
+        self.out = fs.open_output_stream(path, metadata=metadata)
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        b = bytes(data)
+        self.mac.update(b)
+        self.out.write(b)
+        return len(b)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.out.tell()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.out.close()
+        with self.fs.open_output_stream(self.path + SUFFIX) as f:  # the manifest, last
+            f.write(self.mac.hexdigest().encode())
+
+
+class SigningHandler(pafs.FileSystemHandler):
+    """A pyarrow filesystem handler over ``inner`` that signs what it writes and verifies
+    what it reads (see the module docstring). Pickles as ``inner`` alone (never the key)."""
+
+    def __init__(self, inner: pafs.FileSystem):
+        self.inner = inner
+
+    def __reduce__(self):
+        return SigningHandler, (self.inner,)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SigningHandler) and other.inner.equals(self.inner)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def get_type_name(self) -> str:
+        return f"upcycle-signed+{self.inner.type_name}"
+
+    def normalize_path(self, path: str) -> str:
+        return self.inner.normalize_path(path)
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.inner.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return [i for i in self.inner.get_file_info(selector) if not i.path.endswith(SUFFIX)]
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.inner.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.inner.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        self.inner.delete_dir_contents("/", accept_root_dir=True)
+
+    def delete_file(self, path: str) -> None:
+        self.inner.delete_file(path)
+        try:
+            self.inner.delete_file(path + SUFFIX)
+        except (FileNotFoundError, OSError):
+            pass
+
+    def _read_verified(self, path: str) -> bytes:
+        with self.inner.open_input_stream(path) as f:
+            data = f.read()
+        check(self.inner, path, data)
+        return data
+
+    def move(self, src: str, dest: str) -> None:
+        self.copy_file(src, dest)
+        self.delete_file(src)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        data = self._read_verified(src)
+        w = _SigningWriter(self.inner, dest, None)
+        w.write(data)
+        w.close()
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return pa.BufferReader(self._read_verified(path))
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return pa.BufferReader(self._read_verified(path))
+
+    def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
+        return pa.PythonFile(_SigningWriter(self.inner, path, metadata), mode="w")
+
+    def open_append_stream(self, path: str, metadata: Any) -> pa.NativeFile:
+        raise NotImplementedError("append is not supported on object storage")
+
+
+def _synchronous(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's
+    upload) closes a Python file on Arrow's IO thread pool; an S3 stream with background
+    writes, closed there, waits for its upload queued on that same pool: with as many files
+    as IO threads, every thread waits and nothing runs (reproduced in
+    tests/sweeps/test_storage.py). Rebuilt from its own pickle arguments (no credentials
+    there: those come from the environment on each node)."""
+    if isinstance(fs, pafs.S3FileSystem):
+        rebuild, (kw,) = fs.__reduce__()
+        if kw.get("background_writes"):
+            return rebuild({**kw, "background_writes": False})
+    return fs
+
+
+def signed_filesystem(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """``fs`` wrapped so that everything written is signed and everything read verified."""
+    load_key()  # create (or check) the key now, on the driver, before anything is written
+    return pafs.PyFileSystem(SigningHandler(_synchronous(fs)))
+
+
+def verify_tree(fs: pafs.FileSystem, root: str) -> int:
+    """Check every file under ``root`` (in the unwrapped ``fs``) against its sidecar; raise
+    UntrustedStateError at the first that fails. Returns the number of files checked."""
+    key = load_key(create=False)
+    n = 0
+    sel = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    for info in fs.get_file_info(sel):
+        if info.type != pafs.FileType.File or info.path.endswith(SUFFIX):
+            continue
+        with fs.open_input_stream(info.path) as f:
+            check(fs, info.path, f.read(), key)
+        n += 1
+    return n

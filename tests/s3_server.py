@@ -1,0 +1,126 @@
+"""A real S3-protocol server for tests: moto's standalone server (``moto_server``, from the
+``moto[server]`` dev extra) on 127.0.0.1 at a free port, in its own process, stopped by its PID.
+
+``s3_server()`` is a context manager yielding an :class:`S3Server`; the ``s3`` pytest fixture
+(module scope; import it into a test module or a conftest) wraps it. ``S3Server.env`` is what a
+sweep's process needs to reach it through the provider's usual chain: the endpoint in
+``AWS_ENDPOINT_URL`` and fake static credentials (``FAKE_SECRET``, which tests grep for in every
+written file: it must appear in none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+FAKE_SECRET = "FAKEsecretDoNotLeak0123456789abcdefXYZ"
+"""The AWS_SECRET_ACCESS_KEY the tests hand to clients (moto accepts any)."""
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    """``http://127.0.0.1:PORT``."""
+    pid: int
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables that point pyarrow/boto clients at this server."""
+
+    def bucket(self, name: str | None = None) -> str:
+        """Create a bucket (a fresh unique one by default) and return its name."""
+        name = name or f"b-{uuid.uuid4().hex[:12]}"
+        self.filesystem().create_dir(name)
+        return name
+
+    def filesystem(self):
+        """A pyarrow S3FileSystem on this server (static fake credentials)."""
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(
+            access_key=self.env["AWS_ACCESS_KEY_ID"], secret_key=FAKE_SECRET,
+            endpoint_override=self.endpoint, scheme="http", region="us-east-1",
+            allow_bucket_creation=True, allow_bucket_deletion=True)
+
+    def bytes_stored(self, bucket: str) -> int:
+        """Total size of every object in ``bucket``."""
+        import pyarrow.fs as pafs
+
+        infos = self.filesystem().get_file_info(pafs.FileSelector(bucket, recursive=True))
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _moto_server_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("moto_server")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("moto_server")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "moto.server"]
+
+
+@contextlib.contextmanager
+def s3_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
+    """Start ``moto_server`` on 127.0.0.1 at a free port; stop that process (and only it) at
+    exit."""
+    pytest.importorskip("moto", reason="moto[server] (the dev extra) is not installed")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([*_moto_server_cmd(), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on {endpoint}") from None
+                time.sleep(0.2)
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": FAKE_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+        yield S3Server(endpoint, proc.pid, env)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # its own session: only what it started
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    """A running moto S3 server for the module's tests."""
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """``s3`` with its endpoint and fake credentials in this process's environment."""
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    return s3
