@@ -9,8 +9,9 @@ retries it nor prints a traceback, and the driver prints that line (``sweeps.dri
 counts the trial as failed (the sweep exits 1). Anything else (a node lost, out of memory) is
 raised as before and retried.
 
-Multi-rank trials: an error raised on a Ray Train worker reaches the trial as Ray Train's own
-error after its own retries; only errors raised before the workers start are caught here.
+Multi-rank trials: each Ray Train worker catches it the same way (``sweeps.trainable.
+_train_worker``) and reports the failed row instead of raising, so Ray Train ends normally and
+nothing is retried.
 """
 
 from __future__ import annotations

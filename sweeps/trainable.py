@@ -35,7 +35,7 @@ from scaling.predict import Calibration, Curve, predict_final
 from sweeps import compile_stats, faults, resources
 from sweeps.devices import check_reserved_device
 from sweeps.guard import export_hf
-from sweeps.not_retried import fail_once
+from sweeps.not_retried import DETERMINISTIC, fail_once, failed_row
 from sweeps.parents import (
     MANIFEST,
     StableRun,
@@ -307,7 +307,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
 
 
 def _train_worker(box: dict[str, Any]) -> None:
-    """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train)."""
+    """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train). A
+    deterministic configuration error (``sweeps.not_retried``) fails alike on every rank: each
+    reports the trial's failed row once and returns, so neither Ray Train nor Tune retries it."""
+    import ray.train
+
+    try:
+        _train_rank(box)
+    except DETERMINISTIC as e:
+        ray.train.report(json_safe(failed_row(None, lambda: dict(box["static"]), e)))
+
+
+def _train_rank(box: dict[str, Any]) -> None:
     import ray.train
 
     t: TrialPlan = box["trial"]

@@ -28,16 +28,28 @@ import yaml
 
 from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
 from sweeps.devices import ALLOW_CPU_ENV
+from tests import s3_server
 from tests.sweeps.test_sweep_e2e import SPEC
+
+s3 = s3_server.s3  # the moto server fixture
 
 EVERY = 8  # eval (and checkpoint) every 8 steps
 STEPS = 64
 
 
 @pytest.fixture
-def results_root(tmp_path) -> str:
-    """The sweep's ``results:`` (a local folder; an S3 fixture's bucket URI can replace it)."""
-    return str(tmp_path / "results")
+def results_root(tmp_path, request, monkeypatch) -> str:
+    """The sweep's ``results:``: a local folder under autoscaler v1; under v2 a bucket on the
+    local S3 server (moto), its endpoint and fake keys in this process's environment before the
+    cluster starts, so that the fake nodes' workers reach it too."""
+    if not request.node.callspec.params.get("v2"):
+        return str(tmp_path / "results")
+    server = request.getfixturevalue("s3")
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("UPCYCLE_SWEEPS_HMAC_KEY_FILE", str(tmp_path / "cfg" / "hmac.key"))
+    monkeypatch.setenv("UPCYCLE_STAGING", str(tmp_path / "staging"))
+    return f"s3://{server.bucket()}/results"
 
 
 class Timeline(threading.Thread):

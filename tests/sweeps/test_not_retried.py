@@ -56,3 +56,29 @@ def test_config_error_in_a_trial_is_not_retried(tmp_path):
     assert {r["status"] for r in rows} == {"failed"}
     # Tune saw no exception at all: no error file, so nothing was retried
     assert not list((tmp_path / "r" / "cfgerr" / "tune").rglob("error.txt"))
+
+
+def test_a_rank_of_a_multi_rank_trial_reports_the_failed_row_instead_of_raising(monkeypatch):
+    """On a Ray Train worker a ConfigError is the trial's failed row, reported by every rank
+    (Ray Train then ends normally, so neither it nor Tune retries); other errors still raise."""
+    import ray.train
+
+    from sweeps import trainable
+
+    sent = []
+    monkeypatch.setattr(ray.train, "report", lambda row, **_: sent.append(row))
+
+    def bad(box):
+        raise ConfigError("data.path=/nope does not exist")
+
+    monkeypatch.setattr(trainable, "_train_rank", bad)
+    trainable._train_worker({"static": {"trial_id": "t1", "sweep": "s"}})
+    assert len(sent) == 1 and sent[0]["status"] == "failed" and sent[0]["trial_id"] == "t1"
+    assert sent[0]["reason"] == "not retried: ConfigError: data.path=/nope does not exist"
+
+    def lost(box):
+        raise RuntimeError("node lost")
+
+    monkeypatch.setattr(trainable, "_train_rank", lost)
+    with pytest.raises(RuntimeError):
+        trainable._train_worker({"static": {"trial_id": "t1"}})
