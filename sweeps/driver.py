@@ -506,10 +506,6 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
         if resume and (results_dir / "tune").exists():
             verify_experiment_state(results_dir / "tune")
         return results_dir
-    if spec.algorithm == "law":
-        raise UpcycleError(f"results={spec.results}: algorithm: law keeps its design in a local "
-                           "file and is not supported on object storage yet; use a local "
-                           "results folder (on a shared disk for a cluster)")
     if resume and (loc / "tune").exists():
         verify_tree(loc.fs, (loc / "tune").path)
     return loc

@@ -348,6 +348,8 @@ def preflight(spec: Any, plan: Any) -> list[str]:
                 f"({type(e).__name__}: {str(e)[:200]}); point it at a finished WSD sweep's "
                 "results.parquet") from None
         lines.append(f"calibration {spec.asha.calibration}: readable")
+    if "://" in str(spec.results):  # object storage has no symbolic links to follow
+        return lines
     rd = spec.results_dir
     for name in WRITER_DIRS:
         if (rd / name).exists() or (rd / name).is_symlink():

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scaling.laws import get_law
-
 from moe_core.errors import SearchSpaceError, shown
+from scaling.laws import get_law
 
 MAX_LAW_CANDIDATES = 2_000
 """Candidates a law search may weigh (``points`` ** box axes, or the grid's points)."""

@@ -221,9 +221,9 @@ def _existing_parent(p: Path) -> Path:
 def check_results_dir(spec: SweepSpec) -> list[Problem]:
     """The results folder and a shared parent cache (``storage.parent_cache``) can be written."""
     out = []
-    for key, path, fix in (("results", spec.results_dir, "--results DIR"),
+    for key, path, fix in (("results", spec.results, "--results DIR"),
                            ("storage.parent_cache", spec.storage.parent_cache, "another folder")):
-        if path is None:
+        if path is None or "://" in str(path):  # object storage: its credentials decide
             continue
         root = _existing_parent(Path(path))
         if not os.access(root, os.W_OK | os.X_OK):
@@ -264,9 +264,10 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     out = []
     d = disk_estimate(spec, plan)
     need = d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
-    if free_disk is None:
+    on_disk = "://" not in str(spec.results)  # object storage: no free-space figure to check
+    if free_disk is None and on_disk:
         free_disk = shutil.disk_usage(_existing_parent(spec.results_dir)).free
-    if need > free_disk:
+    if on_disk and need > free_disk:
         out.append(Problem("results", f"the sweep needs about {human_bytes(need)} of disk "
                            f"(checkpoints, parents, stable runs) but "
                            f"{_existing_parent(spec.results_dir)} has {human_bytes(free_disk)} "

@@ -20,6 +20,7 @@ from ray.tune.search import Searcher
 from sweeps import console
 from sweeps.law.design import Candidate, LawDesign
 from sweeps.law.report import describe_refit
+from sweeps.storage import Location
 
 STATE_FILE = "law_search.json"
 
@@ -29,11 +30,13 @@ class LawSearcher(Searcher):
     candidates' search points; each trial's ``metric`` at its end is the observed loss."""
 
     def __init__(self, cfg, candidates: Sequence[Candidate], *, metric: str = "val_loss",
-                 mode: str = "min", state_dir: str | Path | None = None, seed: int = 0):
+                 mode: str = "min", state_dir: str | Path | Location | None = None,
+                 seed: int = 0):
         super().__init__(metric=metric, mode=mode)
         self.design = LawDesign(cfg, candidates, seed=seed)
         self.trials: dict[str, int] = {}
-        self.state_dir = Path(state_dir) if state_dir else None
+        # a local folder or object storage (``sweeps.storage``): the state is one small JSON
+        self.state_dir = Location.of(state_dir) if state_dir else None
         if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
             self._load_json(self.state_dir / STATE_FILE)
         self._shown = len(self.design.history)
@@ -101,16 +104,16 @@ class LawSearcher(Searcher):
     def _persist(self) -> None:
         if self.state_dir is None:
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.get_state(), default=float))
-        tmp.replace(self.state_dir / STATE_FILE)
+        self.state_dir.mkdir()
+        # locally a temp file, fsync and rename; on object storage one PUT (atomic per object)
+        (self.state_dir / STATE_FILE).write_text(json.dumps(self.get_state(), default=float))
 
-    def _load_json(self, path: Path) -> None:
+    def _load_json(self, path: Location) -> None:
         self.set_state(json.loads(path.read_text()))
 
 
-def read_law_state(results_dir: str | Path) -> dict[str, Any] | None:
-    """The searcher's state file in a results directory (None when absent)."""
-    path = Path(results_dir) / STATE_FILE
+def read_law_state(results_dir: str | Path | Location) -> dict[str, Any] | None:
+    """The searcher's state file in a results folder, local or on object storage (None when
+    absent)."""
+    path = Location.of(results_dir) / STATE_FILE
     return json.loads(path.read_text()) if path.exists() else None

@@ -322,7 +322,8 @@ def test_aws_keys_leave_the_environment_for_a_private_file(s3_env, monkeypatch):
 
 def test_driver_locations_on_s3(s3_env):
     """The driver's results folder on S3: a fresh run moves an earlier one aside (copy, then
-    delete); --resume checks every Tune file's digest first; algorithm: law is refused."""
+    delete); --resume checks every Tune file's digest first; algorithm: law keeps its design's
+    state there and a new searcher reads it back."""
     import dataclasses
 
     from sweeps.driver import archive_previous, results_location
@@ -343,5 +344,17 @@ def test_driver_locations_on_s3(s3_env):
     (loc / "tune" / "tuner.pkl").write_bytes(b"tampered")
     with pytest.raises(UntrustedStateError, match="tuner.pkl: its HMAC"):
         results_location(spec, resume=True)
-    with pytest.raises(UpcycleError, match="algorithm: law .* not supported on object storage"):
-        results_location(dataclasses.replace(spec, algorithm="law"), resume=False)
+    from sweeps.law.design import Candidate
+    from sweeps.law.searcher import STATE_FILE, LawSearcher, read_law_state
+    from sweeps.spec import parse_law_block
+
+    law = parse_law_block({"law": "eq8", "target": "alpha3", "max_trials": 4,
+                           "seed_trials": 2, "bootstrap": 8, "fix": {"E": 1.0}})
+    cands = [Candidate({"D1": d1, "D2": d2}, {"parent.tokens": d1, "tokens": d2}, 6 * d2)
+             for d1 in (1e3, 2e3) for d2 in (1e3, 2e3)]
+    law_loc = results_location(dataclasses.replace(spec, algorithm="law"), resume=False)
+    s1 = LawSearcher(law, cands, state_dir=law_loc)
+    first = s1.suggest("t1")
+    assert (law_loc / STATE_FILE).exists() and read_law_state(law_loc)["trials"] == s1.trials
+    s2 = LawSearcher(law, cands, state_dir=law_loc)  # a resumed driver reads it back
+    assert s2.suggest("t1") == first and s2.trials == s1.trials
