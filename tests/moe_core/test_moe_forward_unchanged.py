@@ -124,3 +124,30 @@ def test_zero_bias_is_passed_and_changes_no_choice():
     with torch.no_grad():
         layer.expert_bias[2] = 10.0
     assert (layer.routing(x).topk_idx_TK == 2).all()
+
+
+def test_router_gating_matches_the_plain_fp32_router_and_saves_no_fp32_input():
+    """bf16 input and weight: logits, dx and dW of ``_RouterGating`` equal those of the plain
+    fp32 router ``F.linear(x.float(), w.float())``, and backward keeps the bf16 input, not an
+    fp32 copy (Megatron-Core's RouterGatingLinearFunction)."""
+    torch.manual_seed(0)
+    x = torch.randn(96, 32, dtype=torch.bfloat16)
+    w = (torch.randn(8, 32) * 0.1).to(torch.bfloat16)
+    g = torch.randn(96, 8)
+    saved = []
+
+    def run(fn):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = fn(xx, ww)
+        out.backward(g)
+        return out, xx.grad, ww.grad, [(t.dtype, tuple(t.shape)) for t in saved]
+
+    new = run(lambda a, b: layer_mod._RouterGating.apply(a, b, torch.float32))
+    plain = run(lambda a, b: F.linear(a.float(), b.float()))
+    assert new[0].dtype == torch.float32
+    for a, b in zip(new[:3], plain[:3]):
+        assert torch.equal(a, b)
+    assert (torch.float32, (96, 32)) in plain[3]  # what the plain router keeps for backward
+    assert new[3] == [(torch.bfloat16, (96, 32)), (torch.bfloat16, (8, 32))]
