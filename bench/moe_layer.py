@@ -15,12 +15,12 @@ DeepSpeed-MoE's dense [tokens, E, capacity] dispatch may not fit at the large sh
 then reported as out of memory and left out of ``ours_vs_deepspeed``.
 
 Our layer runs its expert kernels by its own rule (``moe_core.moe.layer._use_grouped_mm``:
-grouped GEMMs on CUDA and for bf16, the per-expert loop for fp32 on CPU). ``--experts
+grouped GEMMs on CUDA, the per-expert loop on CPU). ``--experts
 loop,grouped`` also times it with each forced, interleaved with the rest, and adds
 ``grouped_vs_loop`` per shape.
 
     python bench/moe_layer.py [--tokens 8192[,16384...]] [--repeats 7] [--device cpu|cuda]
-                              [--experts loop,grouped]
+                              [--experts loop,grouped] [--clock wall|process] [--stat median|min]
 """
 
 from __future__ import annotations
@@ -88,17 +88,26 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+CLOCK = time.perf_counter
+"""``--clock process`` swaps in ``time.process_time``: the CPU seconds of this process, which
+other processes on a shared CPU machine disturb far less than wall time (CPU only, and with
+one thread it is the wall time of a quiet machine)."""
+
+
 def _time(fn, device: str) -> float:
     _sync(device)
-    t = time.perf_counter()
+    t = CLOCK()
     fn()
     _sync(device)
-    return time.perf_counter() - t
+    return CLOCK() - t
+
+
+STAT = statistics.median
 
 
 def _measure(fns: dict, device: str, repeats: int) -> dict[str, float | None]:
-    """Median seconds of each variant (None: out of memory), repeats interleaved so drift hits
-    every variant alike."""
+    """Median (or ``--stat min``) seconds of each variant (None: out of memory), repeats
+    interleaved so drift hits every variant alike."""
     ok = {}
     for k, fn in fns.items():  # warm-up
         try:
@@ -112,7 +121,7 @@ def _measure(fns: dict, device: str, repeats: int) -> dict[str, float | None]:
     for _ in range(repeats):
         for k in times:
             times[k].append(_time(ok[k], device))
-    return {k: statistics.median(times[k]) if k in times else None for k in fns}
+    return {k: STAT(times[k]) if k in times else None for k in fns}
 
 
 def _cases(device: str, tokens_arg: str | None) -> list[tuple[str, dict, int]]:
@@ -188,7 +197,14 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU)")
     ap.add_argument("--experts", default="",
                     help="also time our layer with these expert kernels forced: loop,grouped")
+    ap.add_argument("--clock", default="wall", choices=("wall", "process"),
+                    help="wall time, or this process's CPU time (a shared CPU machine)")
+    ap.add_argument("--stat", default="median", choices=("median", "min"),
+                    help="summary of the repeats (min: least disturbed by other load)")
     args = ap.parse_args()
+    global CLOCK, STAT
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
+    STAT = min if args.stat == "min" else statistics.median
     experts = tuple(e for e in args.experts.split(",") if e)
     if set(experts) - {"loop", "grouped"}:
         ap.error(f"--experts={args.experts!r}: give loop, grouped or loop,grouped")
@@ -209,7 +225,8 @@ def report(rows: list, device: str, dtype: torch.dtype, repeats: int) -> dict:
     """Print the table (TFLOP/s columns on CUDA); return the JSON line's content."""
     tokens = sorted({r[4] for r in rows})
     print(f"device={device} dtype={dtype} tokens={','.join(map(str, tokens))} "
-          f"repeats={repeats}")
+          f"repeats={repeats} clock={'process' if CLOCK is time.process_time else 'wall'} "
+          f"stat={'min' if STAT is min else 'median'}")
     cuda = device == "cuda"
     nw = max([8] + [len(r[0]) for r in rows])
 

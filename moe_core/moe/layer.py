@@ -136,12 +136,13 @@ GROUPED_MM: bool | None = None
 
 
 def _use_grouped_mm(x: torch.Tensor) -> bool:
-    """Grouped experts (no host sync, no per-expert Python) unless the loop is faster: always on
-    CUDA; on CPU only for bf16, where the loop's per-expert bf16 matmuls are slow. CPU fp32
-    keeps the loop, which measured faster there (docs/gpu-performance.md)."""
+    """The rule, by device: grouped experts on CUDA, whatever the dtype and shape (no host
+    sync in bf16, no per-expert Python launches, one graph under compile); the per-expert loop
+    on CPU, where it measured faster at every shape and dtype of ``bench/moe_layer.py``
+    (grouped/loop 1.23-1.44 on one thread; docs/gpu-performance.md)."""
     if GROUPED_MM is not None:
         return GROUPED_MM
-    return hasattr(torch, "_grouped_mm") and (x.is_cuda or x.dtype == torch.bfloat16)
+    return x.is_cuda and hasattr(torch, "_grouped_mm")
 
 
 def expert_counts(sorted_e_N: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -151,3 +151,34 @@ def test_router_gating_matches_the_plain_fp32_router_and_saves_no_fp32_input():
         assert torch.equal(a, b)
     assert (torch.float32, (96, 32)) in plain[3]  # what the plain router keeps for backward
     assert new[3] == [(torch.bfloat16, (96, 32)), (torch.bfloat16, (8, 32))]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_grouped_experts_equal_the_loop_on_cpu_with_empty_groups(dtype, tol):
+    """``torch._grouped_mm`` runs forward and backward on CPU in torch 2.13 (the comment that
+    said otherwise was wrong): outputs and all gradients match the per-expert loop, an empty
+    expert's weight gradient is exactly 0."""
+    torch.manual_seed(0)
+    E, D, Fh = 4, 16, 24
+    counts = torch.tensor([5, 0, 17, 10])
+    x = torch.randn(int(counts.sum()), D, dtype=dtype)
+    ws = [(torch.randn(E, *s) * 0.2).to(dtype) for s in ((D, Fh), (D, Fh), (Fh, D))]
+    scale = torch.rand(x.shape[0])
+    outs = []
+    for fn, c in ((layer_mod.swiglu_experts_grouped, counts),
+                  (layer_mod.swiglu_experts_loop, counts.tolist())):
+        xx = x.clone().requires_grad_()
+        ww = [w.clone().requires_grad_() for w in ws]
+        y = fn(xx, c, *ww, scale)
+        y.float().pow(2).sum().backward()
+        outs.append([y, xx.grad] + [w.grad for w in ww])
+    for a, b in zip(*outs):
+        assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol)
+    assert all((g[1] == 0).all() for g in outs[0][2:])
+
+
+def test_the_rule_keeps_the_loop_on_cpu_unless_forced(monkeypatch):
+    for dtype in (torch.float32, torch.bfloat16):
+        assert not layer_mod._use_grouped_mm(torch.zeros(2, dtype=dtype))
+    monkeypatch.setattr(layer_mod, "GROUPED_MM", True)
+    assert layer_mod._use_grouped_mm(torch.zeros(2))
