@@ -1,7 +1,7 @@
 """The MoE feed-forward layer: router, sort-based dispatch, stacked SwiGLU experts.
 
 Shape legend: T tokens, D model dim, F expert hidden dim, E experts, K top-K, N = T·K assignments
-(or fewer when a capacity drops some).
+(all of them, also with a capacity: a dropped one keeps its row with routing weight 0).
 """
 
 from __future__ import annotations
