@@ -14,7 +14,13 @@ d 2048 f 1024 E64 K8 (fine-grained) and Qwen3-30B-A3B's experts (d 2048 f 768 E1
 DeepSpeed-MoE's dense [tokens, E, capacity] dispatch may not fit at the large shapes: it is
 then reported as out of memory and left out of ``ours_vs_deepspeed``.
 
+Our layer runs its expert kernels by its own rule (``moe_core.moe.layer._use_grouped_mm``:
+grouped GEMMs on CUDA, the per-expert loop on CPU). ``--experts
+loop,grouped`` also times it with each forced, interleaved with the rest, and adds
+``grouped_vs_loop`` per shape.
+
     python bench/moe_layer.py [--tokens 8192[,16384...]] [--repeats 7] [--device cpu|cuda]
+                              [--experts loop,grouped] [--clock wall|process] [--stat median|min]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 import torch
 import torch.nn as nn
 
+import moe_core.moe.layer as layer_mod
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.moe.layer import MoELayer
 from moe_core.nn import SwiGLU
@@ -81,17 +88,26 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+CLOCK = time.perf_counter
+"""``--clock process`` swaps in ``time.process_time``: the CPU seconds of this process, which
+other processes on a shared CPU machine disturb far less than wall time (CPU only, and with
+one thread it is the wall time of a quiet machine)."""
+
+
 def _time(fn, device: str) -> float:
     _sync(device)
-    t = time.perf_counter()
+    t = CLOCK()
     fn()
     _sync(device)
-    return time.perf_counter() - t
+    return CLOCK() - t
+
+
+STAT = statistics.median
 
 
 def _measure(fns: dict, device: str, repeats: int) -> dict[str, float | None]:
-    """Median seconds of each variant (None: out of memory), repeats interleaved so drift hits
-    every variant alike."""
+    """Median (or ``--stat min``) seconds of each variant (None: out of memory), repeats
+    interleaved so drift hits every variant alike."""
     ok = {}
     for k, fn in fns.items():  # warm-up
         try:
@@ -105,7 +121,7 @@ def _measure(fns: dict, device: str, repeats: int) -> dict[str, float | None]:
     for _ in range(repeats):
         for k in times:
             times[k].append(_time(ok[k], device))
-    return {k: statistics.median(times[k]) if k in times else None for k in fns}
+    return {k: STAT(times[k]) if k in times else None for k in fns}
 
 
 def _cases(device: str, tokens_arg: str | None) -> list[tuple[str, dict, int]]:
@@ -119,7 +135,19 @@ def _cases(device: str, tokens_arg: str | None) -> list[tuple[str, dict, int]]:
     return [(f"{n}@{t}", s, t) for n, s in SHAPES.items() for t in tokens]
 
 
-def _case(name: str, s: dict, T: int, device: str, dtype: torch.dtype, repeats: int):
+def _forced(fn, grouped: bool):
+    """``fn`` with our layer's expert kernels forced (``layer_mod.GROUPED_MM``)."""
+    def run():
+        layer_mod.GROUPED_MM = grouped
+        try:
+            fn()
+        finally:
+            layer_mod.GROUPED_MM = None
+    return run
+
+
+def _case(name: str, s: dict, T: int, device: str, dtype: torch.dtype, repeats: int,
+          experts: tuple[str, ...] = ()):
     from deepspeed.moe.layer import MoE as DSMoE
 
     d, f, E, K = s["d"], s["f"], s["E"], s["K"]
@@ -146,8 +174,9 @@ def _case(name: str, s: dict, T: int, device: str, dtype: torch.dtype, repeats: 
     def run_dense():
         dense(x).float().pow(2).mean().backward()
 
-    med = _measure({"ours": run_ours, "deepspeed": run_ds, "dense_active": run_dense}, device,
-                   repeats)
+    fns = {"ours": run_ours, "deepspeed": run_ds, "dense_active": run_dense}
+    fns |= {f"ours_{e}": _forced(run_ours, e == "grouped") for e in experts}
+    med = _measure(fns, device, repeats)
     tflops = {k: (flops(k, d, f, E, K, T) / v / 1e12 if v else None) for k, v in med.items()}
     r_ds = med["ours"] / med["deepspeed"] if med["deepspeed"] else None
     r_dense = med["ours"] / med["dense_active"]
@@ -166,14 +195,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU)")
+    ap.add_argument("--experts", default="",
+                    help="also time our layer with these expert kernels forced: loop,grouped")
+    ap.add_argument("--clock", default="wall", choices=("wall", "process"),
+                    help="wall time, or this process's CPU time (a shared CPU machine)")
+    ap.add_argument("--stat", default="median", choices=("median", "min"),
+                    help="summary of the repeats (min: least disturbed by other load)")
     args = ap.parse_args()
+    global CLOCK, STAT
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
+    STAT = min if args.stat == "min" else statistics.median
+    experts = tuple(e for e in args.experts.split(",") if e)
+    if set(experts) - {"loop", "grouped"}:
+        ap.error(f"--experts={args.experts!r}: give loop, grouped or loop,grouped")
     device = args.device
     dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
     torch.manual_seed(0)
     _init_single_rank_dist()
     rows = []
     for n, s, T in _cases(device, args.tokens):
-        rows.append(_case(n, s, T, device, dtype, args.repeats))
+        rows.append(_case(n, s, T, device, dtype, args.repeats, experts))
         if device == "cuda":  # the case's tensors are gone: give their blocks back
             torch.cuda.empty_cache()
 
@@ -184,7 +225,8 @@ def report(rows: list, device: str, dtype: torch.dtype, repeats: int) -> dict:
     """Print the table (TFLOP/s columns on CUDA); return the JSON line's content."""
     tokens = sorted({r[4] for r in rows})
     print(f"device={device} dtype={dtype} tokens={','.join(map(str, tokens))} "
-          f"repeats={repeats}")
+          f"repeats={repeats} clock={'process' if CLOCK is time.process_time else 'wall'} "
+          f"stat={'min' if STAT is min else 'median'}")
     cuda = device == "cuda"
     nw = max([8] + [len(r[0]) for r in rows])
 
@@ -194,13 +236,14 @@ def report(rows: list, device: str, dtype: torch.dtype, repeats: int) -> dict:
     print(f"{'shape':{nw}} {'E':>3} {'K':>2} {'f':>5} {'ours ms':>9} {'DS ms':>9} "
           f"{'dense ms':>9} {'ours/DS':>8} {'ours/dense':>10}"
           + (f" {'ours TF/s':>9} {'DS TF/s':>8} {'dense TF/s':>10}" if cuda else ""))
+    forced = sorted(k for k in rows[0][5] if k.startswith("ours_")) if rows else []
     for name, E, K, f, _T, med, r_ds, r_dense, tf in rows:
         line = (f"{name:{nw}} {E:>3} {K:>2} {f:>5} {_ms(med['ours'])} {_ms(med['deepspeed'])} "
                 f"{_ms(med['dense_active'])} {num(r_ds, 8, '.3f')} {r_dense:10.3f}")
         if cuda:
             line += (f" {num(tf['ours'], 9, '.1f')} {num(tf['deepspeed'], 8, '.1f')} "
                      f"{num(tf['dense_active'], 10, '.1f')}")
-        print(line)
+        print(line + "".join(f"  {k} {_ms(med[k]).strip()} ms" for k in forced))
 
     def gmean(v):
         v = [x for x in v if x]
@@ -216,8 +259,17 @@ def report(rows: list, device: str, dtype: torch.dtype, repeats: int) -> dict:
         "ours_vs_dense_active": gmean([r[7] for r in rows]),
         "per_shape": {r[0]: {"tokens": r[4], "ours_vs_deepspeed": r4(r[6]),
                              "ours_vs_dense_active": r4(r[7]),
-                             "tflops": {k: r4(v) for k, v in r[8].items()}} for r in rows},
+                             "tflops": {k: r4(v) for k, v in r[8].items()},
+                             **_forced_ratios(r[5])} for r in rows},
     }
+
+
+def _forced_ratios(med: dict) -> dict:
+    """ms of each forced expert kernel and grouped/loop, when ``--experts`` timed them."""
+    out = {k: round(v * 1e3, 2) for k, v in med.items() if k.startswith("ours_") and v}
+    if med.get("ours_loop") and med.get("ours_grouped"):
+        out["grouped_vs_loop"] = round(med["ours_grouped"] / med["ours_loop"], 4)
+    return out
 
 
 if __name__ == "__main__":

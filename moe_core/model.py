@@ -152,12 +152,14 @@ class Transformer(FixedDtypeBuffers):
         """Per-step balancing updates (loss-free bias, adaptive aux coefficients)."""
         return [m.update_balancing() for m in self.moe_layers()]
 
-    def enable_speedups(self, *, compile: bool = False, activation_checkpointing: bool = False,
+    def enable_speedups(self, *, compile: bool | str = False,
+                        activation_checkpointing: bool = False,
                         chunked_loss: bool = False, backend: str = "inductor",
                         key: str = "model.compile", fused_head: bool = False) -> bool:
         """Regional ``torch.compile`` (each block separately, not the whole model), activation
         checkpointing per block and the chunked LM-head loss (``moe_core.loss``); returns
-        whether compilation is on. Parameters, buffers and the
+        whether compilation is on. ``compile="auto"`` compiles when the model's parameters are
+        on a CUDA device (call it after moving the model). Parameters, buffers and the
         state dict are unchanged (the compiled callables are not submodules). If ``torch.compile``
         fails, now or at a block's first call (no C compiler, an unsupported op), one warning
         naming ``key`` is logged and the model runs eager."""
@@ -165,6 +167,8 @@ class Transformer(FixedDtypeBuffers):
         self.chunked_loss = chunked_loss
         self.fused_head = fused_head  # Liger's fused linear cross-entropy (moe_core.loss)
         self._compiled, self.compile_key = None, key
+        if compile == "auto":
+            compile = next(self.parameters()).is_cuda
         if compile:
             try:
                 self._compiled = [torch.compile(b, backend=backend) for b in self.blocks]

@@ -8,15 +8,20 @@ from __future__ import annotations
 import torch
 
 
-def switch_aux_loss(probs_TE: torch.Tensor, topk_idx_TK: torch.Tensor) -> torch.Tensor:
+def switch_aux_loss(probs_TE: torch.Tensor, topk_idx_TK: torch.Tensor,
+                    counts_E: torch.Tensor | None = None) -> torch.Tensor:
     """Switch load-balancing loss, normalised to 1 at perfect balance.
 
     000 App. A.3: L = (4/T²)·Σ_i (Σ_j P_ji)·Q_i for 8 experts top-2; in general the factor is E/K
     (Megatron's switch_load_balancing_loss_func), with Q_i the assignments to expert i.
+    ``counts_E``: the Q_i when the caller has them already (the MoE layer's dispatch counts);
+    else they are counted from ``topk_idx_TK``.
     """
     T, E = probs_TE.shape
     K = topk_idx_TK.shape[-1]
-    q_E = torch.bincount(topk_idx_TK.reshape(-1), minlength=E).to(probs_TE.dtype)
+    if counts_E is None:
+        counts_E = torch.bincount(topk_idx_TK.reshape(-1), minlength=E)
+    q_E = counts_E.to(probs_TE.dtype)
     p_E = probs_TE.sum(dim=0)
     return (E / (K * T * T)) * (p_E * q_E).sum()
 

@@ -1,7 +1,7 @@
 """The MoE feed-forward layer: router, sort-based dispatch, stacked SwiGLU experts.
 
 Shape legend: T tokens, D model dim, F expert hidden dim, E experts, K top-K, N = T·K assignments
-(or fewer when a capacity drops some).
+(all of them, also with a capacity: a dropped one keeps its row with routing weight 0).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def swiglu_experts_loop(
     expert). The routing weight multiplies whichever of the hidden [N, F] or output [N, D]
     activations is smaller (the down projection is linear, so both are exact).
 
-    One matmul per expert and projection; on CPU this measured faster than a fused gate/up
-    projection and than ``torch._grouped_mm`` (whose CPU backward also fails in torch 2.13).
+    One matmul per expert and projection, with one host read of ``counts`` (a list) per call;
+    :func:`swiglu_experts_grouped` is the same maths in three grouped GEMMs (``_use_grouped_mm``
+    says which one runs where).
     """
     # unbind, not w[e]: indexing's backward materialises a zero [E, D, F] gradient per expert
     # (O(E²) memory traffic); unbind's backward stacks the E gradients once.
@@ -62,13 +63,22 @@ def swiglu_experts_grouped(
     w_down_EFD: torch.Tensor,
     scale_N: torch.Tensor,
 ) -> torch.Tensor:
-    """Same as :func:`swiglu_experts_loop` with ``torch._grouped_mm`` (CUDA, bf16)."""
+    """Same as :func:`swiglu_experts_loop` with ``torch._grouped_mm``: no host sync, no
+    per-expert Python. torch 2.13 runs it forward and backward on CUDA (bf16 CUTLASS kernels on
+    sm90, a per-group fallback otherwise) and on CPU, fp32 and bf16, empty groups included.
+    Dynamo's fake kernel accepts bf16 only, so other dtypes go through
+    :func:`_swiglu_experts_grouped_eager`."""
     offs = torch.cumsum(counts_E, 0).to(torch.int32)
     h = F.silu(torch._grouped_mm(x_ND, w_gate_EDF, offs=offs)) * torch._grouped_mm(
         x_ND, w_up_EDF, offs=offs
     )
     h = h * scale_N.unsqueeze(-1).to(h.dtype)
     return torch._grouped_mm(h, w_down_EFD, offs=offs)
+
+
+_swiglu_experts_grouped_eager = torch.compiler.disable(swiglu_experts_grouped)
+"""The grouped experts outside any compiled graph (fp32: dynamo's ``_grouped_mm`` fake kernel
+rejects it, eager runs it)."""
 
 
 def combine(y_ND: torch.Tensor, slot_N: torch.Tensor, T: int, K: int, *,
@@ -120,8 +130,51 @@ def _atomic_free(x: torch.Tensor) -> bool:
     return ATOMIC_FREE if ATOMIC_FREE is not None else x.is_cuda
 
 
+GROUPED_MM: bool | None = None
+"""Run the experts with :func:`swiglu_experts_grouped` (True) or :func:`swiglu_experts_loop`
+(False); None = the rule of :func:`_use_grouped_mm`. Tests and benches set it."""
+
+
 def _use_grouped_mm(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+    """The rule, by device: grouped experts on CUDA, whatever the dtype and shape (no host
+    sync in bf16, no per-expert Python launches, one graph under compile); the per-expert loop
+    on CPU, where it measured faster at every shape and dtype of ``bench/moe_layer.py``
+    (grouped/loop 1.23-1.44 on one thread; docs/gpu-performance.md)."""
+    if GROUPED_MM is not None:
+        return GROUPED_MM
+    return x.is_cuda and hasattr(torch, "_grouped_mm")
+
+
+def expert_counts(sorted_e_N: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] assignments per expert from the sorted expert ids: the boundaries of each id's run
+    (``searchsorted``), differenced. Exact, a static shape and no host sync (``bincount``
+    reads min/max back to the host on CUDA and breaks a compiled graph)."""
+    bounds = torch.arange(num_experts + 1, device=sorted_e_N.device, dtype=sorted_e_N.dtype)
+    return torch.diff(torch.searchsorted(sorted_e_N, bounds))
+
+
+class _RouterGating(torch.autograd.Function):
+    """logits = x·Wᵀ computed in ``dtype`` from a lower-precision input and weight, which are
+    saved as they are and cast again in backward (Megatron-Core's RouterGatingLinearFunction,
+    ``moe_utils.py``): the fp32 copy of the [T, D] input is never kept for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x_TD: torch.Tensor, w_ED: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(x_TD, w_ED)
+        ctx.dtype = dtype
+        return F.linear(x_TD.to(dtype), w_ED.to(dtype))
+
+    @staticmethod
+    def backward(ctx: Any, g_TE: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x_TD, w_ED = ctx.saved_tensors
+        g_TE = g_TE.to(ctx.dtype)
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = g_TE.mm(w_ED.to(ctx.dtype)).to(x_TD.dtype)
+        if ctx.needs_input_grad[1]:
+            gw = g_TE.t().mm(x_TD.to(ctx.dtype)).to(w_ED.dtype)
+        return gx, gw, None
 
 
 class MoELayer(FixedDtypeBuffers):
@@ -202,18 +255,26 @@ class MoELayer(FixedDtypeBuffers):
     def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         """[T, E] router logits computed in fp32 from the (possibly bf16) input and weight, as
         Megatron-Core does: bf16 logits (8 mantissa bits) tie or swap near-equal experts and
-        flip the top-K choice. On an fp32 model this is exactly ``self.router(x_TD)``."""
-        return F.linear(x_TD.float(), self.router.weight.float())
+        flip the top-K choice. The fp32 cast happens inside :class:`_RouterGating`, so backward
+        keeps the bf16 input, not an fp32 copy. On an fp32 model this is ``self.router(x_TD)``."""
+        w = self.router.weight
+        if x_TD.dtype == torch.float32 and w.dtype == torch.float32:
+            return F.linear(x_TD, w)
+        return _RouterGating.apply(x_TD, w, torch.float32)
 
     def routing(self, x_TD: torch.Tensor) -> Routing:
-        """Route [T, D] tokens: fp32 logits, softmax, selection bias and top-K (``route``)."""
-        rcfg = self.cfg.router
-        bias = self.expert_bias if rcfg.loss_free_rate > 0 or self.expert_bias.any() else None
-        return route(self.router_logits(x_TD), top_k=self.cfg.top_k, cfg=rcfg,
-                     selection_bias_E=bias)
+        """Route [T, D] tokens: fp32 logits, softmax, selection bias and top-K (``route``).
+        The bias is always passed: adding a zero bias changes no score (s + 0 == s), and a
+        test of ``expert_bias.any()`` would cost a host sync and a graph break per layer."""
+        return route(self.router_logits(x_TD), top_k=self.cfg.top_k, cfg=self.cfg.router,
+                     selection_bias_E=self.expert_bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (output with the shape of ``x``, this layer's weighted router loss)."""
+        """Returns (output with the shape of ``x``, this layer's weighted router loss).
+
+        Every shape depends on T, K, D and E only, never on the routing, so on the CUDA path
+        (grouped experts, atomic-free dispatch/combine) the layer is one compiled graph with no
+        host sync, whatever the expert loads (tests/moe_core/test_compile_graphs.py)."""
         shape = x.shape
         x_TD = x.reshape(-1, shape[-1])
         T = x_TD.shape[0]
@@ -225,73 +286,85 @@ class MoELayer(FixedDtypeBuffers):
         # capacity the earliest tokens win (Switch Transformer's priority). Slot i = t·K + k
         # is token t's k-th choice; ``slot_N`` lists the slots in expert order.
         flat_e = routing.topk_idx_TK.reshape(-1)
-        slot_N = torch.sort(flat_e, stable=True).indices
-        counts_E = torch.bincount(flat_e, minlength=E)
+        sorted_e, slot_N = torch.sort(flat_e, stable=True)
+        counts_E = expert_counts(sorted_e, E)
         w_N = routing.topk_weight_TK.reshape(-1)[slot_N]
-        dropped_N = None
+        dropped = None
         if cfg.capacity_factor is not None:
-            cap = capacity(T, K, E, cfg.capacity_factor)
-            starts = torch.cumsum(counts_E, 0) - counts_E
-            pos_N = torch.arange(slot_N.numel(), device=x.device) - starts.repeat_interleave(
-                counts_E
-            )
-            keep = pos_N < cap
-            dropped_N = ~keep
-            slot_N, w_N = slot_N[keep], w_N[keep]
-            kept_E = counts_E.clamp(max=cap)
-        else:
-            kept_E = counts_E
+            w_N, dropped = self._capacity_weights(sorted_e, counts_E, w_N, T)
 
-        atomic_free, dropless = _atomic_free(x_TD), dropped_N is None
+        # Every slot keeps its row (a dropped one with weight 0), so dispatch/combine are dropless.
+        atomic_free = _atomic_free(x_TD)
         if atomic_free:
-            x_ND = dispatch(x_TD, slot_N, K, dropless=dropless)
+            x_ND = dispatch(x_TD, slot_N, K, dropless=True)
         else:
             x_ND = x_TD[slot_N // K]
-        if self.ep_size > 1:
-            y_ND = self._experts_parallel(x_ND, kept_E) * w_N.unsqueeze(-1).to(x_ND.dtype)
-        elif _use_grouped_mm(x_ND):
-            y_ND = swiglu_experts_grouped(
-                x_ND, kept_E, self.w_gate, self.w_up, self.w_down, w_N
-            )
-        else:
-            y_ND = swiglu_experts_loop(
-                x_ND, kept_E.tolist(), self.w_gate, self.w_up, self.w_down, w_N
-            )
-        y_ND = y_ND.to(x_TD.dtype)
+        y_ND = self._experts(x_ND, counts_E, w_N).to(x_TD.dtype)
         if atomic_free:
-            out_TD = combine(y_ND, slot_N, T, K, dropless=dropless)
+            out_TD = combine(y_ND, slot_N, T, K, dropless=True)
         else:
             out_TD = torch.zeros_like(x_TD).index_add_(0, slot_N // K, y_ND)
         if self.shared is not None:
             out_TD = out_TD + self.shared(x_TD)
 
-        loss = self._router_loss(routing)
-        self._account(routing, counts_E, dropped_N, T)
+        loss = self._router_loss(routing, counts_E)
+        # Counted once per forward: not again while activation checkpointing recomputes it.
+        if not in_recompute():
+            if self.training:
+                self._count(counts_E, dropped, T)
+            if self.record_stats:
+                self._record_stats(routing, counts_E, dropped, T)
         return out_TD.reshape(shape), loss
 
-    @torch.compiler.disable
+    def _capacity_weights(self, sorted_e_N: torch.Tensor, counts_E: torch.Tensor,
+                          w_N: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights with those of the assignments past their expert's capacity set to 0
+        (a static shape: no boolean mask), and the number dropped. An assignment's position in
+        its expert is its sorted index minus the expert's first index."""
+        E, K = self.num_experts, self.cfg.top_k
+        cap = capacity(T, K, E, self.cfg.capacity_factor)
+        starts_E = torch.cumsum(counts_E, 0) - counts_E
+        pos_N = torch.arange(sorted_e_N.numel(), device=sorted_e_N.device) - starts_E[sorted_e_N]
+        return w_N.masked_fill(pos_N >= cap, 0.0), overflow_count(counts_E, cap)
+
+    def _experts(self, x_ND: torch.Tensor, counts_E: torch.Tensor,
+                 w_N: torch.Tensor) -> torch.Tensor:
+        """Weighted SwiGLU of the expert-sorted rows: expert-parallel, grouped or the loop."""
+        if self.ep_size > 1:
+            return self._experts_parallel(x_ND, counts_E) * w_N.unsqueeze(-1).to(x_ND.dtype)
+        return self._local_experts(x_ND, counts_E, w_N)
+
+    def _local_experts(self, x_ND: torch.Tensor, counts_E: torch.Tensor,
+                       w_N: torch.Tensor) -> torch.Tensor:
+        ws = (self.w_gate, self.w_up, self.w_down)
+        if not _use_grouped_mm(x_ND):
+            return swiglu_experts_loop(x_ND, counts_E.tolist(), *ws, w_N)
+        if x_ND.dtype == torch.bfloat16:
+            return swiglu_experts_grouped(x_ND, counts_E, *ws, w_N)
+        return _swiglu_experts_grouped_eager(x_ND, counts_E, *ws, w_N)
+
     @torch.no_grad()
-    def _account(self, routing: Routing, counts_E: torch.Tensor,
-                 dropped_N: torch.Tensor | None, T: int) -> None:
-        """Balancing counters and router statistics of one forward. Skipped while activation
-        checkpointing recomputes the forward in the backward pass (``moe_core.nn``), so each
-        forward counts once; never compiled (it reads Python state)."""
-        if in_recompute():
-            return
-        cfg, rcfg = self.cfg, self.cfg.router
-        E, K = self.num_experts, cfg.top_k
-        if self.training:
-            self.load_accum += counts_E.to(self.load_accum.dtype)
-            # The drop signal of 002 §4.2: real drops with a capacity; for a dropless layer,
-            # the assignments a capacity factor of 1 would have dropped.
-            if dropped_N is not None:
-                self.drop_accum[0] += dropped_N.sum().to(self.drop_accum.dtype)
-            elif rcfg.adaptive_aux:
-                self.drop_accum[0] += overflow_count(counts_E, capacity(T, K, E, 1.0))
-            self.drop_accum[1] += T * K
-        if self.record_stats:
-            dropped = 0 if dropped_N is None else int(dropped_N.sum())
-            self.last_stats = self._stats(routing, counts_E, dropped, T)
+    def _count(self, counts_E: torch.Tensor, dropped: torch.Tensor | None, T: int) -> None:
+        """Add one training forward to the balancing counters, on the device and inside the
+        compiled graph (a buffer mutation; no host read)."""
+        E, K = self.num_experts, self.cfg.top_k
+        self.load_accum.add_(counts_E.to(self.load_accum.dtype))
+        # The drop signal of 002 §4.2: real drops with a capacity; for a dropless layer,
+        # the assignments a capacity factor of 1 would have dropped.
+        if dropped is not None:
+            self.drop_accum[0] += dropped.to(self.drop_accum.dtype)
+        elif self.cfg.router.adaptive_aux:
+            self.drop_accum[0] += overflow_count(counts_E, capacity(T, K, E, 1.0))
+        self.drop_accum[1] += T * K
+
+    @torch.compiler.disable
+    def _record_stats(self, routing: Routing, counts_E: torch.Tensor,
+                      dropped: torch.Tensor | None, T: int) -> None:
+        """Router statistics of one forward as Python numbers (evaluation only, when
+        ``record_stats`` is on: host reads, so kept out of compiled graphs)."""
+        with torch.no_grad():
+            n = 0 if dropped is None else int(dropped)
+            self.last_stats = self._stats(routing, counts_E, n, T)
 
     def _experts_parallel(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """Expert-parallel expert compute: rows (sorted by global expert) go to the rank that
@@ -303,33 +376,32 @@ class MoELayer(FixedDtypeBuffers):
         send_PE = counts_E.view(P, El)
         recv_PE = torch.empty_like(send_PE)  # [source rank, local expert]
         dist.all_to_all_single(recv_PE, send_PE.contiguous(), group=self.ep_group)
-        send_splits = send_PE.sum(1).tolist()
-        recv_splits = recv_PE.sum(1).tolist()
+        # all_to_all_single takes its splits as Python ints: one host read for both
+        send_splits, recv_splits = torch.stack([send_PE.sum(1), recv_PE.sum(1)]).tolist()
+        n_recv = sum(recv_splits)
         x_recv = all_to_all_single(
-            x_ND.new_empty((sum(recv_splits), x_ND.shape[1])), x_ND.contiguous(),
+            x_ND.new_empty((n_recv, x_ND.shape[1])), x_ND.contiguous(),
             recv_splits, send_splits, group=self.ep_group,
         )
         # Received rows are grouped by source rank, then local expert: regroup by expert.
         local_e = torch.repeat_interleave(
-            torch.arange(El, device=x_ND.device).repeat(P), recv_PE.reshape(-1)
+            torch.arange(El, device=x_ND.device).repeat(P), recv_PE.reshape(-1),
+            output_size=n_recv,
         )
         perm = torch.sort(local_e, stable=True).indices
-        y = swiglu_experts_loop(
-            x_recv[perm], recv_PE.sum(0).tolist(), self.w_gate, self.w_up, self.w_down,
-            x_recv.new_ones(perm.numel()),
-        )
+        y = self._local_experts(x_recv[perm], recv_PE.sum(0), x_recv.new_ones(n_recv))
         y_recv = torch.empty_like(y).index_copy(0, perm, y)
         return all_to_all_single(
             x_ND.new_empty((sum(send_splits), y.shape[1])), y_recv, send_splits, recv_splits,
             group=self.ep_group,
         )
 
-    def _router_loss(self, routing: Routing) -> torch.Tensor:
+    def _router_loss(self, routing: Routing, counts_E: torch.Tensor) -> torch.Tensor:
         rcfg = self.cfg.router
         loss = routing.probs_TE.new_zeros(())
         if rcfg.aux_loss == "switch":
             loss = loss + self.aux_coef * balancing.switch_aux_loss(
-                routing.probs_TE, routing.topk_idx_TK
+                routing.probs_TE, routing.topk_idx_TK, counts_E=counts_E
             )
         elif rcfg.aux_loss == "squared":
             loss = loss + self.aux_coef * balancing.squared_aux_loss(routing.probs_TE)
@@ -354,7 +426,8 @@ class MoELayer(FixedDtypeBuffers):
             "entropy": stats.routing_entropy(probs),
             "max1_max2": r12,
             "max2_max3": r23,
-            "aux_switch": float(balancing.switch_aux_loss(probs, routing.topk_idx_TK)),
+            "aux_switch": float(balancing.switch_aux_loss(probs, routing.topk_idx_TK,
+                                                          counts_E=counts_E)),
             "aux_coef": float(self.aux_coef),
         }
 

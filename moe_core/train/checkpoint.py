@@ -1,5 +1,6 @@
-"""Checkpoints: model (safetensors), optimizer (torch.save, loaded with weights_only=True), and a
-``meta.json`` holding the step, the data position, the LR state and a SHA-256 of every file.
+"""Checkpoints: model (safetensors), optimizer (torch.save, loaded with weights_only=True), the
+CPU and (on CUDA) GPU random generators' states per rank, and a ``meta.json`` holding the step,
+the data position, the LR state and a SHA-256 of every file.
 
 A checkpoint is a directory written to a temporary name and renamed into place, so a crash never
 leaves a half-written checkpoint under the final name. ``load_checkpoint`` verifies every
@@ -101,10 +102,30 @@ class Checkpoint:
             return torch.load(self.path / name, map_location="cpu", weights_only=True)
 
     def rng_state(self, rank: int = 0) -> torch.Tensor | None:
+        """The CPU generator's state of ``rank``."""
         name = self.meta["files"].get(f"rng_rank{rank}")
         if name is None:
             return None
         return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+    def cuda_rng_state(self, rank: int = 0) -> list[torch.Tensor] | None:
+        """The CUDA generators' states of ``rank``, one per visible device; None when it was
+        written without CUDA (and by every checkpoint older than this file)."""
+        name = self.meta["files"].get(f"cuda_rng_rank{rank}")
+        if name is None:
+            return None
+        return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+    def restore_rng(self, rank: int = 0) -> None:
+        """Set this process's CPU generator, and the CUDA generator of each device that both
+        the checkpoint and this process have, to the states ``rank`` saved."""
+        cpu = self.rng_state(rank)
+        if cpu is not None:
+            torch.set_rng_state(cpu)
+        cuda = self.cuda_rng_state(rank)
+        if cuda and torch.cuda.is_available():
+            for device in range(min(len(cuda), torch.cuda.device_count())):
+                torch.cuda.set_rng_state(cuda[device], device)
 
 
 def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -158,6 +179,9 @@ def save_checkpoint(
         torch.save(optimizer_state, tmp / files[f"optim_rank{rank}"])
     files[f"rng_rank{rank}"] = f"rng_rank{rank}.pt"
     torch.save(torch.get_rng_state(), tmp / files[f"rng_rank{rank}"])
+    if torch.cuda.is_available():  # dropout, router jitter … on a GPU draw from these
+        files[f"cuda_rng_rank{rank}"] = f"cuda_rng_rank{rank}.pt"
+        torch.save(torch.cuda.get_rng_state_all(), tmp / files[f"cuda_rng_rank{rank}"])
     # Each rank records its own files' checksums in a part file; rank 0 merges them.
     part = {name: {"file": f, "sha256": _sha256(tmp / f)} for name, f in files.items()}
     (tmp / f"part_rank{rank}.json").write_text(json.dumps(part))

@@ -33,10 +33,11 @@ class ModelSpec:
     """Size preset (``moe_core.presets``): 15M 44M 0.1B 0.2B 0.5B 1B tiny debug."""
     max_seq_len: int | None = None
     """RoPE table length; None = data.seq_len."""
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
     """Regional ``torch.compile``: each transformer block compiled separately (fuses the
-    element-wise work: norms, RoPE, SwiGLU, routing weights). If compilation fails the run
-    logs one warning naming this key and trains eager."""
+    element-wise work: norms, RoPE, SwiGLU, routing weights; an MoE block is one graph on
+    CUDA). ``auto``: on when the model trains on a CUDA device, off on CPU. If compilation
+    fails the run logs one warning naming this key and trains eager."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (non-reentrant
     ``torch.utils.checkpoint``): less memory for larger micro-batches, ~1/3 more compute.
@@ -65,7 +66,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         preset(self.preset)
-        for key in self.EXECUTION_KEYS:
+        _check(isinstance(self.compile, bool) or self.compile == "auto",
+               f"model.compile={self.compile!r} must be true, false or 'auto'")
+        for key in self.EXECUTION_KEYS[1:]:
             v = getattr(self, key)
             if key == "fused_head":
                 _check(isinstance(v, bool) or v == "auto",

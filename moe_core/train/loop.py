@@ -165,9 +165,7 @@ class Trainer:
                          self._resharded_optimizer_state(resume))
             if opt_state is not None:
                 eng.load_optimizer(self.optimizer, opt_state, self.rank, self.world)
-            rng = resume.rng_state(self.rank % old_world)
-            if rng is not None:
-                torch.set_rng_state(rng)
+            resume.restore_rng(self.rank % old_world)  # CPU, and CUDA when saved on CUDA
             return resume.step
         state = initial_optimizer_state(self.parent, self.expansion, self.model,
                                         self.optimizer, ep=(self.rank % self.ep, self.ep))

@@ -18,6 +18,17 @@ def test_switch_aux_hand():
     assert balancing.switch_aux_loss(probs, idx).item() == pytest.approx(1.0)
     idx = torch.tensor([[0], [0], [0]])
     assert balancing.switch_aux_loss(probs, idx).item() == pytest.approx(2 / 9 * 1.5 * 3)
+    # the caller's counts are used as Q as they are (the MoE layer passes its dispatch counts)
+    q = torch.tensor([1, 2])
+    assert balancing.switch_aux_loss(probs, idx, counts_E=q).item() == pytest.approx(1.0)
+
+
+def test_expert_counts_from_sorted_ids_hand():
+    from moe_core.moe.layer import expert_counts
+
+    ids = torch.tensor([0, 0, 2, 2, 2, 3])  # sorted; expert 1 and 4 empty
+    assert expert_counts(ids, 5).tolist() == [2, 0, 3, 1, 0]
+    assert expert_counts(torch.zeros(0, dtype=torch.long), 3).tolist() == [0, 0, 0]
 
 
 def test_switch_aux_is_one_at_perfect_balance_and_000_form():

@@ -259,11 +259,28 @@ def test_non_compile_errors_are_not_swallowed():
 
 @pytest.mark.parametrize("key", ["compile", "activation_checkpointing", "chunked_loss"])
 def test_keys_validated_with_their_yaml_name(key):
-    with pytest.raises(ConfigError, match=rf"model\.{key}='yes' must be true or false"):
+    allowed = "true, false or 'auto'" if key == "compile" else "true or false"
+    with pytest.raises(ConfigError, match=rf"model\.{key}='yes' must be {allowed}"):
         train_config_from_dict({"model": {key: "yes"}})
     with pytest.raises(ConfigError, match=rf"model\.{key}"):
         ModelSpec(**{key: 1})
     assert getattr(train_config_from_dict({"model": {key: True}}).model, key) is True
+
+
+def test_compile_auto_is_the_default_and_on_only_for_cuda(monkeypatch):
+    """``model.compile: auto`` (the default) compiles the blocks of a model on a CUDA device
+    and leaves a CPU model eager; true and false still force it."""
+    assert ModelSpec().compile == "auto"
+    assert train_config_from_dict({"model": {"compile": "auto"}}).model.compile == "auto"
+    assert train_config_from_dict({"model": {"compile": False}}).model.compile is False
+    m = build_model(model_config("tiny", vocab_size=64, max_seq_len=16))
+    assert m.enable_speedups(compile="auto") is False and not m.compiled
+    assert m.enable_speedups(compile=True, backend="eager") is True
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda b, backend: seen.append(b) or b)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert m.enable_speedups(compile="auto") is True and len(seen) == len(m.blocks)
+    assert m.enable_speedups(compile=False) is False
 
 
 def test_execution_keys_leave_the_parent_identity_alone():
