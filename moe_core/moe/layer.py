@@ -455,12 +455,34 @@ class MoELayer(FixedDtypeBuffers):
     @torch.no_grad()
     def update_balancing(self) -> dict[str, float]:
         """Apply loss-free bias and adaptive aux-coefficient updates from the loads seen since
-        the last call, then reset the accumulators. Call once per optimizer step."""
+        the last call, then reset the accumulators. Call once per optimizer step. No host sync
+        unless ``router.adaptive_aux`` (its rule runs on the host and returns the drop rate and
+        coefficient): the loss-free bias moves only where tokens were counted, a device-side
+        select."""
         rcfg = self.cfg.router
         out: dict[str, float] = {}
-        total = float(self.drop_accum[1])
-        if total == 0:
-            return out
+        if rcfg.loss_free_rate > 0:
+            new = balancing.loss_free_bias_update(self.expert_bias, self.load_accum,
+                                                  rcfg.loss_free_rate)
+            self.expert_bias.copy_(torch.where(self.drop_accum[1] > 0, new, self.expert_bias))
+        if rcfg.adaptive_aux:
+            total = float(self.drop_accum[1])
+            if total > 0:
+                d = float(self.drop_accum[0]) / total
+                self.aux_coef.fill_(
+                    balancing.adaptive_aux_coef(
+                        float(self.aux_coef),
+                        d,
+                        xi=rcfg.adaptive_xi,
+                        alpha_max=rcfg.adaptive_alpha_max,
+                        beta=rcfg.adaptive_beta,
+                    )
+                )
+                out["drop_rate"] = d
+                out["aux_coef"] = float(self.aux_coef)
+        self.load_accum.zero_()
+        self.drop_accum.zero_()
+        return out
         if rcfg.loss_free_rate > 0:
             self.expert_bias.copy_(
                 balancing.loss_free_bias_update(
