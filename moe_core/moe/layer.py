@@ -256,11 +256,14 @@ class MoELayer(FixedDtypeBuffers):
         """[T, E] router logits computed in fp32 from the (possibly bf16) input and weight, as
         Megatron-Core does: bf16 logits (8 mantissa bits) tie or swap near-equal experts and
         flip the top-K choice. The fp32 cast happens inside :class:`_RouterGating`, so backward
-        keeps the bf16 input, not an fp32 copy. On an fp32 model this is ``self.router(x_TD)``."""
+        keeps the bf16 input, not an fp32 copy. On an fp32 model this is ``self.router(x_TD)``.
+        Autocast is off here: under ``optim.bf16_mode: torch_autocast`` it would run this
+        ``F.linear`` in bf16."""
         w = self.router.weight
-        if x_TD.dtype == torch.float32 and w.dtype == torch.float32:
-            return F.linear(x_TD, w)
-        return _RouterGating.apply(x_TD, w, torch.float32)
+        with torch.autocast(device_type=x_TD.device.type, enabled=False):
+            if x_TD.dtype == torch.float32 and w.dtype == torch.float32:
+                return F.linear(x_TD, w)
+            return _RouterGating.apply(x_TD, w, torch.float32)
 
     def routing(self, x_TD: torch.Tensor) -> Routing:
         """Route [T, D] tokens: fp32 logits, softmax, selection bias and top-K (``route``).

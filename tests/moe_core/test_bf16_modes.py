@@ -99,10 +99,6 @@ def test_bf16_optimizer_clips_by_the_global_norm_experts_included(tmp_path, bf16
     assert ratio == pytest.approx(0.25, rel=1e-5)
 
 
-@pytest.mark.xfail(strict=False, reason="moe/layer.py router_logits is an F.linear, which "
-                   "autocast runs in bf16; the fix (autocast off around the fp32 router) "
-                   "belongs to the layer (h27a's file); then torch_autocast can be auto's "
-                   "ZeRO-0 choice")
 def test_router_stays_fp32_under_torch_autocast(tmp_path, bf16):
     cfg = small_cfg(tmp_path, moe=MOE, optim={"lr": 3e-3, "bf16_mode": "torch_autocast"})
     t = Trainer(cfg)
