@@ -9,12 +9,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("moe_core", "scaling", "sweeps", "analysis")
+LAYERS = ("moe_core", "scaling", "sweeps", "analysis", "upcycle_sweeps")
 ALLOWED = {  # what each package may import of the project (a prefix: a package or a module)
     "moe_core": ("moe_core",),
     "scaling": ("scaling", "moe_core.errors"),
     "sweeps": ("sweeps", "moe_core", "scaling"),
     "analysis": ("analysis", "sweeps", "moe_core", "scaling"),
+    "upcycle_sweeps": ("upcycle_sweeps", "analysis", "sweeps", "moe_core", "scaling"),
 }
 # In-function imports of the project's own modules, each for a reason:
 LAZY_OK = {

@@ -1,0 +1,1 @@
+"""``upcycle-sweeps``: one installed command for the project's command lines (``cli``)."""
