@@ -94,6 +94,95 @@ def _shard_copies(num_shared: int, G: int) -> list[int]:
     return [sum(1 for s in range(num_shared) if s % G == i) for i in range(G)]
 
 
+def _check_dense_to_moe(dense_cfg: ModelConfig, moe_cfg: MoEConfig,
+                        perturb: Perturbation | None) -> tuple[ModelConfig, int]:
+    """The MoE ``ModelConfig`` and the granularity G, or a one-line refusal."""
+    if dense_cfg.moe is not None:
+        raise ConfigError(
+            "dense_to_moe needs a dense parent, but its config has model.moe set; use "
+            "expand_experts to grow an MoE"
+        )
+    if not isinstance(moe_cfg, MoEConfig):
+        raise ConfigError("dense_to_moe: moe_config must be a MoEConfig")
+    cfg = dataclasses.replace(dense_cfg, moe=moe_cfg)  # validates G | d_ff, interleave
+    N = moe_cfg.num_experts
+    G = granularity_of(moe_cfg, dense_cfg.ffn_dim)
+    if N % G:
+        raise ConfigError(
+            f"moe.num_experts={N} is not a multiple of the granularity G={G}: dense → MoE "
+            "replicates all G shards of d_ff; choose num_experts as a multiple of G"
+        )
+    if perturb is not None and perturb.interpolate != 1:
+        raise ConfigError(
+            f"perturb.interpolate={perturb.interpolate}: dense → MoE copies have no distinct "
+            "neighbours to interpolate with; set interpolate=1 (it is an expand_experts option)"
+        )
+    return cfg, G
+
+
+@dataclasses.dataclass(frozen=True)
+class _Upcycling:
+    """What every MoE layer of one ``dense_to_moe_state`` call shares."""
+
+    moe: MoEConfig
+    D: int
+    F: int
+    G: int
+    std: float
+    weight_scaling: bool
+    virtual_groups: bool
+    perturb: Perturbation | None
+
+
+def _moe_layer_state(i: int, state: State, up: _Upcycling, gen: torch.Generator) -> State:
+    """Layer ``i``'s MoE tensors from its dense SwiGLU (see :func:`dense_to_moe_state`)."""
+    moe, D, F, G = up.moe, up.D, up.F, up.G
+    N, S, f = moe.num_experts, moe.num_shared_experts, F // G
+    c_G = _shard_copies(S, G)
+    t = routed_output_scale(moe, G) if up.weight_scaling else 1.0
+    what = f"dense_to_moe (layer {i})"
+    wg_DF, wu_DF, wd_FD = (take(state, mlp_key(i, n), what) for n in ("w_gate", "w_up",
+                                                                       "w_down"))
+    if wg_DF.shape != (D, F) or wd_FD.shape != (F, D):
+        raise ConfigError(
+            f"{what}: {mlp_key(i, 'w_gate')} has shape {tuple(wg_DF.shape)}, expected "
+            f"{(D, F)} from model.d_model and model.d_ff; pass the parent's own config"
+        )
+    dtype = wg_DF.dtype
+    # 004 §2.3: shard hidden units [g·f, (g+1)·f) — columns of gate/up, rows of down.
+    gate_GDf = wg_DF.reshape(D, G, f).permute(1, 0, 2)
+    up_GDf = wu_DF.reshape(D, G, f).permute(1, 0, 2)
+    down_GfD = wd_FD.reshape(G, f, D)
+    copies = N // G
+    # Per-expert output factor: router compensation t times the routed share of its shard.
+    t_G = torch.tensor([t / (c + 1) if up.weight_scaling else 1.0 for c in c_G],
+                       dtype=torch.float64)
+    sq_N = t_G.sqrt().repeat(copies).to(dtype).view(N, 1, 1)
+    w = ExpertWeights(
+        gate=gate_GDf.repeat(copies, 1, 1),
+        up=up_GDf.repeat(copies, 1, 1) * sq_N,
+        down=down_GfD.repeat(copies, 1, 1) * sq_N,
+    )
+    router_ND = router_init(N, G, D, up.std, gen, virtual_groups=up.virtual_groups)
+    if up.perturb is not None and not up.perturb.is_identity:
+        w = apply_perturbation(w, up.perturb, generator=gen)
+    out = {mlp_key(i, "w_gate"): w.gate.contiguous(), mlp_key(i, "w_up"): w.up.contiguous(),
+           mlp_key(i, "w_down"): w.down.contiguous(),
+           mlp_key(i, "router.weight"): router_ND.to(dtype),
+           mlp_key(i, "expert_bias"): torch.zeros(N, dtype=dtype),
+           mlp_key(i, "aux_coef"): torch.tensor(float(moe.router.aux_coef), dtype=dtype)}
+    if S > 0:
+        # 004 §3.9 shared experts: hidden slice s holds shard s mod G, given 1/(c_i+1) of it.
+        sl = [s % G for s in range(S)]
+        a = [1.0 / (c_G[i_] + 1) if up.weight_scaling else 1.0 for i_ in sl]
+        out[mlp_key(i, "shared.w_gate")] = torch.cat([gate_GDf[g] for g in sl], 1)
+        out[mlp_key(i, "shared.w_up")] = torch.cat(
+            [up_GDf[g] * math.sqrt(ai) for g, ai in zip(sl, a)], 1)
+        out[mlp_key(i, "shared.w_down")] = torch.cat(
+            [down_GfD[g] * math.sqrt(ai) for g, ai in zip(sl, a)], 0)
+    return out
+
+
 def dense_to_moe_state(
     dense_state: Mapping[str, Any],
     dense_cfg: ModelConfig,
@@ -114,86 +203,23 @@ def dense_to_moe_state(
     see the module docstring) and perturbed (``perturb``: 000 App. A.6's noise and partial
     re-initialisation, applied to every routed expert with independent draws). The router is
     N(0, std²) with std = ``router.init_std`` or √(2/(5·d_model)), one row per virtual group
-    when ``virtual_groups``. Random draws come from ``torch.Generator().manual_seed(seed)``.
+    when ``virtual_groups``. Random draws come from ``torch.Generator().manual_seed(seed)``,
+    layer by layer (router, then perturbation).
     """
-    if dense_cfg.moe is not None:
-        raise ConfigError(
-            "dense_to_moe needs a dense parent, but its config has model.moe set; use "
-            "expand_experts to grow an MoE"
-        )
-    if not isinstance(moe_cfg, MoEConfig):
-        raise ConfigError("dense_to_moe: moe_config must be a MoEConfig")
-    cfg = dataclasses.replace(dense_cfg, moe=moe_cfg)  # validates G | d_ff, interleave
-    F, D, N = dense_cfg.ffn_dim, dense_cfg.d_model, moe_cfg.num_experts
-    G = granularity_of(moe_cfg, F)
-    f = F // G
-    if N % G:
-        raise ConfigError(
-            f"moe.num_experts={N} is not a multiple of the granularity G={G}: dense → MoE "
-            "replicates all G shards of d_ff; choose num_experts as a multiple of G"
-        )
-    if perturb is not None and perturb.interpolate != 1:
-        raise ConfigError(
-            f"perturb.interpolate={perturb.interpolate}: dense → MoE copies have no distinct "
-            "neighbours to interpolate with; set interpolate=1 (it is an expand_experts option)"
-        )
+    cfg, G = _check_dense_to_moe(dense_cfg, moe_cfg, perturb)
+    D = dense_cfg.d_model
     state, borrowed = to_torch_state(dense_state)
     gen = generator(seed)
-    std = moe_cfg.router.init_std or math.sqrt(2 / (5 * D))
-    S = moe_cfg.num_shared_experts
-    c_G = _shard_copies(S, G)
-    t = routed_output_scale(moe_cfg, G) if weight_scaling else 1.0
-
-    out: State = {}
-    mlp_names = ("w_gate", "w_up", "w_down")
+    up = _Upcycling(moe_cfg, D, dense_cfg.ffn_dim, G,
+                    moe_cfg.router.init_std or math.sqrt(2 / (5 * D)), weight_scaling,
+                    virtual_groups, perturb)
     moe_keys = {mlp_key(i, n) for i in range(cfg.n_layer) if moe_cfg.is_moe_layer(i)
-                for n in mlp_names}
-    for k, v in state.items():
-        if k not in moe_keys:
-            out[k] = v.clone() if k in borrowed else v
+                for n in ("w_gate", "w_up", "w_down")}
+    out: State = {k: (v.clone() if k in borrowed else v) for k, v in state.items()
+                  if k not in moe_keys}
     for i in range(cfg.n_layer):
-        if not moe_cfg.is_moe_layer(i):
-            continue
-        what = f"dense_to_moe (layer {i})"
-        wg_DF, wu_DF, wd_FD = (take(state, mlp_key(i, n), what) for n in mlp_names)
-        if wg_DF.shape != (D, F) or wd_FD.shape != (F, D):
-            raise ConfigError(
-                f"{what}: {mlp_key(i, 'w_gate')} has shape {tuple(wg_DF.shape)}, expected "
-                f"{(D, F)} from model.d_model and model.d_ff; pass the parent's own config"
-            )
-        dtype = wg_DF.dtype
-        # 004 §2.3: shard hidden units [g·f, (g+1)·f) — columns of gate/up, rows of down.
-        gate_GDf = wg_DF.reshape(D, G, f).permute(1, 0, 2)
-        up_GDf = wu_DF.reshape(D, G, f).permute(1, 0, 2)
-        down_GfD = wd_FD.reshape(G, f, D)
-        copies = N // G
-        # Per-expert output factor: router compensation t times the routed share of its shard.
-        t_G = torch.tensor([t / (c + 1) if weight_scaling else 1.0 for c in c_G],
-                           dtype=torch.float64)
-        sq_N = t_G.sqrt().repeat(copies).to(dtype).view(N, 1, 1)
-        w = ExpertWeights(
-            gate=gate_GDf.repeat(copies, 1, 1),
-            up=up_GDf.repeat(copies, 1, 1) * sq_N,
-            down=down_GfD.repeat(copies, 1, 1) * sq_N,
-        )
-        router_ND = router_init(N, G, D, std, gen, virtual_groups=virtual_groups)
-        if perturb is not None and not perturb.is_identity:
-            w = apply_perturbation(w, perturb, generator=gen)
-        out[mlp_key(i, "w_gate")] = w.gate.contiguous()
-        out[mlp_key(i, "w_up")] = w.up.contiguous()
-        out[mlp_key(i, "w_down")] = w.down.contiguous()
-        out[mlp_key(i, "router.weight")] = router_ND.to(dtype)
-        out[mlp_key(i, "expert_bias")] = torch.zeros(N, dtype=dtype)
-        out[mlp_key(i, "aux_coef")] = torch.tensor(float(moe_cfg.router.aux_coef), dtype=dtype)
-        if S > 0:
-            # 004 §3.9 shared experts: hidden slice s holds shard s mod G, given 1/(c_i+1) of it.
-            sl = [s % G for s in range(S)]
-            a = [1.0 / (c_G[i_] + 1) if weight_scaling else 1.0 for i_ in sl]
-            out[mlp_key(i, "shared.w_gate")] = torch.cat([gate_GDf[g] for g in sl], 1)
-            out[mlp_key(i, "shared.w_up")] = torch.cat(
-                [up_GDf[g] * math.sqrt(ai) for g, ai in zip(sl, a)], 1)
-            out[mlp_key(i, "shared.w_down")] = torch.cat(
-                [down_GfD[g] * math.sqrt(ai) for g, ai in zip(sl, a)], 0)
+        if moe_cfg.is_moe_layer(i):
+            out.update(_moe_layer_state(i, state, up, gen))
     return out, cfg
 
 
