@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_core.errors import ConfigError
-from moe_core.hf import export_arch
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig, train_config_from_dict
-from moe_core.train.runner import parent_key
 from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
 
 
@@ -166,6 +164,9 @@ def _stable_key(cfg_dict: dict[str, Any]) -> str:
 
 def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     """Config, knob values, size, parent and branch facts of one search point."""
+    from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: not for a refusal)
+    from moe_core.train.runner import parent_key  # noqa: PLC0415 (torch: not for a refusal)
+
     point = dict(point)
     d = trial_dict(spec, point)
     cfg = train_config_from_dict(d)

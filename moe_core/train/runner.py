@@ -17,7 +17,8 @@ import torch
 
 from moe_core.config import model_config_from_dict
 from moe_core.data import data_fingerprint
-from moe_core.hf.load import checkpoint_hash, load_pretrained, weight_files
+from moe_core.hf.load import load_pretrained
+from moe_core.hf_config import checkpoint_hash, weight_files
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
