@@ -328,8 +328,9 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-def _message(tp: Any, err: dict[str, Any], prefix: str, data: Any) -> str:
-    """One pydantic error as the project's one-line message naming the dotted key. As the
+def _message(tp: Any, err: dict[str, Any], prefix: str, data: Any) -> str | ConfigError:
+    """One pydantic error as the project's one-line message naming the dotted key, or the
+    dataclass's own ``ConfigError`` (its class kept: ``SearchSpaceError``). As the
     hand-written decoder did: structural problems first, then NaN/inf, then the dataclass's own
     rule (``__post_init__``) on the values as written, then the type the key takes."""
     kind, ctx = err["type"], err.get("ctx") or {}
@@ -358,10 +359,10 @@ def _message(tp: Any, err: dict[str, Any], prefix: str, data: Any) -> str:
     if field_at is not None:
         holder, where = _walk(tp, keys[:field_at], prefix)[:2]
         if (cls := _dataclass_arm(holder)) is not None and \
-                (own := _own_message(cls, _get(data, keys[:field_at]), where)) is not None:
+                (own := _own_error(cls, _get(data, keys[:field_at]), where)) is not None:
             return own
     if isinstance(ctx.get("error"), ValueError):
-        return str(ctx["error"]) if isinstance(ctx["error"], ConfigError) else \
+        return ctx["error"] if isinstance(ctx["error"], ConfigError) else \
             f"{path or 'the config'}: {ctx['error']}"
     if kind == "int_parsing_size":
         return f"{path}={shown(value)} {_OUT_OF_RANGE}; use {_describe(at)}"
@@ -380,8 +381,9 @@ def _admits_number(tp: Any) -> bool:
 
 def _misfit(tp: Any, data: Any, path: str) -> str | None:
     """What pydantic's lax mode would take that the project refuses, walking the input beside
-    the types before any dataclass sees it: a bool where a number goes (``true`` is not 1), a
-    number where only true/false goes, bytes where text goes, an integer beyond int64."""
+    the types before any dataclass sees it: a bool where a number goes (``true`` is not 1),
+    anything but true/false where only they go (pydantic takes ``1`` and ``'on'``), bytes where
+    text goes, an integer beyond int64."""
     dc = _dataclass_arm(tp)
     if isinstance(data, Mapping) and dc is not None:
         fields = _fields(dc)
@@ -395,9 +397,10 @@ def _misfit(tp: Any, data: Any, path: str) -> str | None:
         return f"{path}={shown(data)} is true/false, not a number; use {_describe(tp)}"
     if isinstance(data, (bytes, bytearray)) and str in arms:  # YAML !!binary: no text
         return f"{path}={shown(data)} must be {_describe(tp)}"
-    if isinstance(data, numbers.Real) and not isinstance(data, bool) and bool in arms and \
-            not _admits_number(tp):
-        return f"{path}={shown(data)} must be {_describe(tp)}"
+    if bool in arms and not isinstance(data, bool) and data is not None and not any(
+            a in (str, int, float) or (typing.get_origin(a) is Literal and data in
+                                       typing.get_args(a)) for a in arms):
+        return f"{path}={shown(data)} must be {_describe(tp)}"  # not pydantic's 'on' or 1
     if isinstance(data, numbers.Real) and not isinstance(data, bool) and int in arms and \
             math.isfinite(data) and abs(data) > INT_MAX:
         return f"{path}={shown(data)} {_OUT_OF_RANGE}; use {_describe(tp)}"
@@ -426,8 +429,8 @@ def _as_written(data: Any, out: Any) -> Any:
     return out
 
 
-def _own_message(owner: type, raw: Any, path: str) -> str | None:
-    """The message of ``owner``'s own rule (``__post_init__``) for ``raw`` as written (``cpus=0``,
+def _own_error(owner: type, raw: Any, path: str) -> ConfigError | None:
+    """The error of ``owner``'s own rule (``__post_init__``) for ``raw`` as written (``cpus=0``,
     not pydantic's ``cpus=0.0``), its nested sections decoded; None if it raises none."""
     if not isinstance(raw, Mapping):
         return None
@@ -439,7 +442,7 @@ def _own_message(owner: type, raw: Any, path: str) -> str | None:
     try:
         owner(**kwargs)
     except ConfigError as e:
-        return str(e)
+        return e
     except Exception:  # noqa: BLE001 (a rule tripping over a value: pydantic's message stands)
         return None
     return None
@@ -480,7 +483,9 @@ def decode(tp: Any, data: Any, prefix: str = "") -> Any:
         else:
             first = min(errors, key=lambda x: (_STRUCTURAL.get(x["type"], 3) > 2,
                                                len(x["loc"]), _STRUCTURAL.get(x["type"], 3)))
-            raise ConfigError(_message(tp, first, prefix, data)) from None
+            problem = _message(tp, first, prefix, data)
+            raise (problem if isinstance(problem, ConfigError) else ConfigError(problem)) \
+                from None
     return _as_written(data, out)
 
 
