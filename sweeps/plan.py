@@ -29,6 +29,7 @@ from moe_core.errors import ConfigError
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig, train_config_from_dict
+from moe_core.train.keys import parent_key
 from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
 
 
@@ -164,13 +165,12 @@ def _stable_key(cfg_dict: dict[str, Any]) -> str:
 
 def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     """Config, knob values, size, parent and branch facts of one search point."""
-    from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: not for a refusal)
-    from moe_core.train.runner import parent_key  # noqa: PLC0415 (torch: not for a refusal)
-
     point = dict(point)
     d = trial_dict(spec, point)
     cfg = train_config_from_dict(d)
     if spec.export == "hf":  # refuse a model with no exact HF form before any training
+        from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: only for export: hf)
+
         try:
             export_arch(cfg.model_config())
             if cfg.upcycle is not None and cfg.upcycle.router_noise > 0:

@@ -25,7 +25,7 @@ _LAZY = {
     "TokenBatcher": "moe_core.data.batching",
     "DataConfig": "moe_core.data.config",
     "Dataset": "moe_core.data.sources",
-    "data_fingerprint": "moe_core.data.sources",
+    "data_fingerprint": "moe_core.data.files",
     "load_dataset": "moe_core.data.sources",
 }
 

@@ -1,5 +1,6 @@
-"""The front door answers without the training stack: refusing a bad spec, and ``--help``, import
-none of torch, Ray, DeepSpeed or transformers (issue 29: a validator should answer in a second)."""
+"""The front door answers without the training stack: refusing a bad spec, a dry run and ``--help``
+import none of torch, Ray, DeepSpeed or transformers (issue 29: a validator should answer in a
+second)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def test_refusing_a_bad_spec_imports_no_training_stack(tmp_path, base, message):
     assert got["code"] == 2
     assert err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
     assert got["heavy"] == [], f"refusing a bad spec imported {got['heavy']}"
+
+
+def test_a_dry_run_imports_no_training_stack():
+    """A valid spec's dry run plans every trial and parent (cache keys included) torch-free."""
+    got, out, err = _probe("search_spaces/top_k.yaml", "--dry-run")
+    assert got["code"] == 0, err
+    assert "distinct parents: 2" in out
+    assert got["heavy"] == [], f"a dry run imported {got['heavy']}"
 
 
 def test_help_imports_no_training_stack():
