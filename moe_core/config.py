@@ -2,28 +2,28 @@
 
 Each dataclass validates itself in ``__post_init__`` and raises ``ConfigError`` with a message that
 names the key (as it appears in a YAML spec: ``model.*``, ``moe.*``, ``router.*``) and the fix.
-``from_mapping`` is the one decoder of nested mappings (YAML, checkpoint metadata) into any of the
-project's config dataclasses.
+``from_mapping`` decodes nested mappings (YAML, checkpoint metadata) into any of the project's
+config dataclasses (``moe_core.configio.decode``: pydantic over these dataclasses).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import numbers
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from moe_core.errors import ConfigError, shown
+from moe_core.configio import (  # noqa: F401 (INT_MAX, coerce_number, unknown_key re-exported)
+    INT_MAX,
+    coerce_number,
+    decode,
+    unknown_key,
+)
+from moe_core.errors import ConfigError
 
 _T = TypeVar("_T")
-
-INT_MAX = 2**63 - 1
-"""Largest magnitude an integer field takes (int64: what torch and numpy hold)."""
 
 RouterOrder = Literal["softmax_topk", "topk_softmax"]
 AuxLossKind = Literal["switch", "squared", "none"]
@@ -313,271 +313,20 @@ class ModelConfig:
         return dataclasses.replace(self, moe=moe)
 
 
-# ---- mapping -> dataclasses ---------------------------------------------------------------------
-
-
-def coerce_number(value: Any, key: str = "") -> Any:
-    """YAML 1.1 reads ``1e-4`` (no dot) as a string: turn numeric strings into numbers.
-
-    An int when the string has no dot or exponent and is integral, a float otherwise; any other
-    value is returned unchanged. ``key`` is unused (kept for callers that pass it).
-    """
-    if isinstance(value, str):
-        try:
-            f = float(value)
-        except ValueError:
-            return value
-        return int(f) if f.is_integer() and "e" not in value.lower() and "." not in value else f
-    return value
-
-
-@functools.cache
-def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
-    """``{name: (resolved type, required)}`` of the init fields of dataclass ``cls``."""
-    hints = typing.get_type_hints(cls)
-    return {
-        f.name: (
-            hints[f.name],
-            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-        )
-        for f in dataclasses.fields(cls)
-        if f.init
-    }
-
-
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def _arms(tp: Any) -> tuple[Any, ...]:
-    """The alternatives of a union type (``X | None``), or ``(tp,)``."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return typing.get_args(tp)
-    return (tp,)
-
-
-def _admits_number(tp: Any) -> bool:
-    for arm in _arms(tp):
-        if typing.get_origin(arm) is Literal:
-            args = typing.get_args(arm)
-            if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
-                return True
-        elif arm in (int, float):
-            return True
-    return False
-
-
-def _decode(tp: Any, value: Any, path: str) -> Any:
-    """Decode one field value: nested dataclasses from mappings, lists into tuples, numeric
-    strings into numbers where ``tp`` admits a number. Anything else passes through unchanged;
-    its type is checked after the dataclass (and its ``__post_init__``) has seen it."""
-    arms = _arms(tp)
-    if value is None and type(None) in arms:
-        return None
-    for arm in arms:
-        if isinstance(arm, type) and dataclasses.is_dataclass(arm):
-            return from_mapping(arm, value, path)
-    for arm in arms:
-        if typing.get_origin(arm) is tuple and isinstance(value, (list, tuple)):
-            args = typing.get_args(arm)
-            if len(args) == 2 and args[1] is Ellipsis:
-                args = (args[0],) * len(value)
-            if not args:
-                return tuple(value)
-            # a length mismatch is kept for __post_init__ / the type check to report
-            return tuple(
-                _decode(args[min(i, len(args) - 1)], x, f"{path}[{i}]")
-                for i, x in enumerate(value)
-            )
-    if isinstance(value, str) and _admits_number(tp):
-        return coerce_number(value, path)
-    return value
-
-
-def _describe(tp: Any) -> str:
-    names = []
-    for arm in _arms(tp):
-        origin = typing.get_origin(arm)
-        if arm is type(None):
-            names.append("null")
-        elif origin is Literal:
-            names.append("one of " + ", ".join(repr(a) for a in typing.get_args(arm)))
-        elif origin is tuple:
-            args = typing.get_args(arm)
-            fixed = args and not (len(args) == 2 and args[1] is Ellipsis)
-            names.append(f"a list of {len(args)} values" if fixed
-                         else f"a list ({_describe(args[0])} each)" if args else "a list")
-        elif isinstance(arm, type) and dataclasses.is_dataclass(arm):
-            names.append("a mapping")
-        else:
-            names.append(
-                {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-                .get(arm, getattr(arm, "__name__", str(arm)))
-            )
-    return " or ".join(names)
-
-
-def _fits(arm: Any, value: Any) -> bool:
-    origin = typing.get_origin(arm)
-    if arm is Any:
-        return True
-    if arm is type(None):
-        return value is None
-    if origin is Literal:  # true is not 1
-        return any(value == a and isinstance(value, bool) == isinstance(a, bool)
-                   for a in typing.get_args(arm))
-    if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
-        args = typing.get_args(arm)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_type_problem(args[0], x, "") is None for x in value)
-        return len(value) == len(args) and all(
-            _type_problem(a, x, "") is None for a, x in zip(args, value)
-        )
-    if arm in (int, float) and _bad_number(value, integer=arm is int) is not None:
-        return False
-    if arm is int:  # integral floats (``tokens: 1e6``) are accepted as they always were
-        return isinstance(value, numbers.Integral) or (
-            isinstance(value, numbers.Real) and float(value).is_integer()
-        )
-    if arm is float:
-        return isinstance(value, numbers.Real)
-    if arm is bool:
-        return isinstance(value, bool)
-    if arm is str:  # taken as YAML typed them (``name: 123``); value rules are __post_init__'s
-        return value is not None and not isinstance(
-            value, (Mapping, list, tuple, set, bytes, bytearray))
-    if isinstance(arm, type):
-        return isinstance(value, arm)
-    return True  # a type this decoder does not know: trust the dataclass
-
-
-def _bad_number(value: Any, integer: bool = True) -> str | None:
-    """Why ``value`` is no number for an int (``integer``) or float field: a bool, NaN or
-    infinite, an integer beyond int64; or None."""
-    if isinstance(value, bool):
-        return "is true/false, not a number"
-    if isinstance(value, numbers.Real) and not math.isfinite(value):
-        return "is not finite"
-    if integer and isinstance(value, numbers.Real) and abs(value) > INT_MAX:
-        return f"is out of range: an integer is at most 2**63 - 1 = {INT_MAX:,} in magnitude"
-    return None
-
-
-def _has_bad_number(value: Any) -> bool:
-    """A bool, NaN, ±inf or beyond-int64 number in ``value``: refused before ``__post_init__``
-    where the field does not take it (``moe.num_experts: true`` is not 1)."""
-    if isinstance(value, tuple):
-        return any(_has_bad_number(v) for v in value)
-    return isinstance(value, numbers.Number) and _bad_number(value) is not None
-
-
-def _type_problem(tp: Any, value: Any, path: str) -> str | None:
-    """A message naming ``path`` if ``value`` does not fit ``tp``, else None."""
-    arms = _arms(tp)
-    if any(_fits(arm, value) for arm in arms):
-        return None
-    why = _bad_number(value, integer=int in arms) if isinstance(value, numbers.Number) else None
-    if why is not None and _admits_number(tp):
-        return f"{path}={shown(value)} {why}; use {_describe(tp)}"
-    for arm in arms:  # name the element of a tuple that does not fit
-        if typing.get_origin(arm) is tuple and isinstance(value, tuple):
-            args = typing.get_args(arm)
-            if len(args) == 2 and args[1] is Ellipsis:
-                args = (args[0],) * len(value)
-            if len(args) == len(value):
-                for i, (a, x) in enumerate(zip(args, value)):
-                    problem = _type_problem(a, x, f"{path}[{i}]")
-                    if problem is not None:
-                        return problem
-    return f"{path}={shown(list(value) if isinstance(value, tuple) else value)} must be " \
-        f"{_describe(tp)}"
+# ---- mapping -> dataclasses (moe_core.configio.decode, through pydantic) -------------------------
 
 
 def from_mapping(cls: type[_T], data: Any, key_prefix: str = "") -> _T:
-    """Decode a nested mapping (parsed YAML, ``dataclasses.asdict`` output) into dataclass ``cls``.
-
-    Walks the field types: nested dataclasses are decoded from mappings (an instance passes
-    through), ``T | None`` keeps None, lists become tuples, and numeric strings become numbers
-    where the field admits a number (``coerce_number``; ints are kept for float fields). Errors
-    are ``ConfigError`` naming the full dotted key (``key_prefix`` is the path of ``data``):
-    unknown keys, missing required keys, a non-mapping where a mapping is required. Value rules
-    are the dataclass's own ``__post_init__``; a value of the wrong type that it lets through
-    (``moe.top_k: 1.5``, ``optim.lr: fast``) is reported after it. A number that no number field
-    takes is refused before ``__post_init__`` sees it: a bool (``true`` is not 1), NaN or ±inf,
-    an integer beyond int64; bool fields take only true/false, string fields no null.
-    """
-    if isinstance(data, cls):
-        return data
-    where = key_prefix or "the config"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    fields = _fields(cls)
-    unknown = sorted((k for k in data if k not in fields), key=str)
-    if unknown:
-        under = f"under {key_prefix}" if key_prefix else "at the top level"
-        name = str(unknown[0]) if len(str(unknown[0])) <= 100 else shown(unknown[0], 100)
-        raise ConfigError(
-            f"unknown key {_join(key_prefix, name)}; known keys {under}: "
-            f"{', '.join(sorted(fields))}"
-        )
-    missing = [k for k, (_, required) in fields.items() if required and k not in data]
-    if missing:
-        raise ConfigError(f"missing required key {_join(key_prefix, missing[0])}")
-    kwargs = {k: _decode(fields[k][0], v, _join(key_prefix, k)) for k, v in data.items()}
-
-    def type_problem() -> str | None:
-        for k, v in kwargs.items():
-            problem = _type_problem(fields[k][0], v, _join(key_prefix, k))
-            if problem is not None:
-                return problem
-        return None
-
-    for k, v in kwargs.items():  # true, NaN, inf, 1e30 where a number goes: refused first
-        if _has_bad_number(v):
-            problem = _type_problem(fields[k][0], v, _join(key_prefix, k))
-            if problem is not None:
-                raise ConfigError(problem)
-    try:
-        obj = cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, ArithmeticError, AttributeError) as e:
-        # __post_init__ tripped over a value of the wrong type
-        raise ConfigError(type_problem() or f"{where}: {e}") from None
-    problem = type_problem()
-    if problem is not None:
-        raise ConfigError(problem)
-    return obj
-
-
-def unknown_key(cls: type, dotted: str) -> str | None:
-    """None if ``dotted`` (``moe.router.order``) names a field of dataclass ``cls`` (following
-    nested and optional dataclass fields), else ``from_mapping``'s message for that key."""
-    tp: Any = cls
-    path = ""
-    for part in dotted.split("."):
-        dc = next((a for a in _arms(tp) if isinstance(a, type) and dataclasses.is_dataclass(a)),
-                  None)
-        if dc is None:
-            return f"unknown key {dotted}: {path} is not a mapping of options"
-        if part not in _fields(dc):
-            under = f"under {path}" if path else "at the top level"
-            return (f"unknown key {_join(path, part)}; known keys {under}: "
-                    f"{', '.join(sorted(_fields(dc)))}")
-        tp, path = _fields(dc)[part][0], _join(path, part)
-    return None
+    """Decode a nested mapping (parsed YAML, ``dataclasses.asdict`` output) into dataclass
+    ``cls``; errors name the full dotted key (``key_prefix`` is the path of ``data``). See
+    ``moe_core.configio.decode``."""
+    return decode(cls, data, key_prefix)
 
 
 def decode_value(tp: Any, value: Any, path: str) -> Any:
-    """One value decoded as a field of type ``tp`` would be (``from_mapping``'s rules, without
-    a dataclass): a ``ConfigError`` naming ``path`` if it does not fit."""
-    out = _decode(tp, value, path)
-    problem = _type_problem(tp, out, path)
-    if problem is not None:
-        raise ConfigError(problem)
-    return out
+    """One value decoded as a field of type ``tp`` would be: a ``ConfigError`` naming ``path``
+    if it does not fit."""
+    return decode(tp, value, path)
 
 
 def router_config_from_dict(data: Mapping[str, Any]) -> RouterConfig:

@@ -4,10 +4,13 @@ checkpoint with (it reads no weights)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
-from moe_core.config import ModelConfig, MoEConfig, RopeScaling
+from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf_check import check_sizes, read_config_bounded
 
@@ -16,6 +19,45 @@ DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qw
 MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 """``model_type``s whose attention normalises each query and key head (``model.qk_norm``)."""
+
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a folder: the shards its index names, or model.safetensors."""
+    p = Path(path)
+    if (p / INDEX).is_file():
+        try:
+            wmap = json.loads((p / INDEX).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{p / INDEX} is not a safetensors index ({e})") from None
+        files = [p / f for f in sorted(set(wmap.values()))]
+    elif (p / SINGLE).is_file():
+        files = [p / SINGLE]
+    else:
+        bins = sorted(x.name for x in p.glob("*.bin"))
+        extra = f" (found {bins[0]}: re-save it with safe_serialization)" if bins else ""
+        raise ConfigError(f"{p} has no {SINGLE} or {INDEX}{extra}; only safetensors are read")
+    for f in files:
+        if not f.is_file():
+            raise ConfigError(f"{f} is missing: the folder's {INDEX} names it")
+    return files
+
+
+def checkpoint_hash(path: str | Path) -> str:
+    """Content hash (16 hex chars) of config.json and the weight files (the parent cache key)."""
+    p = Path(path)
+    h = hashlib.sha256()
+    for f in [p / "config.json", *weight_files(p)]:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """config.json of a ``save_pretrained`` folder (refused in one line if absent or broken)."""
     p = Path(path)
@@ -99,3 +141,63 @@ def model_config(hf: dict[str, Any], moe: MoEConfig | None = None) -> ModelConfi
         head_dim=head_dim, qk_norm=hf.get("model_type") in QK_NORM_TYPES,
         moe=moe, name=str(hf.get("_name_or_path") or arch),
     )
+
+
+def pretrained_hf(path: str | Path) -> tuple[dict[str, Any], str]:
+    """(config.json, architecture) of a ``parent.from_pretrained`` folder, dense or MoE."""
+    try:
+        hf = read_config(path)
+    except ConfigError as e:
+        raise ConfigError(f"parent.from_pretrained={str(path)!r}: {e}") from None
+    arch = architecture(hf)
+    if arch not in DENSE_ARCHS + MOE_ARCHS:
+        raise ConfigError(f"parent.from_pretrained: {arch} is not supported; give a "
+                          f"{', '.join(DENSE_ARCHS + MOE_ARCHS)} folder")
+    return hf, arch
+
+
+def pretrained_moe(path: str | Path) -> MoEConfig | None:
+    """The MoE of the checkpoint at ``path`` (Mixtral, Qwen2-MoE, Qwen3-MoE), None when it is
+    dense (config.json only)."""
+    hf, arch = pretrained_hf(path)
+    return moe_config(hf, arch) if arch in MOE_ARCHS else None
+
+
+def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
+                            max_seq_len: int) -> ModelConfig:
+    """The ModelConfig of a trial upcycled from the checkpoint at ``path``, dense or MoE
+    (config.json only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the
+    checkpoint's)."""
+    hf, _ = pretrained_hf(path)
+    cfg = model_config(hf)
+    if max_seq_len > cfg.max_seq_len:
+        raise ConfigError(f"data.seq_len (or model.max_seq_len)={max_seq_len} exceeds the "
+                          f"checkpoint's {cfg.max_seq_len} positions; lower it")
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len, moe=moe)
+
+
+def moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
+    """The MoEConfig of an MoE checkpoint's config.json (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+    if arch == "MixtralForCausalLM":
+        return MoEConfig(num_experts=int(hf["num_local_experts"]),
+                         top_k=int(hf["num_experts_per_tok"]),
+                         router=RouterConfig(order="topk_softmax"))
+    if hf.get("mlp_only_layers"):
+        raise ConfigError(f"{arch}: mlp_only_layers={hf['mlp_only_layers']} has no equivalent; "
+                          "dense layers here follow moe.interleave only")
+    f = int(hf["moe_intermediate_size"])
+    shared = int(hf.get("shared_expert_intermediate_size") or 0)
+    if shared % f:
+        raise ConfigError(f"{arch}: shared_expert_intermediate_size={shared} is not a multiple "
+                          f"of moe_intermediate_size={f}; shared experts here are N of width f")
+    n_shared = shared // f
+    # the Hub's Qwen2/3-MoE configs say num_experts; transformers 5 writes Qwen3-MoE's as
+    # num_local_experts
+    E = hf["num_experts"] if "num_experts" in hf else hf.get("num_local_experts")
+    if E is None:
+        raise ConfigError(f"{arch}: config.json has neither num_experts nor num_local_experts")
+    return MoEConfig(num_experts=int(E), top_k=int(hf["num_experts_per_tok"]),
+                     expert_d_ff=f, num_shared_experts=n_shared,
+                     interleave=int(hf.get("decoder_sparse_step", 1)),
+                     router=RouterConfig(order="softmax_topk",
+                                         renormalize=bool(hf.get("norm_topk_prob", False))))

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_core.errors import ConfigError
-from moe_core.hf import export_arch
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig, train_config_from_dict
-from moe_core.train.runner import parent_key
+from moe_core.train.keys import parent_key
 from sweeps.resources import local_cluster, resolve_gpus
 from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
 
@@ -171,6 +170,8 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     d = trial_dict(spec, point)
     cfg = train_config_from_dict(d)
     if spec.export == "hf":  # refuse a model with no exact HF form before any training
+        from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: only for export: hf)
+
         try:
             export_arch(cfg.model_config())
             if cfg.upcycle is not None and cfg.upcycle.router_noise > 0:

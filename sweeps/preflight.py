@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
-from moe_core.hf.load import weight_files
+from moe_core.hf_config import weight_files
 from moe_core.params import count_params
 from sweeps import resources
 from sweeps.console import human_bytes

@@ -19,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -70,11 +73,22 @@ def ray_cluster() -> dict[str, float]:
 
 
 def local_cluster() -> dict[str, float]:
-    """This machine's CPUs and CUDA GPUs, for ``--dry-run`` (which starts no Ray)."""
-    import torch
+    """This machine's CPUs and CUDA GPUs, for ``--dry-run`` (which starts no Ray): torch's
+    count when torch is loaded already, else ``nvidia-smi -L`` (no torch import on the front
+    door), else none."""
+    gpus = 0
+    if "torch" in sys.modules:
+        import torch
 
-    return {"CPU": float(os.cpu_count() or 1),
-            "GPU": float(torch.cuda.device_count() if torch.cuda.is_available() else 0)}
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=10).stdout
+            gpus = sum(line.startswith("GPU ") for line in out.splitlines())
+        except (OSError, subprocess.SubprocessError):
+            gpus = 0
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
 
 
 def _gpus(r: Resources) -> float:

@@ -21,6 +21,7 @@ ALLOWED = {  # what each package may import of the project (a prefix: a package 
 LAZY_OK = {
     ("moe_core.train.engine", "moe_core.train.parallel"),  # DeepSpeed-MoE only for MoE runs
     ("sweeps.run", "sweeps.driver"),  # Ray only when a sweep really starts (not --dry-run)
+    ("sweeps.plan", "moe_core.hf.save"),  # torch only for export: hf (not for a dry run)
 }
 MAX_LINES = 80
 

@@ -14,8 +14,30 @@ Data order is a pure function of (seed, step): the data position saved in a chec
 step counter, resume is exact, and a global batch does not depend on ranks or micro-batches.
 """
 
-from moe_core.data.batching import TokenBatcher
-from moe_core.data.config import DataConfig
-from moe_core.data.sources import Dataset, data_fingerprint, load_dataset
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
+# does not import torch through this package.
+_LAZY = {
+    "TokenBatcher": "moe_core.data.batching",
+    "DataConfig": "moe_core.data.config",
+    "Dataset": "moe_core.data.sources",
+    "data_fingerprint": "moe_core.data.files",
+    "load_dataset": "moe_core.data.sources",
+}
+
 
 __all__ = ["DataConfig", "Dataset", "TokenBatcher", "data_fingerprint", "load_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -6,9 +6,31 @@ one-shot ``python -m moe_core.hf upcycle`` CLI. Nothing here touches the network
 
 from __future__ import annotations
 
-from moe_core.hf.load import checkpoint_hash, load_dense, load_moe, read_config
-from moe_core.hf.save import export_arch, save_moe
-from moe_core.hf.tokenizer import load_tokenizer
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
+# does not import torch through this package.
+_LAZY = {
+    "checkpoint_hash": "moe_core.hf_config",
+    "load_dense": "moe_core.hf.load",
+    "load_moe": "moe_core.hf.load",
+    "read_config": "moe_core.hf.load",
+    "export_arch": "moe_core.hf.save",
+    "save_moe": "moe_core.hf.save",
+    "load_tokenizer": "moe_core.hf.tokenizer",
+}
+
 
 __all__ = ["checkpoint_hash", "export_arch", "load_dense", "load_moe", "load_tokenizer",
            "read_config", "save_moe"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

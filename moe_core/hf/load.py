@@ -12,15 +12,12 @@ Everything else is refused in one line.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from moe_core.config import ModelConfig, MoEConfig, RouterConfig
+from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.hf_check import (
@@ -33,33 +30,12 @@ from moe_core.hf_config import (  # re-exported: config.json alone, without torc
     MOE_ARCHS,
     architecture,
     model_config,
+    moe_config,
+    pretrained_hf,
     read_config,
+    weight_files,
 )
 from moe_core.model import Transformer
-
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a folder: the shards its index names, or model.safetensors."""
-    p = Path(path)
-    if (p / INDEX).is_file():
-        try:
-            wmap = json.loads((p / INDEX).read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{p / INDEX} is not a safetensors index ({e})") from None
-        files = [p / f for f in sorted(set(wmap.values()))]
-    elif (p / SINGLE).is_file():
-        files = [p / SINGLE]
-    else:
-        bins = sorted(x.name for x in p.glob("*.bin"))
-        extra = f" (found {bins[0]}: re-save it with safe_serialization)" if bins else ""
-        raise ConfigError(f"{p} has no {SINGLE} or {INDEX}{extra}; only safetensors are read")
-    for f in files:
-        if not f.is_file():
-            raise ConfigError(f"{f} is missing: the folder's {INDEX} names it")
-    return files
 
 
 def check_checkpoint(path: str | Path, what: str = "checkpoint",
@@ -71,17 +47,6 @@ def check_checkpoint(path: str | Path, what: str = "checkpoint",
     except ConfigError as e:
         raise ConfigError(f"{what}: {e}") from None
 
-
-def checkpoint_hash(path: str | Path) -> str:
-    """Content hash (16 hex chars) of config.json and the weight files (the parent cache key)."""
-    p = Path(path)
-    h = hashlib.sha256()
-    for f in [p / "config.json", *weight_files(p)]:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -95,43 +60,10 @@ def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch
     return out
 
 
-def _pretrained_hf(path: str | Path) -> tuple[dict[str, Any], str]:
-    """(config.json, architecture) of a ``parent.from_pretrained`` folder, dense or MoE."""
-    try:
-        hf = read_config(path)
-    except ConfigError as e:
-        raise ConfigError(f"parent.from_pretrained={str(path)!r}: {e}") from None
-    arch = architecture(hf)
-    if arch not in DENSE_ARCHS + MOE_ARCHS:
-        raise ConfigError(f"parent.from_pretrained: {arch} is not supported; give a "
-                          f"{', '.join(DENSE_ARCHS + MOE_ARCHS)} folder")
-    return hf, arch
-
-
-def pretrained_moe(path: str | Path) -> MoEConfig | None:
-    """The MoE of the checkpoint at ``path`` (Mixtral, Qwen2-MoE, Qwen3-MoE), None when it is
-    dense (config.json only)."""
-    hf, arch = _pretrained_hf(path)
-    return _moe_config(hf, arch) if arch in MOE_ARCHS else None
-
-
-def pretrained_model_config(path: str | Path, moe: MoEConfig | None,
-                            max_seq_len: int) -> ModelConfig:
-    """The ModelConfig of a trial upcycled from the checkpoint at ``path``, dense or MoE
-    (config.json only, no weights): its dims, ``moe`` and ``max_seq_len`` (refused beyond the
-    checkpoint's)."""
-    hf, _ = _pretrained_hf(path)
-    cfg = model_config(hf)
-    if max_seq_len > cfg.max_seq_len:
-        raise ConfigError(f"data.seq_len (or model.max_seq_len)={max_seq_len} exceeds the "
-                          f"checkpoint's {cfg.max_seq_len} positions; lower it")
-    return dataclasses.replace(cfg, max_seq_len=max_seq_len, moe=moe)
-
-
 def load_pretrained(path: str | Path, dtype: torch.dtype | None = torch.float32
                     ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """:func:`load_moe` or :func:`load_dense`, whichever the folder's architecture needs."""
-    _, arch = _pretrained_hf(path)
+    _, arch = pretrained_hf(path)
     return (load_moe if arch in MOE_ARCHS else load_dense)(path, dtype)
 
 
@@ -233,32 +165,6 @@ def load_dense(path: str | Path, dtype: torch.dtype | None = torch.float32
     return cfg, state
 
 
-def _moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
-    if arch == "MixtralForCausalLM":
-        return MoEConfig(num_experts=int(hf["num_local_experts"]),
-                         top_k=int(hf["num_experts_per_tok"]),
-                         router=RouterConfig(order="topk_softmax"))
-    if hf.get("mlp_only_layers"):
-        raise ConfigError(f"{arch}: mlp_only_layers={hf['mlp_only_layers']} has no equivalent; "
-                          "dense layers here follow moe.interleave only")
-    f = int(hf["moe_intermediate_size"])
-    shared = int(hf.get("shared_expert_intermediate_size") or 0)
-    if shared % f:
-        raise ConfigError(f"{arch}: shared_expert_intermediate_size={shared} is not a multiple "
-                          f"of moe_intermediate_size={f}; shared experts here are N of width f")
-    n_shared = shared // f
-    # the Hub's Qwen2/3-MoE configs say num_experts; transformers 5 writes Qwen3-MoE's as
-    # num_local_experts
-    E = hf["num_experts"] if "num_experts" in hf else hf.get("num_local_experts")
-    if E is None:
-        raise ConfigError(f"{arch}: config.json has neither num_experts nor num_local_experts")
-    return MoEConfig(num_experts=int(E), top_k=int(hf["num_experts_per_tok"]),
-                     expert_d_ff=f, num_shared_experts=n_shared,
-                     interleave=int(hf.get("decoder_sparse_step", 1)),
-                     router=RouterConfig(order="softmax_topk",
-                                         renormalize=bool(hf.get("norm_topk_prob", False))))
-
-
 def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str, torch.Tensor]:
     """Block ``i``'s MoE layer from Mixtral's ``block_sparse_moe`` or Qwen2/3-MoE's ``mlp``."""
     assert cfg.moe is not None
@@ -296,7 +202,7 @@ def load_moe(path: str | Path, dtype: torch.dtype | None = torch.float32
         raise ConfigError(f"{arch} is dense; use moe_core.hf.load_dense")
     if arch not in MOE_ARCHS:
         raise ConfigError(f"{arch} is not supported; load_moe reads {', '.join(MOE_ARCHS)}")
-    cfg = model_config(hf, _moe_config(hf, arch))
+    cfg = model_config(hf, moe_config(hf, arch))
     hf_t = _Tensors(read_tensors(path, dtype))
     hf_t.arch = arch
     state = _common(hf_t, cfg, arch)

@@ -41,7 +41,7 @@ from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.fsio import publish_dir
 from moe_core.hf.convert import attn_to_hf, dense_mlp_to_hf
-from moe_core.hf.load import INDEX, SINGLE
+from moe_core.hf_config import INDEX, SINGLE
 from moe_core.outdir import mark_out_dir
 from moe_core.upcycle._state import to_torch_state
 

@@ -6,10 +6,27 @@ Layout: ``config`` (the run's dataclasses) → ``engine`` (ranks, device, dtype,
 ``wsd`` (stable runs and decay branches) and ``runner`` (parents: train once, cache, load).
 """
 
-from moe_core.schedules import Phase
-from moe_core.train.callbacks import Callback, FunctionCallback, ParentState, TrainResult
-from moe_core.train.config import TrainConfig, apply_overrides, load_yaml, train_config_from_dict
-from moe_core.train.loop import Trainer, train
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
+# does not import torch through this package.
+_LAZY = {
+    "Phase": "moe_core.schedules",
+    "Callback": "moe_core.train.callbacks",
+    "FunctionCallback": "moe_core.train.callbacks",
+    "ParentState": "moe_core.train.callbacks",
+    "TrainResult": "moe_core.train.callbacks",
+    "TrainConfig": "moe_core.train.config",
+    "apply_overrides": "moe_core.train.config",
+    "load_yaml": "moe_core.train.config",
+    "train_config_from_dict": "moe_core.train.config",
+    "Trainer": "moe_core.train.loop",
+    "train": "moe_core.train.loop",
+}
+
 
 __all__ = [
     "Callback",
@@ -24,3 +41,13 @@ __all__ = [
     "train",
     "train_config_from_dict",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -7,7 +7,6 @@ seed, batch, optimizer, schedule, D1), so reruns and sibling trials reuse them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -20,55 +19,16 @@ from typing import Any
 import torch
 
 from moe_core.config import model_config_from_dict
-from moe_core.data import data_fingerprint
 from moe_core.errors import CheckpointError, one_line
-from moe_core.hf.load import checkpoint_hash, load_pretrained, weight_files
+from moe_core.hf.load import load_pretrained
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
 from moe_core.train.config import TrainConfig
+from moe_core.train.keys import parent_key, pretrained_key  # noqa: F401 (re-exported)
 from moe_core.train.loop import Trainer, train
 
 log = logging.getLogger(__name__)
-
-
-def _stable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return _stable(dataclasses.asdict(obj))
-    if isinstance(obj, dict):
-        return {k: _stable(v) for k, v in sorted(obj.items())}
-    if isinstance(obj, (list, tuple)):
-        return [_stable(v) for v in obj]
-    return obj
-
-
-def parent_key(cfg: TrainConfig) -> str:
-    """Content hash of what determines a trial's parent (16 hex chars): its config and a
-    fingerprint of the data on disk (a corpus changed under the same path is another parent);
-    for ``parent.from_pretrained``, a hash of the checkpoint's files."""
-    if cfg.parent is not None and cfg.parent.from_pretrained is not None:
-        return pretrained_key(cfg.parent.from_pretrained)
-    p = cfg.parent_run()
-    ident = {
-        "model": p.model.identity(), "moe": p.moe, "data": p.data, "optim": p.optim,
-        "schedule": p.schedule, "batch": p.batch, "seed": p.seed, "tokens": p.tokens,
-        "decay": cfg.parent.decay, "data_fingerprint": data_fingerprint(p.data),
-    }
-    blob = json.dumps(_stable(ident), sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def pretrained_key(path: str | Path) -> str:
-    """Cache key of a pretrained parent: config.json and weight files' content (16 hex chars),
-    memoised per (path, sizes, mtimes) so a plan of many trials hashes the files once."""
-    files = [Path(path) / "config.json", *weight_files(path)]
-    stamp = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    if stamp not in _PRETRAINED_KEYS:
-        _PRETRAINED_KEYS[stamp] = "hf-" + checkpoint_hash(path)[:13]
-    return _PRETRAINED_KEYS[stamp]
-
-
-_PRETRAINED_KEYS: dict[tuple, str] = {}
 
 
 def load_pretrained_parent(path: str | Path, cache: Path) -> ParentState:

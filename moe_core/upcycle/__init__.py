@@ -7,39 +7,41 @@ Operators are pure: the source model / state is never modified.
 
 from __future__ import annotations
 
-from moe_core.upcycle.dense import (
-    dense_to_moe,
-    dense_to_moe_state,
-    granularity_of,
-    routed_output_scale,
-    router_init,
-)
-from moe_core.upcycle.experts import ExpansionMap, expand_experts, expand_experts_state
-from moe_core.upcycle.optim import (
-    WRAPPED,
-    expand_optimizer_state,
-    join_optimizer_states,
-    optimizer_param_names,
-    shard_optimizer_state,
-)
-from moe_core.upcycle.perturb import (
-    ExpertWeights,
-    Perturbation,
-    add_noise,
-    apply_perturbation,
-    drop_reinit,
-    interpolate,
-    scale_copy,
-)
-from moe_core.upcycle.utility import (
-    STRATEGIES,
-    ExpertStats,
-    allocate_replicas,
-    expert_scores,
-    expert_stats,
-    replication_counts,
-    utility_scores,
-)
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
+# does not import torch through this package.
+_LAZY = {
+    "dense_to_moe": "moe_core.upcycle.dense",
+    "dense_to_moe_state": "moe_core.upcycle.dense",
+    "granularity_of": "moe_core.upcycle.dense",
+    "routed_output_scale": "moe_core.upcycle.dense",
+    "router_init": "moe_core.upcycle.dense",
+    "ExpansionMap": "moe_core.upcycle.experts",
+    "expand_experts": "moe_core.upcycle.experts",
+    "expand_experts_state": "moe_core.upcycle.experts",
+    "WRAPPED": "moe_core.upcycle.optim",
+    "expand_optimizer_state": "moe_core.upcycle.optim",
+    "join_optimizer_states": "moe_core.upcycle.optim",
+    "optimizer_param_names": "moe_core.upcycle.optim",
+    "shard_optimizer_state": "moe_core.upcycle.optim",
+    "ExpertWeights": "moe_core.upcycle.perturb",
+    "Perturbation": "moe_core.upcycle.perturb",
+    "add_noise": "moe_core.upcycle.perturb",
+    "apply_perturbation": "moe_core.upcycle.perturb",
+    "drop_reinit": "moe_core.upcycle.perturb",
+    "interpolate": "moe_core.upcycle.perturb",
+    "scale_copy": "moe_core.upcycle.perturb",
+    "STRATEGIES": "moe_core.upcycle.utility",
+    "ExpertStats": "moe_core.upcycle.utility",
+    "allocate_replicas": "moe_core.upcycle.utility",
+    "expert_scores": "moe_core.upcycle.utility",
+    "expert_stats": "moe_core.upcycle.utility",
+    "replication_counts": "moe_core.upcycle.utility",
+    "utility_scores": "moe_core.upcycle.utility",
+}
+
 
 __all__ = [
     "WRAPPED",
@@ -70,3 +72,13 @@ __all__ = [
     "shard_optimizer_state",
     "utility_scores",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -23,10 +23,7 @@ from typing import Any
 import torch
 
 from moe_core.errors import ConfigError
-
-STRATEGIES = ("uniform", "grad_norm", "saliency", "weight_norm", "curvature")
-"""Replication strategies of ``expand_experts`` (003 §4.1, §4.2)."""
-GRADIENT_STRATEGIES = ("grad_norm", "saliency", "curvature")
+from moe_core.upcycle.strategies import GRADIENT_STRATEGIES, STRATEGIES
 
 
 def check_strategy(strategy: str) -> None:

@@ -137,7 +137,7 @@ def test_unknown_key_is_named_by_its_full_dotted_path():
         f"unknown key parent.moe.router.ordr; known keys under parent.moe.router: {known}"
     )
     with pytest.raises(ConfigError, match=r"^unknown key optim\.foo; known keys under optim: "
-                                          r"betas, dtype, eps"):
+                                          r"betas, bf16_mode, dtype, eps"):
         train_config_from_dict({"optim": {"foo": 1}})
     with pytest.raises(ConfigError, match=r"^unknown key modle; known keys at the top level: "):
         train_config_from_dict({"modle": {}})

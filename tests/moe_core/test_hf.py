@@ -14,7 +14,7 @@ import torch
 from moe_core.config import MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
 from moe_core.hf import load_dense, load_moe, load_tokenizer, save_moe
-from moe_core.hf.load import _moe_config, model_config
+from moe_core.hf_config import model_config, moe_config
 from moe_core.model import build_model
 from moe_core.nn import rope_inv_freq
 from moe_core.params import count_params
@@ -203,7 +203,7 @@ def test_hub_configs_give_the_model_cards_parameter_counts():
     assert (q.head_dim, q.qk_norm, q.rope_scaling, q.max_seq_len) == (128, True, None, 40960)
     pc = count_params(q)
     assert (round(pc.total / 1e9, 1), round(pc.non_embedding_total / 1e9, 2)) == (0.6, 0.44)
-    moe = model_config(QWEN3_30B_A3B, _moe_config(QWEN3_30B_A3B, "Qwen3MoeForCausalLM"))
+    moe = model_config(QWEN3_30B_A3B, moe_config(QWEN3_30B_A3B, "Qwen3MoeForCausalLM"))
     assert (moe.moe.num_experts, moe.moe.top_k, moe.moe.expert_d_ff) == (128, 8, 768)
     assert moe.moe.router.renormalize and moe.moe.router.order == "softmax_topk"
     pc = count_params(moe)
