@@ -3,7 +3,7 @@
 - ``config.json`` is capped at :data:`MAX_CONFIG_BYTES` before it is parsed, and its sizes
   (layers, widths, vocabulary, experts) at :data:`SIZE_LIMITS` (:func:`check_sizes`): a
   ``num_hidden_layers: 1e9`` is refused in one line instead of hanging a plan.
-- :func:`check_files` (``moe_core.hf.load.check_checkpoint`` on a folder) streams the
+- :func:`check_files` (``moe_core.hf_config.check_checkpoint`` on a folder) streams the
   safetensors files: each header's length is checked against the file before it is read (a
   header bomb, a truncated or garbage file), every tensor's dtype, shape and byte range are
   checked against the header and ``config.json`` (wrong shapes, integer embeddings), and each

@@ -12,7 +12,7 @@ from typing import Any
 
 from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
 from moe_core.errors import ConfigError
-from moe_core.hf_check import check_sizes, read_config_bounded
+from moe_core.hf_check import CheckReport, check_files, check_sizes, read_config_bounded
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                "Phi3ForCausalLM")
@@ -201,3 +201,13 @@ def moe_config(hf: dict[str, Any], arch: str) -> MoEConfig:
                      interleave=int(hf.get("decoder_sparse_step", 1)),
                      router=RouterConfig(order="softmax_topk",
                                          renormalize=bool(hf.get("norm_topk_prob", False))))
+
+
+def check_checkpoint(path: str | Path, what: str = "checkpoint",
+                     finite: bool = True) -> CheckReport:
+    """Refuse (one line) a folder whose config.json or safetensors files are unusable, in
+    bounded time and memory (``moe_core.hf_check``); reads each tensor once when ``finite``."""
+    try:
+        return check_files(weight_files(path), read_config(path), finite)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None

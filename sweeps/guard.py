@@ -29,9 +29,8 @@ from typing import Any, Protocol
 
 from moe_core.errors import SearchSpaceError, UpcycleError, shown
 from moe_core.fsio import atomic_write_text
-from moe_core.hf.load import check_checkpoint
-from moe_core.hf.save import save_moe
-from moe_core.outdir import claim_out_dir, confined
+from moe_core.hf_config import check_checkpoint
+from moe_core.outdir import confined
 from sweeps.curves import load_calibration
 from sweeps.storage import Location
 
@@ -215,14 +214,6 @@ def local_only_ray(address: str | None) -> bool:
         return False
     os.environ.setdefault(LOCAL_RAY_ENV, "0")
     return True
-
-
-def export_hf(state: Any, cfg: Any, out: Path) -> str:
-    """A finished trial's model as a Hugging Face folder at ``out`` (``export: hf``): refused
-    when ``out`` holds files this project did not write (``moe_core.outdir``); the folder
-    appears atomically with its marker inside."""
-    claim_out_dir(out, what="export folder")
-    return save_moe(state, cfg, out)  # which leaves the marker inside
 
 
 # ---- the recorded spec ------------------------------------------------------------------------

@@ -26,7 +26,9 @@ import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
+from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
+from moe_core.outdir import claim_out_dir
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
@@ -34,7 +36,6 @@ from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
 from sweeps import compile_stats, faults, resources
 from sweeps.devices import check_reserved_device
-from sweeps.guard import export_hf
 from sweeps.not_retried import DETERMINISTIC, fail_once, failed_row
 from sweeps.parents import (
     MANIFEST,
@@ -193,10 +194,18 @@ class CheckpointCadence:
         return due
 
 
+def export_hf(state: Any, cfg: Any, out: Path) -> str:
+    """A finished trial's model as a Hugging Face folder at ``out`` (``export: hf``): refused
+    when ``out`` holds files this project did not write (``moe_core.outdir``); the folder
+    appears atomically with its marker inside."""
+    claim_out_dir(out, what="export folder")
+    return save_moe(state, cfg, out)  # which leaves the marker inside
+
+
 def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
     """``export: hf``: the trial's final model as a Hugging Face folder, with the tokenizer
     its run used (``moe_core.hf.tokenizer.save_run_tokenizer``); a folder this project did not
-    write is refused (``sweeps.guard.export_hf``)."""
+    write is refused (:func:`export_hf`)."""
     export_hf(state, model_config, out)
     p = t.config.parent
     save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)

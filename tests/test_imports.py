@@ -68,7 +68,9 @@ OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", 
            # decide --plan sizes a checkpoint from its config.json and the presets (no torch)
            "moe_core.config", "moe_core.params", "moe_core.presets", "moe_core.hf_config",
            # the report's two-way views and shared cells (matplotlib only, on use)
-           "sweeps.twoway"}
+           "sweeps.twoway",
+           # --out never into a folder this project did not write; the bootstrap cap
+           "moe_core.outdir", "sweeps.limits"}
 
 
 def _analysis_modules() -> dict[str, Path]:

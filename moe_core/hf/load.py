@@ -21,8 +21,6 @@ from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.hf_check import (
-    CheckReport,
-    check_files,
     check_tensor,
 )
 from moe_core.hf_config import (  # re-exported: config.json alone, without torch
@@ -36,17 +34,6 @@ from moe_core.hf_config import (  # re-exported: config.json alone, without torc
     weight_files,
 )
 from moe_core.model import Transformer
-
-
-def check_checkpoint(path: str | Path, what: str = "checkpoint",
-                     finite: bool = True) -> CheckReport:
-    """Refuse (one line) a folder whose config.json or safetensors files are unusable, in
-    bounded time and memory (``moe_core.hf_check``); reads each tensor once when ``finite``."""
-    try:
-        return check_files(weight_files(path), read_config(path), finite)
-    except ConfigError as e:
-        raise ConfigError(f"{what}: {e}") from None
-
 
 
 def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:

@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from moe_core.errors import ConfigError
-from moe_core.hf.load import check_checkpoint, load_pretrained
+from moe_core.hf.load import load_pretrained
 from moe_core.hf_check import MAX_CONFIG_BYTES
+from moe_core.hf_config import check_checkpoint
 from tests.hf_util import tiny_dense
 
 

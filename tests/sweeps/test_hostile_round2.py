@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
-from sweeps import guard
+from sweeps import guard, trainable
 from sweeps.run import main as run_main
 from sweeps.spec import load_spec
 from tests.hf_util import tiny_dense
@@ -411,17 +411,17 @@ def test_export_never_replaces_a_folder_it_did_not_write(tmp_path):
     foreign.mkdir(parents=True)
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="holds files this command did not write"):
-        guard.export_hf(state, cfg, foreign)
+        trainable.export_hf(state, cfg, foreign)
     assert (foreign / "notes.txt").read_text() == "mine"
     out = tmp_path / "export" / "trial_b"
-    guard.export_hf(state, cfg, out)
+    trainable.export_hf(state, cfg, out)
     assert (out / MARKER).is_file() and (out / "config.json").is_file()
-    guard.export_hf(state, cfg, out)  # ours: a re-export (a resumed trial) replaces it
+    trainable.export_hf(state, cfg, out)  # ours: a re-export (a resumed trial) replaces it
     assert (out / MARKER).is_file()
     link = tmp_path / "export" / "trial_c"
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     with pytest.raises(ConfigError, match="is a symbolic link"):
-        guard.export_hf(state, cfg, link)
+        trainable.export_hf(state, cfg, link)
 
 
 def _layers_1e9(d: Path) -> None:
