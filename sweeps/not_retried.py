@@ -17,6 +17,7 @@ nothing is retried.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,11 +50,14 @@ def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[.
     parent, trial_id)`` gives the row's columns when the trial reported nothing yet."""
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(fn)
+
         @functools.wraps(fn)
-        def wrapper(config: dict[str, Any], **kw: Any) -> None:
+        def wrapper(*args: Any, **kw: Any) -> None:
             from ray import tune
 
-            report = kw.get("report") or tune.report
+            a = sig.bind(*args, **kw).arguments  # positional or keyword, as fn takes them
+            report = a.get("report") or tune.report
             last: dict[str, Any] = {}
 
             def recording(row: dict[str, Any], checkpoint: Any = None) -> None:
@@ -62,9 +66,9 @@ def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[.
                 last.update(row)
 
             try:
-                fn(config, **{**kw, "report": recording})
+                fn(**{**a, "report": recording})
             except DETERMINISTIC as e:
-                spec, plan = kw["spec"], kw["plan"]
+                spec, plan, config = a["spec"], a["plan"], a["config"]
                 row = failed_row(last, lambda: static(spec, plan.trial(spec, config), None,
                                                       tune.get_context().get_trial_id()), e)
                 report(json_safe(row), checkpoint=None)

@@ -259,7 +259,7 @@ def test_non_compile_errors_are_not_swallowed():
 
 @pytest.mark.parametrize("key", ["compile", "activation_checkpointing", "chunked_loss"])
 def test_keys_validated_with_their_yaml_name(key):
-    allowed = "true, false or 'auto'" if key == "compile" else "true or false"
+    allowed = "true or false or one of 'auto'" if key == "compile" else "true or false"
     with pytest.raises(ConfigError, match=rf"model\.{key}='yes' must be {allowed}"):
         train_config_from_dict({"model": {key: "yes"}})
     with pytest.raises(ConfigError, match=rf"model\.{key}"):

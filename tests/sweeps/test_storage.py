@@ -358,3 +358,25 @@ def test_driver_locations_on_s3(s3_env):
     assert (law_loc / STATE_FILE).exists() and read_law_state(law_loc)["trials"] == s1.trials
     s2 = LawSearcher(law, cands, state_dir=law_loc)  # a resumed driver reads it back
     assert s2.suggest("t1") == first and s2.trials == s1.trials
+
+
+def test_one_run_per_results_location_on_s3(s3_env, monkeypatch):
+    """The lease lock on object storage: a second run is refused naming the holder; a released
+    lock is taken without a word; a lease that was not renewed is taken over with a message."""
+    from sweeps import guard
+
+    url = f"s3://{s3_env.bucket()}/r/s"
+    monkeypatch.setattr(guard.ObjectRunLock, "CONFIRM", 0.05)
+    first = guard.run_lock(url)
+    assert first.acquire() is None
+    with pytest.raises(guard.FolderInUseError, match=r"in use by another run \(pid \d+ on host"):
+        guard.run_lock(url).acquire()
+    first.release()
+    second = guard.run_lock(url)
+    assert second.acquire() is None  # released: no message
+    monkeypatch.setattr(guard.ObjectRunLock, "TTL", 0.0)  # its lease has lapsed
+    third = guard.run_lock(url)
+    msg = third.acquire()
+    assert msg and "took over the lock" in msg and "lease lapsed" in msg
+    third.release()
+    second.release()
