@@ -69,7 +69,8 @@ def study(s: int, args) -> dict:
     def block(**kw):
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
                                 "fix": {"E": st.upcycled["E"]}, "bootstrap": args.bootstrap,
-                                "ci_width": None, "noise": args.noise, "icc": args.icc, **kw})
+                                "ci_width": None, "noise": args.noise, "icc": args.icc,
+                                "length": args.length, **kw})
 
     grid = LawDesign(block(max_trials=25),
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
@@ -81,7 +82,7 @@ def study(s: int, args) -> dict:
     run_design(law, lambda c: st.loss(c.x, c.point["rep"], c.branch))
     return {"study": s, "true": st.true_d_star(), "grid": [g.lo, g.hi],
             "grid_width": g.rel_width, "grid_cost": grid.spent,
-            "grid_covers": g.lo <= st.true_d_star() <= g.hi,
+            "grid_covers": bool(g.lo <= st.true_d_star() <= g.hi), "grid_value": g.value,
             "history": law.history, "min_trials": law.min_trials}
 
 
@@ -129,6 +130,10 @@ def main() -> None:
                          "stable run's shared noise (default), or resampling trials")
     ap.add_argument("--icc", type=float, default=None,
                     help="law.icc of both designs (default: estimated at each refit)")
+    ap.add_argument("--length", type=float, default=None,
+                    help="law.length of both designs: the bootstrap's group effect fades along "
+                         "D2, correlation exp(-d^2/2L^2) at d octaves (default: the same for "
+                         "the whole group)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="times the searcher may run one point (fresh noise each; a what-if: "
                          "the driver runs each candidate once)")
@@ -138,6 +143,11 @@ def main() -> None:
     ap.add_argument("--d1-points", type=int, default=9)
     ap.add_argument("--d2-points", type=int, default=9)
     ap.add_argument("--max-trials", type=int, default=40)
+    ap.add_argument("--start", type=int, default=0,
+                    help="index of the first study (its seed): split a long run over processes")
+    ap.add_argument("--out", default=None,
+                    help="append each study's row to this JSON-lines file as it finishes (a run "
+                         "cut short keeps what it finished; --from-rows summarises such files)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="studies run side by side in this many processes (each study is "
                          "seeded by its index, so the rows do not depend on it)")
@@ -145,11 +155,15 @@ def main() -> None:
     t0 = time.time()
     rows = []
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
-        done = (pool.map(study, range(args.studies), [args] * args.studies) if pool else
-                (study(s, args) for s in range(args.studies)))
+        seeds = range(args.start, args.start + args.studies)
+        done = (pool.map(study, seeds, [args] * args.studies) if pool else
+                (study(s, args) for s in seeds))
         for r in done:
             rows.append(r)
             _progress(r)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(r, default=lambda v: None) + "\n")
     design_w = float(np.median([r["grid_width"] for r in rows]))
     print(f"\n{'study':>5} {'true D*':>9} {'grid width':>10} | paired: {'interval':>22} "
           f"{'trials':>6} {'cost':>6} | design (W = {design_w:.2f}): {'interval':>22} "
@@ -166,6 +180,7 @@ def main() -> None:
     out = {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
            "group_length": args.group_length,
            "bootstrap": args.bootstrap, "noise": args.noise, "icc": args.icc,
+           "length": args.length,
            "repeats": args.repeats, "branches": args.branches,
            "d1_points": args.d1_points, "d2_points": args.d2_points,
            "max_trials": args.max_trials, "ci_level": 0.9,
