@@ -76,22 +76,39 @@ def study(s: int, args) -> dict:
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
     run_design(grid, st.loss_of, parallel=25)
     g = grid.estimate
+    row = {"study": s, "true": st.true_d_star(), "grid": [g.lo, g.hi],
+           "grid_width": g.rel_width, "grid_cost": grid.spent,
+           "grid_covers": bool(g.lo <= st.true_d_star() <= g.hi), "grid_value": g.value}
+    if args.grid_only:
+        return row
     cands = candidates(np.geomspace(0.5e9, 8e9, args.d1_points), branches=args.branches,
                        repeats=args.repeats, d2_values=np.geomspace(0.5e9, 8e9, args.d2_points))
     law = LawDesign(block(max_trials=args.max_trials), cands, seed=s)
     run_design(law, lambda c: st.loss(c.x, c.point["rep"], c.branch))
-    return {"study": s, "true": st.true_d_star(), "grid": [g.lo, g.hi],
-            "grid_width": g.rel_width, "grid_cost": grid.spent,
-            "grid_covers": bool(g.lo <= st.true_d_star() <= g.hi), "grid_value": g.value,
-            "history": law.history, "min_trials": law.min_trials}
+    return {**row, "history": law.history, "min_trials": law.min_trials}
 
 
-def stop_at(r: dict, width: float) -> dict:
+def widened(value, ci, factor: float) -> list:
+    """The interval ``ci`` about ``value`` with its ends moved ``factor``× as far in ln D*
+    (the calibrated widening: factor 1 leaves it; an end at inf stays there)."""
+    if value is None or not value > 0:
+        return list(ci)
+    return [None if v is None else value * (v / value) ** factor if v > 0 else v for v in ci]
+
+
+def _rel(value, ci) -> float:
+    if value is None or any(v is None for v in ci):
+        return math.inf
+    return (ci[1] - ci[0]) / abs(value)
+
+
+def stop_at(r: dict, width: float, factor: float = 1.0) -> dict:
     """Where the searcher's live stopping rule would have stopped it for target ``width``: the
-    refit that made ``CONFIRM`` narrow refits in a row (else its last refit, at the cap)."""
-    narrow, hist = 0, r["history"]
+    refit that made ``CONFIRM`` narrow refits in a row (else its last refit, at the cap); its
+    intervals widened by ``factor`` (:func:`widened`)."""
+    narrow, hist = 0, [{**h, "ci": widened(h["value"], h["ci"], factor)} for h in r["history"]]
     for h in hist:
-        w = math.inf if h["rel_width"] is None else h["rel_width"]
+        w = _rel(h["value"], h["ci"])
         narrow = narrow + 1 if h["trials"] >= r["min_trials"] and w <= width else 0
         if narrow >= CONFIRM:
             return {**h, "reached": True}
@@ -102,8 +119,9 @@ def summarise(rows: list[dict], key: str) -> dict:
     ok = [r for r in rows if math.isfinite(r[key + "_target"])]
     if not ok:
         return {"token_cost_ratio": None, "coverage": None, "reached": 0, "studies": 0}
+    cov = float(np.mean([_covers(r[key], r["true"]) for r in ok]))
     return {"token_cost_ratio": float(np.mean([r[key]["flops"] / r["grid_cost"] for r in ok])),
-            "coverage": float(np.mean([_covers(r[key], r["true"]) for r in ok])),
+            "coverage": cov, "coverage_se": math.sqrt(cov * (1 - cov) / len(ok)),
             "reached": sum(r[key]["reached"] for r in ok), "studies": len(ok),
             "trials_mean": float(np.mean([r[key]["trials"] for r in ok]))}
 
@@ -114,7 +132,7 @@ def _covers(h: dict, true: float) -> bool:
     return lo <= true <= hi
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=20)
     ap.add_argument("--sigma", type=float, default=0.003, help="noise sd in ln L")
@@ -151,8 +169,38 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1,
                     help="studies run side by side in this many processes (each study is "
                          "seeded by its index, so the rows do not depend on it)")
-    args = ap.parse_args()
+    ap.add_argument("--grid-only", action="store_true",
+                    help="only the full grid's design (its coverage, ~1/15 of a study's cost)")
+    ap.add_argument("--from-rows", nargs="+", default=None, metavar="JSONL",
+                    help="summarise rows written by --out instead of running studies (give the "
+                         "same noise flags: they set the bound)")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="skip the certified bound (studies/law_design_bound.py --any-groups)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
     t0 = time.time()
+    rows = _read_rows(args.from_rows) if args.from_rows else _run(args)
+    out = report(rows, args)
+    out["wall_s"] = round(time.time() - t0, 1)
+    print(json.dumps(out, default=lambda v: None))
+    return out
+
+
+def _read_rows(paths: list[str]) -> list[dict]:
+    rows = {}
+    for p in paths:
+        with open(p) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    rows.setdefault(r["study"], r)  # a study run twice counts once
+    return [rows[k] for k in sorted(rows)]
+
+
+def _run(args) -> list[dict]:
     rows = []
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
         seeds = range(args.start, args.start + args.studies)
@@ -164,6 +212,121 @@ def main() -> None:
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(r, default=lambda v: None) + "\n")
+    return rows
+
+
+def _settings(args, rows: list[dict]) -> dict:
+    return {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
+            "group_length": args.group_length, "bootstrap": args.bootstrap, "noise": args.noise,
+            "icc": args.icc, "length": args.length, "repeats": args.repeats,
+            "branches": args.branches, "d1_points": args.d1_points,
+            "d2_points": args.d2_points, "max_trials": args.max_trials, "ci_level": 0.9}
+
+
+def report(rows: list[dict], args) -> dict:
+    """The summary (printed) and the JSON line's dict: the grid's coverage, and with the
+    searcher's rows its cost, the certified bound, coverage and the calibrated widening."""
+    grid = _share([r["grid_covers"] for r in rows])
+    out = {**_settings(args, rows), "grid_coverage": grid[0], "grid_coverage_se": grid[1],
+           "grid_studies": len(rows)}
+    gcal = calibrate(rows, None, searcher=False)
+    out["grid_calibration"] = gcal
+    print(f"grid: 90 % D* intervals held the truth in {grid[0]:.3f} ± {grid[1]:.3f} of "
+          f"{len(rows)} studies" + (f"; widened ×{gcal['factor']:g} in ln D*: "
+                                    f"{gcal['grid_coverage']:.3f}" if gcal["factor"] != 1 else ""))
+    searched = [r for r in rows if "history" in r]
+    if len(searched) < len(rows):
+        out["studies"] = len(searched)
+    if not searched:
+        out.update(token_cost_ratio=None, bound=None, ratio_to_bound=None, coverage=None,
+                   coverage_se=None)
+        return out
+    design_w = _table(searched, args)
+    design, paired = summarise(searched, "design"), summarise(searched, "paired")
+    bound = None if args.no_bound else _bound(args)
+    cal = calibrate(searched, bound)
+    out.update({"grid_width_median": design_w if math.isfinite(design_w) else None,
+                "token_cost_ratio": design["token_cost_ratio"], "bound": bound,
+                "ratio_to_bound": None if bound is None or design["token_cost_ratio"] is None
+                else design["token_cost_ratio"] / bound,
+                "coverage": design["coverage"], "coverage_se": design.get("coverage_se"),
+                "reached_design_width": design["reached"], "design": design, "paired": paired,
+                "calibration": cal})
+    print(f"(* the cap of {args.max_trials} trials came first)\nsearcher / grid cost to the "
+          f"grid design's median width {design_w:.2f}: {_num(design['token_cost_ratio'])} "
+          f"(reached in {design['reached']} of {design['studies']}, coverage "
+          f"{_num(design['coverage'])} ± {_num(design.get('coverage_se'))}); certified bound "
+          f"{_num(bound)} (ratio {_num(out['ratio_to_bound'])}); to each study's own grid "
+          f"width: {_num(paired['token_cost_ratio'])} (reached in {paired['reached']} of "
+          f"{paired['studies']}, coverage {_num(paired['coverage'])})")
+    if cal["factor"] != 1:
+        print(f"coverage below nominal: intervals widened ×{cal['factor']:g} in ln D* (both "
+              f"designs, calibrated on these {len(searched)} studies) hold the truth in "
+              f"{cal['coverage']:.3f} ± {cal['coverage_se']:.3f} at "
+              f"{_num(cal['token_cost_ratio'])}× the grid's cost (ratio to the bound "
+              f"{_num(cal['ratio_to_bound'])})")
+    return out
+
+
+def _share(hits: list[bool]) -> tuple[float | None, float | None]:
+    if not hits:
+        return None, None
+    p = float(np.mean(hits))
+    return p, math.sqrt(p * (1 - p) / len(hits))
+
+
+FACTORS = tuple(round(1 + 0.05 * i, 2) for i in range(41))
+"""Widening factors tried, 1 … 3 in ln D*."""
+
+
+def calibrate(rows: list[dict], bound: float | None, level: float = 0.9,
+              searcher: bool = True) -> dict:
+    """The smallest factor (:data:`FACTORS`) by which widening both designs' intervals in
+    ln D* (:func:`widened`) brings the searcher's coverage (``searcher``; else the grid's) to
+    ``level``; the searcher stops later, at the widened grid's median width, and its cost
+    is recomputed. Factor 1: already nominal."""
+    searched = searcher and rows and all("history" in r for r in rows)
+    res = {}
+    for c in FACTORS:
+        g = [widened(r.get("grid_value"), r["grid"], c) for r in rows]
+        gcov = _share([lo is not None and lo <= r["true"] <= (math.inf if hi is None else hi)
+                       for r, (lo, hi) in zip(rows, g)])
+        res = {"factor": c, "grid_coverage": gcov[0], "grid_coverage_se": gcov[1]}
+        if not searched:
+            if gcov[0] is not None and gcov[0] >= level:
+                return res
+            continue
+        w = float(np.median([_rel(r.get("grid_value"), gi) for r, gi in zip(rows, g)]))
+        hits, cost = [], []
+        for r in rows:
+            h = stop_at(r, w, c)
+            hits.append(_covers(h, r["true"]))
+            cost.append(h["flops"] / r["grid_cost"])
+        cov = _share(hits)
+        res.update(coverage=cov[0], coverage_se=cov[1], token_cost_ratio=float(np.mean(cost)),
+                   ratio_to_bound=None if bound is None else float(np.mean(cost)) / bound)
+        if cov[0] >= level:
+            return res
+    return {**res, "reached": False}
+
+
+def _bound(args) -> float | None:
+    """studies/law_design_bound.py's certified bound for this noise model and these axes."""
+    if args.d1_points != args.d2_points or args.d1_points > 14 or args.repeats != 1:
+        return None  # the bound enumerates square axes of at most 14 points, each point once
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "law_design_bound", Path(__file__).with_name("law_design_bound.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    length = args.group_length if args.sigma_group > 0 else None
+    return float(mod.certified_bound(args.sigma, args.sigma_group, length,
+                                     args.d1_points)["bound_cost_ratio"])
+
+
+def _table(rows: list[dict], args) -> float:
     design_w = float(np.median([r["grid_width"] for r in rows]))
     print(f"\n{'study':>5} {'true D*':>9} {'grid width':>10} | paired: {'interval':>22} "
           f"{'trials':>6} {'cost':>6} | design (W = {design_w:.2f}): {'interval':>22} "
@@ -176,31 +339,12 @@ def main() -> None:
               f"{_fmt(p['ci']):>30} {p['trials']:>6} {p['flops'] / r['grid_cost']:>6.3f}"
               f"{'' if p['reached'] else '*'} | {_fmt(d['ci']):>43} {d['trials']:>6} "
               f"{d['flops'] / r['grid_cost']:>6.3f}{'' if d['reached'] else '*'}")
-    design, paired = summarise(rows, "design"), summarise(rows, "paired")
-    out = {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
-           "group_length": args.group_length,
-           "bootstrap": args.bootstrap, "noise": args.noise, "icc": args.icc,
-           "length": args.length,
-           "repeats": args.repeats, "branches": args.branches,
-           "d1_points": args.d1_points, "d2_points": args.d2_points,
-           "max_trials": args.max_trials, "ci_level": 0.9,
-           "grid_width_median": design_w if math.isfinite(design_w) else None,
-           "token_cost_ratio": design["token_cost_ratio"], "coverage": design["coverage"],
-           "reached_design_width": design["reached"], "design": design, "paired": paired,
-           "grid_coverage": float(np.mean([r["grid_covers"] for r in rows])),
-           "wall_s": round(time.time() - t0, 1)}
-    print(f"(* the cap of {args.max_trials} trials came first)\nsearcher / grid cost to the "
-          f"grid design's median width {design_w:.2f}: {_num(design['token_cost_ratio'])} "
-          f"(reached in {design['reached']} of {design['studies']}, coverage "
-          f"{_num(design['coverage'])}); to each study's own grid width: "
-          f"{_num(paired['token_cost_ratio'])} (reached in {paired['reached']} of "
-          f"{paired['studies']}, coverage {_num(paired['coverage'])}); grid coverage "
-          f"{out['grid_coverage']:.2f}")
-    print(json.dumps(out, default=lambda v: None))
+    return design_w
 
 
 def _progress(r: dict) -> None:
-    widths = [None if h["rel_width"] is None else round(h["rel_width"], 2) for h in r["history"]]
+    widths = [None if h["rel_width"] is None else round(h["rel_width"], 2)
+              for h in r.get("history", [])]
     print(f"study {r['study']:>2}: grid [{r['grid'][0]:.3g}, {r['grid'][1]:.3g}] width "
           f"{r['grid_width']:.2f}; searcher widths by refit {widths}", flush=True)
 
