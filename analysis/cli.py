@@ -314,8 +314,6 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
 
 def _measured_noise(results):
     """The results' noise structure from their seed replicates (None: none to measure)."""
-    from analysis.noise import read_noise
-
     try:
         return read_noise(results)
     except FitError:
