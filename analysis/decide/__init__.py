@@ -268,14 +268,14 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float = DEFAULT_TFLOPS, price: float | None = None,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = None) -> dict[str, Any]:
+           measured: Any = "unexamined") -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
     octaves (``law.length``); ``"trials"``: resample trials. ``measured``: the results'
-    :class:`analysis.noise.NoiseStructure` (None: no replicates), for ``noise_model``, which
-    says what the intervals assume and why."""
+    :class:`analysis.noise.NoiseStructure` (None: they have no replicates; left out: not
+    examined), for ``noise_model``, which says what the intervals assume and why."""
     if noise not in NOISE_MODELS:
         raise FitError(f"--noise {noise}: use {', '.join(NOISE_MODELS)}")
     if (noise == "fading") != (length is not None) or (length is not None and not length > 0):
@@ -343,7 +343,7 @@ NOISE_MODELS = ("trials", "groups", "fading")
 
 
 def noise_model(noise: str, icc: float | None, length: float | None,
-                measured: Any = None) -> dict[str, Any]:
+                measured: Any = "unexamined") -> dict[str, Any]:
     """What the intervals assume about the noise, and why: the model asked for, and what the
     results' own seed replicates (``measured``, an :class:`analysis.noise.NoiseStructure`)
     say about it; without replicates, that the structure was assumed, not estimated."""
@@ -357,6 +357,11 @@ def noise_model(noise: str, icc: float | None, length: float | None,
         assumes = ("a parent's / stable run's trials share a noise effect that fades along D2, "
                    f"correlation exp(-d²/2·{length:g}²) at d octaves (share {given})")
     out: dict[str, Any] = {"model": noise, "icc": icc, "length": length, "assumes": assumes}
+    if isinstance(measured, str):
+        out["why"] = (f"noise {noise} as given; the results' seed replicates were not examined "
+                      "here (python -m analysis.decide examines them)")
+        out["measured"] = None
+        return out
     if measured is None:
         out["why"] = (f"--noise {noise} as given; the results have no point run with two or "
                       "more seeds, so their noise structure cannot be estimated: this is an "
