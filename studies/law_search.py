@@ -24,8 +24,18 @@ each trial trains its own budget). Prints one line per study, the means, and a J
 it never does), ``coverage`` (share of studies whose searcher interval at that stop holds the true
 D*), and the same for the paired target.
 
+The JSON line also judges the searcher's cost against the certified bound for the same noise
+model and axes (``bound``: studies/law_design_bound.py ``--any-groups``, its
+:func:`certified_bound`; ``ratio_to_bound``), gives ``coverage_se`` (binomial) and the grid's
+coverage ± se, and, where coverage is below nominal, the factor by which widening both designs'
+intervals in ln D* makes it nominal, with the cost at that width (``calibration``; docs/
+intervals.md). ``--length L`` gives both designs the bootstrap whose group effect fades along
+D2 (``law.length``); ``--out FILE`` appends each study's row as it finishes, ``--from-rows``
+summarises such files, ``--grid-only`` runs only the grid (its coverage).
+
     python studies/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
-                                [--jobs 2]
+                                [--jobs 2] [--length L] [--out ROWS.jsonl] [--grid-only]
+    python studies/law_search.py --from-rows ROWS.jsonl [same noise flags]
 """
 
 from __future__ import annotations
