@@ -46,3 +46,22 @@ def test_grid_coverage_under_fading_noise_is_nominal_within_sampling_error():
     hits = sum(r["grid_covers"] for r in rows)
     se = math.sqrt(0.9 * 0.1 / len(rows))
     assert hits / len(rows) >= 0.9 - 2 * se, hits
+
+
+@pytest.mark.parametrize("raw, msg", [
+    ({"target": "alpha3", "length": 0}, "law.length=0 must be > 0"),
+    ({"target": "alpha3", "length": 2.0, "noise": "trials"}, "with noise: groups"),
+    ({"target": "alpha3", "length": "far"}, "law.length"),
+])
+def test_law_length_errors_name_the_key(raw, msg):
+    from sweeps.spec import SearchSpaceError, parse_law_block
+
+    with pytest.raises(SearchSpaceError, match=msg):
+        parse_law_block(raw)
+
+
+def test_law_length_reaches_the_bootstrap():
+    from sweeps.spec import parse_law_block
+
+    assert parse_law_block({"target": "alpha3", "length": 2.73, "icc": 0.9}).length == 2.73
+    assert parse_law_block({"target": "alpha3"}).length is None
