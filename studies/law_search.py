@@ -269,7 +269,7 @@ def report(rows: list[dict], args) -> dict:
           f"{_num(bound)} (ratio {_num(out['ratio_to_bound'])}); to each study's own grid "
           f"width: {_num(paired['token_cost_ratio'])} (reached in {paired['reached']} of "
           f"{paired['studies']}, coverage {_num(paired['coverage'])})")
-    if cal["factor"] != 1:
+    if cal["factor"] not in (1, None):
         print(f"coverage below nominal: intervals widened ×{cal['factor']:g} in ln D* (both "
               f"designs, calibrated on these {len(searched)} studies) hold the truth in "
               f"{cal['coverage']:.3f} ± {cal['coverage_se']:.3f} at "
@@ -307,6 +307,8 @@ def calibrate(rows: list[dict], bound: float | None, level: float = 0.9,
                 return res
             continue
         w = float(np.median([_rel(r.get("grid_value"), gi) for r, gi in zip(rows, g)]))
+        if not math.isfinite(w):  # most grid intervals unbounded: no width to stop at
+            return {**res, "factor": None, "reached": False}
         hits, cost = [], []
         for r in rows:
             h = stop_at(r, w, c)
