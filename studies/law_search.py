@@ -253,15 +253,22 @@ def report(rows: list[dict], args) -> dict:
         return out
     design_w = _table(searched, args)
     design, paired = summarise(searched, "design"), summarise(searched, "paired")
-    bound = None if args.no_bound else _bound(args)
+    bound, w_lin = (None, None) if args.no_bound else _bound(args)
     cal = calibrate(searched, bound)
+    lin = None
+    if w_lin is not None:  # the width the bound is computed for: the like-for-like judgement
+        for r in searched:
+            r["linearised_target"], r["linearised"] = w_lin, stop_at(r, w_lin)
+        lin = {**summarise(searched, "linearised"), "width": w_lin}
+        lin["ratio_to_bound"] = None if lin["token_cost_ratio"] is None or not bound else \
+            lin["token_cost_ratio"] / bound
     out.update({"grid_width_median": design_w if math.isfinite(design_w) else None,
                 "token_cost_ratio": design["token_cost_ratio"], "bound": bound,
                 "ratio_to_bound": None if bound is None or design["token_cost_ratio"] is None
                 else design["token_cost_ratio"] / bound,
                 "coverage": design["coverage"], "coverage_se": design.get("coverage_se"),
                 "reached_design_width": design["reached"], "design": design, "paired": paired,
-                "calibration": cal})
+                "calibration": cal, "at_linearised_width": lin})
     print(f"(* the cap of {args.max_trials} trials came first)\nsearcher / grid cost to the "
           f"grid design's median width {design_w:.2f}: {_num(design['token_cost_ratio'])} "
           f"(reached in {design['reached']} of {design['studies']}, coverage "
@@ -269,6 +276,11 @@ def report(rows: list[dict], args) -> dict:
           f"{_num(bound)} (ratio {_num(out['ratio_to_bound'])}); to each study's own grid "
           f"width: {_num(paired['token_cost_ratio'])} (reached in {paired['reached']} of "
           f"{paired['studies']}, coverage {_num(paired['coverage'])})")
+    if lin is not None:
+        print(f"to the grid's linearised width {w_lin:.2f} (the bound's): "
+              f"{_num(lin['token_cost_ratio'])}× the grid's cost, {_num(lin['ratio_to_bound'])}× "
+              f"the bound (reached in {lin['reached']} of {lin['studies']}), coverage "
+              f"{_num(lin['coverage'])} ± {_num(lin.get('coverage_se'))}")
     if cal["factor"] not in (1, None):
         print(f"coverage below nominal: intervals widened ×{cal['factor']:g} in ln D* (both "
               f"designs, calibrated on these {len(searched)} studies) hold the truth in "
@@ -322,10 +334,11 @@ def calibrate(rows: list[dict], bound: float | None, level: float = 0.9,
     return {**res, "reached": False}
 
 
-def _bound(args) -> float | None:
-    """studies/law_design_bound.py's certified bound for this noise model and these axes."""
+def _bound(args) -> tuple[float | None, float | None]:
+    """studies/law_design_bound.py's certified bound for this noise model and these axes, and
+    the grid's linearised 90 % D* width it is computed for."""
     if args.d1_points != args.d2_points or args.d1_points > 14 or args.repeats != 1:
-        return None  # the bound enumerates square axes of at most 14 points, each point once
+        return None, None  # the bound enumerates square axes of ≤ 14 points, each point once
     import importlib.util
     from pathlib import Path
 
@@ -334,8 +347,8 @@ def _bound(args) -> float | None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     length = args.group_length if args.sigma_group > 0 else None
-    return float(mod.certified_bound(args.sigma, args.sigma_group, length,
-                                     args.d1_points)["bound_cost_ratio"])
+    b = mod.certified_bound(args.sigma, args.sigma_group, length, args.d1_points)
+    return float(b["bound_cost_ratio"]), float(b["grid_width_linearised"])
 
 
 def _table(rows: list[dict], args) -> float:
