@@ -294,9 +294,13 @@ def _decide_parser() -> argparse.ArgumentParser:
     ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
                     help="price of a GPU-hour, for the cost of each path")
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap fits")
-    ap.add_argument("--noise", choices=("trials", "groups"), default="trials",
+    ap.add_argument("--noise", choices=("trials", "groups", "fading"), default="trials",
                     help="trials: resample trials (default); groups: parametric resamples in "
-                         "which a parent's / WSD stable run's trials share part of their noise")
+                         "which a parent's / WSD stable run's trials share part of their noise; "
+                         "fading: that shared part fades along D2 over --length octaves")
+    ap.add_argument("--length", type=float, default=None,
+                    help="with --noise fading: octaves of D2 over which the shared noise fades "
+                         "(python -m analysis.noise fits it)")
     ap.add_argument("--icc", type=float, default=None,
                     help="with --noise groups: the shared share of a trial's noise variance "
                          "(python -m analysis.noise measures it); default: estimated")
@@ -319,18 +323,27 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
                        "--budget-tokens D2 for the proxy experiment that makes one")
     if not 0 < args.ci < 1:
         raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
-    if args.icc is not None and (args.noise != "groups" or not 0 <= args.icc <= 1):
-        raise FitError(f"--icc {args.icc}: give it with --noise groups, in [0, 1]")
+    if args.icc is not None and (args.noise == "trials" or not 0 <= args.icc <= 1):
+        raise FitError(f"--icc {args.icc}: give it with --noise groups or fading, in [0, 1]")
     data = load_decision_data(args.results, args.baseline)
     r = decide(data, n1=args.n1, d1=args.d1, budget_tokens=args.budget_tokens,
                budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,
                gpu=args.gpu,
-               bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc)
+               bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc,
+               length=args.length, measured=_measured_noise(args.results))
     if args.json:
         print(json.dumps(r, allow_nan=False))
     else:
         print("\n".join(format_decision(r)))
     return 0
+
+
+def _measured_noise(results):
+    """The results' noise structure from their seed replicates (None: none to measure)."""
+    try:
+        return read_noise(results)
+    except FitError:
+        return None
 
 
 # ---- python -m analysis.noise ---------------------------------------------------------------

@@ -253,6 +253,9 @@ class LawSearchConfig:
     icc: float | None = None
     """Share of a trial's noise variance common to its group (``python -m analysis.noise`` on a
     replicated sweep measures it); None: estimated from each refit's residuals."""
+    length: float | None = None
+    """With noise groups: octaves of D2 over which a group's shared noise fades, correlation
+    exp(−d²/2ℓ²) (``python -m analysis.noise`` fits it); None: the same for the whole group."""
     seed_trials: int | None = None
     """Size of the space-filling start (default: the law's free parameters + 2)."""
     batch: int = 2
@@ -293,6 +296,9 @@ class LawSearchConfig:
         if self.icc is not None and not 0 <= self.icc <= 1:
             raise _err(f"law.icc={self.icc!r} must lie in [0, 1] (python -m analysis.noise "
                        "measures it), or be left out to estimate it from the residuals")
+        if self.length is not None and not (self.length > 0 and self.noise == "groups"):
+            raise _err(f"law.length={self.length!r} must be > 0 octaves of D2, with noise: "
+                       "groups (python -m analysis.noise fits it), or be left out")
         if self.candidates not in ("grid", "box"):
             raise _err(f"law.candidates={self.candidates!r}: use grid, or "
                        "{box: {KEY: [low, high], ...}, points: 7}")
@@ -344,7 +350,7 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
         raise _err("law must be a mapping, e.g. {law: eq8, target: dstar, ci_width: 0.1}")
     known = {"law", "target", "variables", "candidates", "ci_width", "max_trials", "ci",
              "bootstrap", "seed_trials", "batch", "fix", "scratch", "dstar_range", "noise",
-             "icc"}
+             "icc", "length"}
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise _err(f"unknown key law.{unknown[0]}; known: {', '.join(sorted(known))}")
@@ -379,7 +385,7 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
     kw["fix"] = _numbers(raw.get("fix"), "law.fix")
     kw["scratch"] = _numbers(raw.get("scratch"), "law.scratch")
     for k in ("law", "ci_width", "max_trials", "ci", "bootstrap", "seed_trials", "batch", "noise",
-              "icc"):
+              "icc", "length"):
         if k in raw:
             v = raw[k]
             kw[k] = str(v) if k in ("law", "noise") else (
@@ -389,7 +395,7 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
         if not isinstance(r, list) or len(r) != 2:
             raise _err("law.dstar_range must be [low, high] in tokens")
         kw["dstar_range"] = tuple(float(coerce_number(x, "law.dstar_range")) for x in r)
-    for k in ("ci", "ci_width", "icc"):
+    for k in ("ci", "ci_width", "icc", "length"):
         if kw.get(k) is not None and not isinstance(kw[k], (int, float)):
             raise _err(f"law.{k}={shown(kw[k])} must be a number")
     return LawSearchConfig(**kw)

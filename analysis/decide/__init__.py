@@ -312,13 +312,20 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            budget_tokens: float | None = None, budget_flops: float | None = None,
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
-           icc: float | None = None) -> dict[str, Any]:
+           icc: float | None = None, length: float | None = None,
+           measured: Any = "unexamined") -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
-    ``law.icc``); ``"trials"``: resample trials."""
-    if noise not in ("trials", "groups"):
-        raise FitError(f"--noise {noise}: use trials or groups")
+    ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
+    octaves (``law.length``); ``"trials"``: resample trials. ``measured``: the results'
+    :class:`analysis.noise.NoiseStructure` (None: they have no replicates; left out: not
+    examined), for ``noise_model``, which says what the intervals assume and why."""
+    if noise not in NOISE_MODELS:
+        raise FitError(f"--noise {noise}: use {', '.join(NOISE_MODELS)}")
+    if (noise == "fading") != (length is not None) or (length is not None and not length > 0):
+        raise FitError("--noise fading needs --length L (> 0 octaves of D2; python -m "
+                       "analysis.noise fits it), and --length goes only with --noise fading")
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -332,9 +339,9 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     upc, scr = fits[0].params, fits[1].params
     point = _draw(data, upc, scr, N1, D1, D2)
     comps = None
-    if noise == "groups":
+    if noise in ("groups", "fading"):
         boot, comps = group_noise_bootstrap_shared(
-            items, bootstrap, warm=fits, icc=icc, seed=seed,
+            items, bootstrap, warm=fits, icc=icc, seed=seed, length=length,
             groups=[g or (None,) * len(p) for g, (_, p) in zip(data.groups, items)])
     else:
         boot = bootstrap_shared(items, bootstrap, warm=fits, seed=seed)
@@ -359,6 +366,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
             "noise": {k: {"sigma": math.sqrt(c.total), "icc": c.icc,
                           "icc_given": c.icc_given} for k, c in zip(("upcycled", "scratch"),
                                                                       comps)}},
+        "noise_model": noise_model(noise, icc, length, measured),
         "inputs": {"N1": N1, "N2": N2, "D1": D1, "D2": D2, "budget_flops": C2,
                    "gpu_tflops": gpu_tflops, "gpu": gpu, "gpu_tflops_source": tflops_source,
                    "price_per_gpu_hour": price},
@@ -377,6 +385,58 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
         "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
         "extrapolation_factor": _factors(data, N1, D1, D2),
     })
+
+
+NOISE_MODELS = ("trials", "groups", "fading")
+
+
+def noise_model(noise: str, icc: float | None, length: float | None,
+                measured: Any = "unexamined") -> dict[str, Any]:
+    """What the intervals assume about the noise, and why: the model asked for, and what the
+    results' own seed replicates (``measured``, an :class:`analysis.noise.NoiseStructure`)
+    say about it; without replicates, that the structure was assumed, not estimated."""
+    given = f"{icc:g} given" if icc is not None else "estimated from the residuals"
+    if noise == "trials":
+        assumes = "independent trials (each resampled trial is independent evidence)"
+    elif noise == "groups":
+        assumes = ("a parent's / stable run's trials share one noise effect (equicorrelated, "
+                   f"ICC {given})")
+    else:
+        assumes = ("a parent's / stable run's trials share a noise effect that fades along D2, "
+                   f"correlation exp(-d²/2·{length:g}²) at d octaves (share {given})")
+    out: dict[str, Any] = {"model": noise, "icc": icc, "length": length, "assumes": assumes}
+    if isinstance(measured, str):
+        out["why"] = (f"noise {noise} as given; the results' seed replicates were not examined "
+                      "here (python -m analysis.decide examines them)")
+        out["measured"] = None
+        return out
+    if measured is None:
+        out["why"] = (f"--noise {noise} as given; the results have no point run with two or "
+                      "more seeds, so their noise structure cannot be estimated: this is an "
+                      "assumption (run with seeds: [0, 1, 2] and python -m analysis.noise to "
+                      "measure it)")
+        out["measured"] = None
+        return out
+    m = {"sigma": measured.sigma, "icc": measured.icc, "share": measured.share,
+         "length": measured.length, "group_fixed": measured.group_fixed,
+         "pairs": measured.pairs}
+    out["measured"] = m
+    shared = measured.pairs > 0 and math.isfinite(measured.icc) and measured.icc > 0.1
+    if not shared:
+        fits = "matches" if noise == "trials" or icc == 0 else "is more cautious than"
+        seen = "no shared part" if measured.pairs else "no pairs of points sharing a group"
+        out["why"] = f"--noise {noise} as given; the replicates show {seen}: it {fits} them"
+    elif measured.length is not None:
+        fits = "matches" if noise == "fading" else "misses"
+        out["why"] = (f"--noise {noise} as given; the replicates' shared part fades (ICC "
+                      f"{measured.icc:.2f}, share {measured.share:.2f}, length "
+                      f"{measured.length:.2f} octaves): it {fits} that (--noise fading --icc "
+                      f"{measured.share:.2f} --length {measured.length:.2f} models it)")
+    else:
+        fits = "misses" if noise == "trials" else "matches"
+        out["why"] = (f"--noise {noise} as given; the replicates share ICC {measured.icc:.2f} "
+                      f"within a group: it {fits} that")
+    return out
 
 
 def _g(v: Any, fmt: str = ".4g") -> str:
@@ -417,6 +477,9 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
                 f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
                 f"{' (given)' if v['icc_given'] is not None else ''}"
                 for k, v in r["bootstrap"]["noise"].items())]),
+        *([] if "noise_model" not in r else [
+            f"intervals assume: {r['noise_model']['assumes']}",
+            f"  why: {r['noise_model']['why']}"]),
         f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'], factor=xf.get('upcycled'))}"
         f"   ({lvl} interval)",
         f"predicted loss, from scratch: {_ci(r['loss']['scratch'], factor=xf.get('scratch'))}",

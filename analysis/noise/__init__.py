@@ -19,6 +19,10 @@ errors may be correlated. This module measures that from seed replicates:
   measures one number however many branches it has;
 - ``by_distance``: that correlation by the distance of the two points along ``axis`` (octaves
   of D2 by default): nearby budgets decay off nearly the same stable checkpoint;
+- ``length`` and ``share``: the fading of that correlation fitted as share·exp(−d²/2ℓ²) (the
+  kernel ``sweeps.simulate`` draws a group's effect from, and ``law.length`` /
+  ``analysis.decide --noise fading`` bootstrap with), weighted least squares over the
+  distances, each weighted by its pairs (:func:`fading_fit`);
 - ``group_fixed``: every replicated point has the same group in all its seeds (e.g. a sweep with
   ``parent.seed`` set: one parent for every seed). The group's own effect then does not vary
   between seeds and is *not* in ``sigma``: the figures are the noise given the group, and pairs
@@ -70,6 +74,11 @@ class NoiseStructure:
     axis: str | None
     group_fixed: bool = False
     """The group is the same in every seed at every replicated point (module docstring)."""
+    length: float | None = None
+    """Octaves of ``axis`` over which the shared correlation fades (:func:`fading_fit`); None:
+    fewer than two distances with a positive correlation."""
+    share: float | None = None
+    """The fitted correlation at distance 0 (the ICC to give with ``length``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a NaN, e.g. no measurable shared part, is None)."""
@@ -133,17 +142,45 @@ def noise_structure(df, *, point: Sequence[str] = ("D1", "D2"), group: str = "pa
                 acc[1] += len(common) - 1
                 acc[2] += 1
     cov = cov_sum / cov_dof if cov_dof else 0.0
+    by_distance = [{"distance": d, "corr": (v[0] / v[1]) / var if var > 0 else float("nan"),
+                    "pairs": int(v[2])} for d, v in sorted(by_d.items())]
+    fade = fading_fit(by_distance)
     n_groups = len({g for v in reps.values() for _, g in v.values()})
     fixed = bool(group) and all(len({g for _, g in v.values()}) == 1 for v in reps.values())
     return NoiseStructure(
         sigma=math.sqrt(var), sigma_group=math.sqrt(max(cov, 0.0)),
         sigma_own=math.sqrt(max(var - max(cov, 0.0), 0.0)),
         icc=cov / var if var > 0 and cov_dof else float("nan"),
-        by_distance=[{"distance": d, "corr": (v[0] / v[1]) / var if var > 0 else float("nan"),
-                      "pairs": int(v[2])} for d, v in sorted(by_d.items())],
+        by_distance=by_distance,
         points=len(reps), seeds=len({s for v in reps.values() for s in v}), groups=n_groups,
         pairs=n_pairs, point=tuple(point), group=group, axis=axis if ai is not None else None,
-        group_fixed=fixed)
+        group_fixed=fixed, length=None if fade is None else fade[1],
+        share=None if fade is None else fade[0])
+
+
+def fading_fit(by_distance: Sequence[dict[str, float]], share: float | None = None
+               ) -> tuple[float, float] | None:
+    """(share, ℓ) minimising Σ pairs_d·(corr_d − share·exp(−d²/2ℓ²))² over the measured
+    distances d (share in [0, 1], or held at ``share``): the squared-exponential kernel of a
+    group's fading effect (sweeps.simulate; Rahimi & Recht's features draw it). None when fewer
+    than two distances (one with ``share`` given) have a positive correlation."""
+    from scipy.optimize import least_squares
+
+    rows = [r for r in by_distance if r["distance"] > 0 and math.isfinite(r["corr"])]
+    if sum(r["corr"] > 0 for r in rows) < (1 if share is not None else 2):
+        return None
+    d = np.array([r["distance"] for r in rows], dtype=float)
+    c = np.array([r["corr"] for r in rows], dtype=float)
+    w = np.sqrt(np.array([r["pairs"] for r in rows], dtype=float))
+
+    def resid(p):
+        s0, ell = (share, p[0]) if share is not None else p
+        return w * (c - s0 * np.exp(-d ** 2 / (2 * ell ** 2)))
+
+    start = [float(np.median(d))] if share is not None else [min(1.0, c.max()), float(np.median(d))]
+    lo, hi = ([0.01], [1e3]) if share is not None else ([0.0, 0.01], [1.0, 1e3])
+    p = least_squares(resid, start, bounds=(lo, hi)).x
+    return (float(share), float(p[0])) if share is not None else (float(p[0]), float(p[1]))
 
 
 def _ss(v: dict[int, tuple[float, str]]) -> float:
@@ -171,6 +208,11 @@ def format_noise(n: NoiseStructure) -> list[str]:
         for d in n.by_distance:
             out.append(f"  {d['distance']:g} octaves of {n.axis} apart: correlation "
                        f"{d['corr']:.2f} ({d['pairs']} pairs)")
+        if n.length is not None:
+            out.append(f"  fitted fading: correlation {n.share:.2f}·exp(-d²/2·{n.length:.2f}²) "
+                       f"at d octaves of {n.axis} (law: {{noise: groups, icc: {n.share:.2f}, "
+                       f"length: {n.length:.2f}}}; analysis.decide --noise fading --icc "
+                       f"{n.share:.2f} --length {n.length:.2f})")
         out.append("for sweeps.simulate / studies/law_search.py: "
                    f"sigma = {n.sigma_own:.4g}, sigma_group = {n.sigma_group:.4g}"
                    if n.icc > 0 else

@@ -288,7 +288,8 @@ class LawDesign:
             if by_group:
                 groups = [self._group(i) for i in sorted(self.observed)]
                 boot, comp = group_noise_bootstrap(self.law, pts, r, groups, self.cfg.bootstrap,
-                                                   seed=seed, icc=self.cfg.icc)
+                                                   seed=seed, icc=self.cfg.icc,
+                                                   length=getattr(self.cfg, "length", None))
                 self._noise = replace(comp, own=max(comp.own, 1e-8))
             else:
                 boot = r.bootstrap
@@ -315,7 +316,8 @@ class LawDesign:
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
                              "noise": {"sigma": math.sqrt(self._noise.total),
                                        "icc": self._noise.icc,
-                                       "by": "groups" if by_group else "trials"}})
+                                       "by": "groups" if by_group else "trials",
+                                       "length": self._noise.length}})
         ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
             est.rel_width <= self.cfg.ci_width
         self.narrow = self.narrow + 1 if ok else 0
