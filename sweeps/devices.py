@@ -50,8 +50,11 @@ def _torch_version() -> str:
 
 def check_reserved_device() -> str:
     """The device this Ray task or actor trains on, raising the one-line error of
-    :func:`device_for` when it holds a GPU and CUDA is absent without the switch."""
+    :func:`device_for` when it holds a GPU and CUDA is absent without the switch. Outside Ray
+    (a trial run in-process) nothing is reserved: Ray is not asked, since ``ray.get_gpu_ids``
+    would start a local Ray instance in this process."""
     import ray
     import torch
 
-    return device_for(ray.get_gpu_ids(), torch.cuda.is_available(), allow_cpu_for_gpu())
+    ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    return device_for(ids, torch.cuda.is_available(), allow_cpu_for_gpu())

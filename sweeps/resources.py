@@ -159,8 +159,8 @@ def placement() -> dict[str, Any]:
     """Where this Ray worker trains: its Ray-assigned GPU ids and ``CUDA_VISIBLE_DEVICES``."""
     import ray
 
-    try:
-        ids = [str(i) for i in ray.get_gpu_ids()]
+    try:  # outside Ray, asking would start a local Ray instance in this process
+        ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else None
     except Exception:  # noqa: BLE001 -- not in a Ray worker
         ids = None
     return {"ray_gpu_ids": ids, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

@@ -44,3 +44,18 @@ def test_a_ray_task_holding_a_logical_gpu_without_cuda(monkeypatch):
         assert ray.get(on.remote()) == "cpu"
     finally:
         ray.shutdown()
+
+
+def test_outside_ray_no_reservation_and_no_ray_started():
+    """A trial run in-process (tests, ``python -m moe_core.train``) holds no reservation, and
+    checking must not start a local Ray instance in the process (``ray.get_gpu_ids`` would)."""
+    import ray
+
+    from sweeps.devices import check_reserved_device
+    from sweeps.resources import placement
+
+    if ray.is_initialized():
+        pytest.skip("Ray is running in this process")
+    check_reserved_device()
+    assert placement()["ray_gpu_ids"] is None
+    assert not ray.is_initialized()
