@@ -263,9 +263,18 @@ class LocalCluster:
         return _tree(self._roots)
 
     def stop(self) -> None:
-        """End this cluster's processes (by PID, the whole tree at once), nothing else."""
+        """End this cluster's processes (by PID, the whole tree at once), nothing else; then
+        drop the GCS client that starting the head in this process left in Ray's internal KV
+        (``ray._private.node.Node`` initialises it). Left pointing at the dead GCS, the next
+        usage record (creating any Tune scheduler does one) retries it and Ray then exits this
+        process with status 1."""
+        import ray
+        import ray.experimental.internal_kv as internal_kv
+
         kill_processes(self.processes())
         self._gcs = None
+        if not ray.is_initialized():  # a driver connected to this cluster owns the client
+            internal_kv._internal_kv_reset()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
