@@ -486,25 +486,3 @@ class MoELayer(FixedDtypeBuffers):
         self.load_accum.zero_()
         self.drop_accum.zero_()
         return out
-        if rcfg.loss_free_rate > 0:
-            self.expert_bias.copy_(
-                balancing.loss_free_bias_update(
-                    self.expert_bias, self.load_accum, rcfg.loss_free_rate
-                )
-            )
-        if rcfg.adaptive_aux:
-            d = float(self.drop_accum[0]) / total
-            self.aux_coef.fill_(
-                balancing.adaptive_aux_coef(
-                    float(self.aux_coef),
-                    d,
-                    xi=rcfg.adaptive_xi,
-                    alpha_max=rcfg.adaptive_alpha_max,
-                    beta=rcfg.adaptive_beta,
-                )
-            )
-            out["drop_rate"] = d
-        out["aux_coef"] = float(self.aux_coef)
-        self.load_accum.zero_()
-        self.drop_accum.zero_()
-        return out
