@@ -6,8 +6,7 @@ Ray and W&B never appear here. Heavy submodules (torch) load lazily so that
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from moe_core.lazy import lazy_exports
 
 __all__ = [
     "ModelConfig",
@@ -28,7 +27,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'moe_core' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -127,7 +127,8 @@ def test_fit_and_derived_do_not_load_the_command_lines():
 def test_scaling_imports_numpy_and_scipy_only():
     """The scaling maths (laws, fits, crossings, post-decay prediction, design bounds) loads with
     torch, Ray, DeepSpeed, transformers and pandas unimportable, and of the project only the
-    exception tree (moe_core.errors, stdlib only)."""
+    exception tree (moe_core.errors) and the package's lazy-export table (moe_core.lazy), both
+    stdlib only."""
     code = (
         "import sys, importlib.abc\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
@@ -143,4 +144,4 @@ def test_scaling_imports_numpy_and_scipy_only():
         "print(','.join(own))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "moe_core,moe_core.errors"
+    assert out.stdout.strip() == "moe_core,moe_core.errors,moe_core.lazy"

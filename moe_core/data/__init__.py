@@ -16,8 +16,7 @@ step counter, resume is exact, and a global batch does not depend on ranks or mi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from moe_core.lazy import lazy_exports
 
 # Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
 # does not import torch through this package.
@@ -33,11 +32,5 @@ _LAZY = {
 __all__ = ["DataConfig", "Dataset", "TokenBatcher", "data_fingerprint", "load_dataset"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))

@@ -6,8 +6,7 @@ one-shot ``python -m moe_core.hf upcycle`` CLI. Nothing here touches the network
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from moe_core.lazy import lazy_exports
 
 # Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
 # does not import torch through this package.
@@ -26,11 +25,5 @@ __all__ = ["checkpoint_hash", "export_arch", "load_dense", "load_moe", "load_tok
            "read_config", "save_moe"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))

@@ -7,8 +7,7 @@ Operators are pure: the source model / state is never modified.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from moe_core.lazy import lazy_exports
 
 # Loaded on first use (PEP 562), so that importing a light submodule (a config, a constant)
 # does not import torch through this package.
@@ -74,11 +73,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
