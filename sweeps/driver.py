@@ -49,7 +49,7 @@ from sweeps.signing import KEY_FILE_ENV, verify_tree
 from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.spec import SweepSpec
 from sweeps.storage import STAGING_ENV, Location, join_uri, staging_dir
-from sweeps.trainable import run_trial
+from sweeps.trainable import TrialContext, run_trial
 from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 
 # Passed to every worker through runtime_env (Ray writes these into its session logs: never a
@@ -550,15 +550,14 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     parent_wall = time.time() - t0
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, plan=plan, parents=dict(refs),
-                             cache_dir=cache_dir, stables=stables,
-                             report=faults.report_function(cache_paths(cache_dir)[1]),
-                             predictor=predictor,
-                             export_dir=str(results_dir / "export") if spec.export else None,
-                             stable_dir=str(results_dir / "stable") if law else None,
-                             stable_starts=on_demand_starts(spec, (
-                                 plan.trial(spec, c.point) for c in
-                                 candidates_from_plan(spec, plan))) if law else None),
+        tune.with_parameters(run_trial, ctx=TrialContext(
+            spec=spec, plan=plan, parents=dict(refs), cache_dir=cache_dir, stables=stables,
+            report=faults.report_function(cache_paths(cache_dir)[1]), predictor=predictor,
+            export_dir=str(results_dir / "export") if spec.export else None,
+            stable_dir=str(results_dir / "stable") if law else None,
+            stable_starts=on_demand_starts(spec, (
+                plan.trial(spec, c.point) for c in
+                candidates_from_plan(spec, plan))) if law else None)),
         {**resources.trial_resources(spec), **custom_resources(spec)},
     )
     conc = _concurrency(spec, max_concurrent)

@@ -16,8 +16,8 @@ nothing is retried.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -44,34 +44,31 @@ def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any
 
 
 def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[..., None]]:
-    """Decorate a Tune function trainable ``fn(config, *, report, spec, plan, ...)``: a
-    ``DETERMINISTIC`` error becomes a final failed row sent through ``report`` (default
-    ``tune.report``) instead of an exception Tune would retry. ``static(spec, trial_plan,
-    parent, trial_id)`` gives the row's columns when the trial reported nothing yet."""
+    """Decorate a Tune function trainable ``fn(config, ctx)``, ``ctx`` a frozen dataclass with
+    ``spec``, ``plan`` and ``report`` (``sweeps.trainable.TrialContext``): a ``DETERMINISTIC``
+    error becomes a final failed row sent through ``ctx.report`` instead of an exception Tune
+    would retry. ``static(spec, trial_plan, parent, trial_id)`` gives the row's columns when
+    the trial reported nothing yet."""
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
-        sig = inspect.signature(fn)
-
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kw: Any) -> None:
+        def wrapper(config: dict[str, Any], ctx: Any) -> None:
             from ray import tune
 
-            a = sig.bind(*args, **kw).arguments  # positional or keyword, as fn takes them
-            report = a.get("report") or tune.report
             last: dict[str, Any] = {}
 
             def recording(row: dict[str, Any], checkpoint: Any = None) -> None:
-                report(row, checkpoint=checkpoint)
+                ctx.report(row, checkpoint=checkpoint)
                 last.clear()
                 last.update(row)
 
             try:
-                fn(**{**a, "report": recording})
+                fn(config, dataclasses.replace(ctx, report=recording))
             except DETERMINISTIC as e:
-                spec, plan, config = a["spec"], a["plan"], a["config"]
+                spec, plan = ctx.spec, ctx.plan
                 row = failed_row(last, lambda: static(spec, plan.trial(spec, config), None,
                                                       tune.get_context().get_trial_id()), e)
-                report(json_safe(row), checkpoint=None)
+                ctx.report(json_safe(row), checkpoint=None)
 
         return wrapper
 

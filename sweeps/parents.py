@@ -22,7 +22,6 @@ driver's tasks, and a trial trains one only when its object is lost and the buck
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from filelock import FileLock
 
 from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text, publish_dir
@@ -63,19 +63,11 @@ class StableRun:
 MANIFEST = "stable.json"
 
 
-class _file_lock:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "w")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
+def _file_lock(path: Path) -> FileLock:
+    """The node-local lock of a parent or stable-run folder (a kernel flock, dropped with its
+    process; its folder made if absent). No timeout: a trial waits as long as another trial
+    trains the parent or stable run it needs, for hours if need be."""
+    return FileLock(path)
 
 
 def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:

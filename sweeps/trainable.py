@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -241,24 +242,45 @@ def extend_stable_in(t: TrialPlan, parent: ParentState | None, out_dir: str,
     return st
 
 
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a sweep shares, built once by the driver and handed to
+    :func:`run_trial` (through ``tune.with_parameters``) as one argument."""
+
+    spec: SweepSpec
+    plan: SweepPlan
+    parents: dict[str, Any]
+    """Parent key → its ObjectRef (carried inside this dict, so Ray does not resolve it early)."""
+    cache_dir: str
+    """The parent cache (a folder or an object-storage URL)."""
+    stables: dict[str, StableRun] | None = None
+    """Branch-group key → its trained WSD stable run (grid sweeps with branches)."""
+    report: Callable[..., None] = tune.report
+    """How rows reach Tune."""
+    export_dir: str | None = None
+    """Spec ``export: hf``: the final model is written here, in ``<trial_id>/``."""
+    predictor: tuple[str, Calibration] | None = None
+    """(method, calibration): adds ``predicted_final`` to every row
+    (``scheduler.rung_metric: predicted_final``)."""
+    stable_dir: str | None = None
+    """``algorithm: law``: where branch groups' stable runs are trained on demand."""
+    stable_starts: Mapping[str, Mapping[int, int]] | None = None
+    """``algorithm: law``: per group, its candidates' ``{budget: decay start}``."""
+
+
 @fail_once(static_columns)  # a ConfigError: failed once, in one line, not retried by Tune
-def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
-              parents: dict[str, Any], cache_dir: str,
-              stables: dict[str, StableRun] | None = None,
-              report: Callable[..., None] = tune.report, export_dir: str | None = None,
-              predictor: tuple[str, Calibration] | None = None,
-              stable_dir: str | None = None,
-              stable_starts: Mapping[str, Mapping[int, int]] | None = None) -> None:
-    """Tune function trainable. ``config`` holds the search point (dotted keys); ``report`` is
-    how rows reach Tune (``tune.report``); with ``export_dir`` (spec ``export: hf``) the final
-    model is written there as a Hugging Face checkpoint, in ``<trial_id>/``; ``predictor``
-    (method, calibration) adds ``predicted_final`` to every row
-    (``scheduler.rung_metric: predicted_final``); with ``stable_dir`` (``algorithm: law``) a
-    trial that branches first trains its group's stable run on to its own decay start where
-    no earlier trial did (``sweeps.parents.extend_stable``, in ``stable_dir/<stable_key>``,
-    with a checkpoint at each start of ``stable_starts[stable_key]`` it passes: the group's
-    candidates' ``{budget: decay start}``); its ``wall_s`` then counts that stable run's
+def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
+    """Tune function trainable. ``config`` holds the search point (dotted keys); ``ctx`` what
+    the sweep's trials share (:class:`TrialContext`). With ``ctx.export_dir`` the final model
+    is written there as a Hugging Face checkpoint; with ``ctx.stable_dir`` (``algorithm:
+    law``) a trial that branches first trains its group's stable run on to its own decay start
+    where no earlier trial did (``sweeps.parents.extend_stable``, in
+    ``stable_dir/<stable_key>``, with a checkpoint at each start of
+    ``stable_starts[stable_key]`` it passes); its ``wall_s`` then counts that stable run's
     seconds, as a grid branch's does."""
+    spec, plan, parents, cache_dir = ctx.spec, ctx.plan, ctx.parents, ctx.cache_dir
+    stables, report, predictor = ctx.stables, ctx.report, ctx.predictor
+    export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
@@ -277,7 +299,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, plan: SweepPlan,
         st = stables.get(group.key) if group is not None else None
         on_demand = stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # algorithm=law: train what the stable run lacks
-            starts = {**plan.branch_starts(t), **(stable_starts or {}).get(t.stable_key, {})}
+            starts = {**plan.branch_starts(t), **(ctx.stable_starts or {}).get(t.stable_key, {})}
             st = extend_stable_in(t, parent, join_uri(stable_dir, t.stable_key), starts)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
         reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,

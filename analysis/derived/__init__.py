@@ -123,6 +123,8 @@ def eta_interval(L_fixed_E, L_upcycled, L_fixed_mE, *, n_boot: int = 2000, ci: f
     groups = [np.asarray(g, dtype=float) for g in (L_fixed_E, L_upcycled, L_fixed_mE)]
     if any(len(g) == 0 for g in groups):
         raise FitError("η needs at least one run in each of Fixed-E, upcycled and Fixed-mE")
+    # not scipy.stats.bootstrap: it refuses a one-run group (the upcycled trial always is one),
+    # keeps tied resamples as NaN, and its quantile differs from np.percentile in the last bit
     rng = np.random.default_rng(seed)
     means = [g[rng.integers(0, len(g), (n_boot, len(g)))].mean(axis=1) for g in groups]
     gap = means[0] - means[2]

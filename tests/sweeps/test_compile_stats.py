@@ -11,7 +11,7 @@ import torch._dynamo
 from sweeps import compile_stats
 from sweeps.plan import build_plan
 from sweeps.spec import parse_spec
-from sweeps.trainable import run_trial
+from sweeps.trainable import TrialContext, run_trial
 from tests.sweeps.tiny import tiny_base
 
 
@@ -76,8 +76,9 @@ def test_trials_in_one_process_each_compile_from_scratch(tmp_path, monkeypatch,
     finals = []
     for t in plan.trials:
         rows: list[dict] = []
-        run_trial(dict(t.point), spec, plan, {}, str(tmp_path),
-                  report=lambda row, checkpoint=None, rows=rows: rows.append(row))
+        run_trial(dict(t.point), TrialContext(
+            spec, plan, {}, str(tmp_path),
+            report=lambda row, checkpoint=None, rows=rows: rows.append(row)))
         assert all("compile.graphs" in r for r in rows if r["status"] == "running")
         finals.append({k: v for k, v in rows[-1].items() if k.startswith("compile.")})
     assert len(finals) == 3
