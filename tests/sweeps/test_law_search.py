@@ -11,10 +11,10 @@ import pytest
 
 from moe_core.errors import SearchSpaceError
 from scaling.fit import NoiseComponents
+from sweeps.law.config import parse_law_block
 from sweeps.law.design import Candidate, LawDesign, Ledger, run_design
 from sweeps.law.searcher import LawSearcher
 from sweeps.simulate import SimulatedStudy
-from sweeps.spec import parse_law_block
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 

@@ -9,15 +9,9 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
-from sweeps.spec import (
-    eval_expr,
-    iter_grid,
-    load_spec,
-    parse_spec,
-    trial_config,
-    trial_dict,
-    validation_points,
-)
+from sweeps.expr import eval_expr
+from sweeps.spec import load_spec, parse_spec
+from sweeps.trials import iter_grid, trial_config, trial_dict, validation_points
 
 BASE = {
     "model": {"preset": "debug"},
@@ -211,7 +205,7 @@ def test_set_override_of_a_search_knob(tmp_path):
 
 
 def test_knob_values_are_what_the_trial_ran():
-    from sweeps.spec import knob_values
+    from sweeps.trials import knob_values
 
     spec = parse_spec({
         "sweep": "kv",
@@ -225,7 +219,7 @@ def test_knob_values_are_what_the_trial_ran():
         },
         "seeds": [3],
     })
-    from sweeps.spec import iter_grid
+    from sweeps.trials import iter_grid
 
     got = {str(p.get("moe")): knob_values(spec, p) for p in iter_grid(spec)}
     dense = got["None"]
