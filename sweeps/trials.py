@@ -11,15 +11,15 @@ import copy
 import json
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moe_core.configio import unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from sweeps.expr import eval_expr, get_dotted, set_dotted
 
-if TYPE_CHECKING:
-    from sweeps.spec import SweepSpec
+SweepSpec = Any
+"""A :class:`sweeps.spec.SweepSpec` (not imported: ``sweeps.spec`` imports this module)."""
 
 MAX_TRIALS = 10_000
 """Most trials a spec may define (grid points × seeds × num_samples), and most trial configs
