@@ -49,9 +49,9 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from sweeps.law.config import parse_law_block
 from sweeps.law.design import CONFIRM, Candidate, LawDesign, run_design
 from sweeps.simulate import SimulatedStudy
-from sweeps.spec import parse_law_block
 
 N1 = 1e9
 N2 = 1.75 * N1

@@ -217,23 +217,9 @@ def static_keys(plan: SweepPlan) -> list[str]:
 
 
 def param_space(spec: SweepSpec) -> dict[str, Any]:
-    space: dict[str, Any] = {}
     if spec.algorithm == "law":
-        return space  # the law searcher suggests whole search points
-    for p in spec.search:
-        if p.kind == "grid":
-            space[p.key] = tune.grid_search(list(p.values))
-        elif p.kind == "choice":
-            space[p.key] = tune.choice(list(p.values))
-        elif p.kind == "uniform":
-            space[p.key] = tune.uniform(*p.values)
-        elif p.kind == "loguniform":
-            space[p.key] = tune.loguniform(*p.values)
-        elif p.kind == "int":
-            space[p.key] = tune.randint(int(p.values[0]), int(p.values[1]) + 1)
-    if spec.seeds:
-        space["seed"] = tune.grid_search(list(spec.seeds))
-    return space
+        return {}  # the law searcher suggests whole search points
+    return spec.space.tune_space()
 
 
 def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path | None = None):

@@ -231,16 +231,26 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 def spec_record(spec: Any) -> dict[str, Any]:
     """What decides which trials a run trains: the search space, seeds, algorithm, samples,
     the base config and the law search (as JSON)."""
-    import dataclasses
-
     rec = {
         "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
                            "when": {k: list(v) for k, v in p.when}} for p in spec.search},
         "seeds": list(spec.seeds), "algorithm": spec.algorithm,
         "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
-        "law": dataclasses.asdict(spec.law) if spec.law is not None else None,
+        "law": _law_record(spec.law) if spec.law is not None else None,
     }
     return json.loads(json.dumps(rec, default=str))
+
+
+LAW_ADDED = {"widen": 1.0}
+"""``law:`` keys added after runs were recorded, with their defaults: a key at its default is
+left out of the record, so that a run recorded before it existed resumes."""
+
+
+def _law_record(law: Any) -> dict[str, Any]:
+    import dataclasses
+
+    rec = dataclasses.asdict(law)
+    return {k: v for k, v in rec.items() if not (k in LAW_ADDED and v == LAW_ADDED[k])}
 
 
 def record_spec(spec: Any, results_dir: Any) -> None:

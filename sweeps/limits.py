@@ -33,12 +33,18 @@ def check_bootstrap(n: Any, key: str) -> None:
                    f"use at most {MAX_BOOTSTRAP:,} (200 to 1,000 give stable intervals)")
 
 
+def finite_range(lo: float, hi: float) -> None:
+    """``law.dstar_range``'s bounds must be finite."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise _err(f"law.dstar_range=[{lo:g}, {hi:g}] must be finite, e.g. [1e3, 1e17]")
+
+
 def check_law(cfg: Any) -> None:
-    """Values of a :class:`sweeps.spec.LawSearchConfig` beyond its types: positive targets
+    """Values of a :class:`sweeps.law.config.LawSearchConfig` beyond its types: positive targets
     and from-scratch parameters, known names, finite bounds, capped sizes."""
     for k, v in cfg.loss_at:
         if not v > 0:
-            raise _err(f"law.target.loss_at.{k}={v:g} must be > 0 (tokens or parameters)")
+            raise _err(f"law.loss_at.{k}={v:g} must be > 0 (tokens or parameters)")
     for k, v in cfg.scratch:
         if k not in SCRATCH_NAMES:
             raise _err(f"law.scratch.{k} is not known; give {', '.join(SCRATCH_NAMES)} (the "
@@ -50,16 +56,14 @@ def check_law(cfg: Any) -> None:
         if k not in names:
             raise _err(f"law.fix.{k} is not a parameter of law {cfg.law}; fix one of "
                        f"{', '.join(names)}")
-    lo, hi = cfg.dstar_range
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise _err(f"law.dstar_range=[{lo:g}, {hi:g}] must be finite, e.g. [1e3, 1e17]")
+    finite_range(*cfg.dstar_range)
     for k, lo, hi in cfg.box:
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise _err(f"law.candidates.box.{k}=[{lo:g}, {hi:g}] must be finite")
+            raise _err(f"law.box.{k}=[{lo:g}, {hi:g}] must be finite")
     check_bootstrap(cfg.bootstrap, "law.bootstrap")
     if cfg.candidates == "box" and isinstance(cfg.points, int) and cfg.box:
         n = cfg.points ** len(cfg.box) if cfg.points <= MAX_LAW_CANDIDATES else math.inf
         if n > MAX_LAW_CANDIDATES:
-            raise _err(f"law.candidates.points={cfg.points} over {len(cfg.box)} box axes "
+            raise _err(f"law.points={cfg.points} over {len(cfg.box)} box axes "
                        f"makes {shown(n)} candidates, more than the cap of "
                        f"{MAX_LAW_CANDIDATES:,}; lower points")

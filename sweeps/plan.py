@@ -28,15 +28,11 @@ from typing import Any
 from moe_core.errors import ConfigError
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
-from moe_core.train.config import TrainConfig, train_config_from_dict
+from moe_core.train.config import TrainConfig
 from moe_core.train.keys import parent_key
 from sweeps.resources import local_cluster, resolve_gpus
-from sweeps.spec import SweepSpec, iter_grid, knob_values, trial_dict
-
-
-def point_key(point: Mapping[str, Any]) -> str:
-    """A search point as a stable string (the plan's index)."""
-    return json.dumps(dict(point), sort_keys=True, default=str)
+from sweeps.spec import SweepSpec
+from sweeps.trials import iter_grid, knob_values, point_key, take_config, trial_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +164,7 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     """Config, knob values, size, parent and branch facts of one search point."""
     point = dict(point)
     d = trial_dict(spec, point)
-    cfg = train_config_from_dict(d)
+    cfg = take_config(spec, point, d)  # as validation built it, if it did
     if spec.export == "hf":  # refuse a model with no exact HF form before any training
         from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: only for export: hf)
 
@@ -324,6 +320,7 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
         parents[t.parent_key] = dataclasses.replace(
             p, trials=p.trials + spec.num_samples, needs_optimizer=p.needs_optimizer or expands)
     index = {point_key(t.point): t for t in reversed(trials)}  # the first of equal points
+    spec.validated.clear()  # taken: the spec does not carry them on to the trials
     return SweepPlan(trials=tuple(trials), parents=parents,
                      branch_groups=_branch_groups(spec, trials), num_samples=spec.num_samples,
                      sampled=tuple(p.key for p in spec.sampled_params()), _index=index)

@@ -28,10 +28,11 @@ OUT = ROOT / "docs" / "reference" / "spec.md"
 
 # Top-level spec fields whose YAML key differs from the dataclass field (None: not a YAML key).
 SPEC_YAML = {"name": "sweep", "wandb": "logging.wandb", "max_failures": "failure.max_failures",
-             "asha": "scheduler", "path": None}
+             "asha": "scheduler", "path": None, "validated": None}
 # Modules whose string literals hold the validation messages.
 RULE_MODULES = ("moe_core.config", "moe_core.train.config", "moe_core.data.config",
-                "moe_core.schedules", "sweeps.spec", "sweeps.prune")
+                "moe_core.schedules", "sweeps.spec", "sweeps.space", "sweeps.expr",
+                "sweeps.trials", "sweeps.law.config", "sweeps.prune")
 
 
 def _class_docstrings(cls: type) -> dict[str, str]:

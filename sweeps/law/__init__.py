@@ -1,9 +1,9 @@
 """``algorithm: law``: a Ray Tune ``Searcher`` that runs only the trials a scaling-law answer needs.
 
-Modules: ``config`` (the ``law:`` block, today in :mod:`sweeps.spec`), ``design`` (pure: the
-loop :class:`~sweeps.law.design.LawDesign`), ``candidates`` (from the sweep plan), ``searcher``
-(:class:`~sweeps.law.searcher.LawSearcher`, its Ray Tune face; the only Ray import) and
-``report`` (progress and closing lines). The loop:
+Modules: ``config`` (the ``law:`` block, :class:`~sweeps.law.config.LawSearchConfig`),
+``design`` (pure: the loop :class:`~sweeps.law.design.LawDesign`), ``candidates`` (from the
+sweep plan), ``searcher`` (:class:`~sweeps.law.searcher.LawSearcher`, its Ray Tune face; the
+only Ray import) and ``report`` (progress and closing lines). The loop:
 
 1. a small space-filling start (greedy maximin in log space over the cheaper half of the
    candidates, ``law.seed_trials`` of them);

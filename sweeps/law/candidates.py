@@ -9,9 +9,10 @@ import itertools
 import numpy as np
 
 from moe_core.params import count_params
+from sweeps.expr import get_dotted
 from sweeps.law.design import Candidate
 from sweeps.plan import extends_stable
-from sweeps.spec import get_dotted, iter_grid
+from sweeps.trials import iter_grid
 
 
 def candidates_from_plan(spec, plan) -> list[Candidate]:

@@ -143,7 +143,7 @@ def _natural_value(cfg, t: float) -> float:
 
 class LawDesign:
     """The searcher's state and decisions, free of Ray: candidates, observations, refits,
-    proposals and the stopping rule (``cfg`` is a :class:`sweeps.spec.LawSearchConfig`)."""
+    proposals and the stopping rule (``cfg`` is a :class:`sweeps.law.config.LawSearchConfig`)."""
 
     narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
     _fit_on: tuple[int, ...] = ()

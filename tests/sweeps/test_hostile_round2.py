@@ -79,8 +79,8 @@ FIFO_RUNG = SPEC + "scheduler: {kind: fifo, rung_metric: predicted_final, calibr
 
 # (id, spec text (CALIB: a garbage calibration file's path), regex of the one line)
 CASES = [
-    ("law_loss_at_negative", _law("target: {loss_at: {D1: -1.0e9, D2: 1.0e9}}")
-     .replace("target: alpha3, ", ""), r"law\.target\.loss_at\.D1=-1e\+09 must be > 0"),
+    ("law_loss_at_negative", _law("target: loss_at, loss_at: {D1: -1.0e9, D2: 1.0e9}")
+     .replace("target: alpha3, ", ""), r"law\.loss_at\.D1=-1e\+09 must be > 0"),
     ("law_scratch_negative", _law("scratch: {A: -3.0, alpha: 0.2, E: 1.0}"),
      r"law\.scratch\.A=-3 must be > 0"),
     ("law_scratch_unknown_name", _law("scratch: {A: 3.0, alpah: 0.2, E: 1.0}"),
@@ -89,11 +89,11 @@ CASES = [
      r"law\.fix\.Q is not a parameter of law eq8; fix one of A, alpha1"),
     ("law_dstar_range_inf", _law("dstar_range: [1.0e3, .inf]"),
      r"law\.dstar_range=\[1000, inf\] must be finite"),
-    ("law_box_inf", _law("candidates: {box: {tokens: [1.0, .inf]}}"),
-     r"law\.candidates\.box\.tokens=\[1, inf\] must be finite"),
-    ("law_points_1000", _law("candidates: {box: {tokens: [1.0e3, 1.0e4], parent.tokens: "
-                             "[1.0e3, 1.0e4]}, points: 1000}"),
-     r"points=1000 over 2 box axes makes 1000000 candidates, more than the cap of 2,000"),
+    ("law_box_inf", _law("candidates: box, box: {tokens: [1.0, .inf]}"),
+     r"law\.box\.tokens=\[1, inf\] must be finite"),
+    ("law_points_1000", _law("candidates: box, box: {tokens: [1.0e3, 1.0e4], parent.tokens: "
+                             "[1.0e3, 1.0e4]}, points: 1000"),
+     r"law\.points=1000 over 2 box axes makes 1000000 candidates, more than the cap of 2,000"),
     ("law_bootstrap_1e12", _law("bootstrap: 1000000000000"),
      r"law\.bootstrap=1000000000000 is more than the cap of 10,000"),
     ("prune_similarity_below_floor", SPEC + "prune: {expert_similarity: {above: -2}}\n",

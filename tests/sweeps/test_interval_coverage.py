@@ -55,14 +55,15 @@ def test_grid_coverage_under_fading_noise_is_nominal_within_sampling_error():
     ({"target": "alpha3", "length": "far"}, "law.length"),
 ])
 def test_law_length_errors_name_the_key(raw, msg):
-    from sweeps.spec import SearchSpaceError, parse_law_block
+    from moe_core.errors import SearchSpaceError
+    from sweeps.law.config import parse_law_block
 
     with pytest.raises(SearchSpaceError, match=msg):
         parse_law_block(raw)
 
 
 def test_law_length_reaches_the_bootstrap():
-    from sweeps.spec import parse_law_block
+    from sweeps.law.config import parse_law_block
 
     assert parse_law_block({"target": "alpha3", "length": 2.73, "icc": 0.9}).length == 2.73
     assert parse_law_block({"target": "alpha3"}).length is None

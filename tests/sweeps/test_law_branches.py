@@ -22,7 +22,7 @@ from sweeps.spec import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC
 from tests.sweeps.tiny import run_sweep_cli
 
-LAW = {"law": "chinchilla", "target": {"loss_at": {"N": 8, "D": 1536}},
+LAW = {"law": "chinchilla", "target": "loss_at", "loss_at": {"N": 8, "D": 1536},
        # the law's N is any positive config key here: two trials never reach a refit
        "variables": {"N": "batch.global_batch", "D": "tokens"},
        "seed_trials": 2, "max_trials": 2, "ci_width": None, "bootstrap": 10}

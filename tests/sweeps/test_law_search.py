@@ -11,10 +11,10 @@ import pytest
 
 from moe_core.errors import SearchSpaceError
 from scaling.fit import NoiseComponents
+from sweeps.law.config import parse_law_block
 from sweeps.law.design import Candidate, LawDesign, Ledger, run_design
 from sweeps.law.searcher import LawSearcher
 from sweeps.simulate import SimulatedStudy
-from sweeps.spec import parse_law_block
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 
@@ -40,9 +40,9 @@ def _block(study: SimulatedStudy, **kw):
     ({"target": "dstar"}, "law.scratch"),
     ({"law": "chinchilla", "target": "alpha3"}, "needs an upcycled law"),
     ({"target": "alpha3", "ci_width": None}, "stopping rule"),
-    ({"target": {"loss_at": {"D1": 1e9}}}, "loss_at must give D1, D2"),
+    ({"target": "loss_at", "loss_at": {"D1": 1e9}}, "law.loss_at must give D1, D2"),
     ({"target": "alpha3", "bogus": 1}, "unknown key law.bogus"),
-    ({"target": "alpha3", "candidates": {"box": {"tokens": [10, 1]}}}, "0 < low < high"),
+    ({"target": "alpha3", "candidates": "box", "box": {"tokens": [10, 1]}}, "0 < low < high"),
     ({"law": "eq12", "target": "alpha3"}, "law.variables"),
     ({"target": "alpha3", "noise": "rows"}, "law.noise='rows'"),
     ({"target": "alpha3", "icc": 1.5}, r"law.icc=1.5 must lie in \[0, 1\]"),
@@ -54,8 +54,9 @@ def test_law_block_errors_name_the_key(raw, msg):
 
 
 def test_law_block_parses_loss_at_and_a_box():
-    cfg = parse_law_block({"target": {"loss_at": {"D1": 1e9, "D2": 2e9}}, "max_trials": 9,
-                           "candidates": {"box": {"parent.tokens": [1e3, 1e6]}, "points": 4}})
+    cfg = parse_law_block({"target": "loss_at", "loss_at": {"D1": 1e9, "D2": 2e9},
+                           "max_trials": 9, "candidates": "box",
+                           "box": {"parent.tokens": [1e3, 1e6]}, "points": 4})
     assert cfg.target == "loss_at" and dict(cfg.loss_at) == {"D1": 1e9, "D2": 2e9}
     assert cfg.candidates == "box" and cfg.box == (("parent.tokens", 1e3, 1e6),)
     assert cfg.variable_keys() == {"D1": "parent.tokens", "D2": "tokens"}
@@ -122,7 +123,7 @@ def test_ledger_pays_parents_once_and_stable_runs_once_per_branch():
 
 def test_design_starts_cheap_spreads_out_and_stops_on_width():
     study = SimulatedStudy(sigma=0.002, seed=0)
-    d = LawDesign(_block(study, target={"loss_at": {"D1": 2e9, "D2": 2e9}}, ci_width=0.02,
+    d = LawDesign(_block(study, target="loss_at", loss_at={"D1": 2e9, "D2": 2e9}, ci_width=0.02,
                          bootstrap=30), _candidates())
     first = d._seed_design()
     assert len(first) == 6  # 4 free parameters (E fixed) + 2
@@ -191,7 +192,7 @@ def test_coverage_on_simulated_studies():
     for s in range(10):
         study = SimulatedStudy(sigma=0.01, seed=100 + s)
         at = {"D1": 2e9, "D2": 2e9}
-        d = LawDesign(_block(study, target={"loss_at": at}, ci_width=None, max_trials=12,
+        d = LawDesign(_block(study, target="loss_at", loss_at=at, ci_width=None, max_trials=12,
                              bootstrap=40), _candidates(), seed=s)
         run_design(d, study.loss_of, parallel=2)
         hits += d.estimate.lo <= study.true_loss(at) <= d.estimate.hi

@@ -9,15 +9,9 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
-from sweeps.spec import (
-    eval_expr,
-    iter_grid,
-    load_spec,
-    parse_spec,
-    trial_config,
-    trial_dict,
-    validation_points,
-)
+from sweeps.expr import eval_expr
+from sweeps.spec import load_spec, parse_spec
+from sweeps.trials import iter_grid, trial_config, trial_dict, validation_points
 
 BASE = {
     "model": {"preset": "debug"},
@@ -211,7 +205,7 @@ def test_set_override_of_a_search_knob(tmp_path):
 
 
 def test_knob_values_are_what_the_trial_ran():
-    from sweeps.spec import knob_values
+    from sweeps.trials import knob_values
 
     spec = parse_spec({
         "sweep": "kv",
@@ -225,7 +219,7 @@ def test_knob_values_are_what_the_trial_ran():
         },
         "seeds": [3],
     })
-    from sweeps.spec import iter_grid
+    from sweeps.trials import iter_grid
 
     got = {str(p.get("moe")): knob_values(spec, p) for p in iter_grid(spec)}
     dense = got["None"]
@@ -258,3 +252,28 @@ def test_spec_sections_decode_through_from_mapping():
         with pytest.raises(SearchSpaceError, match=match) as e:
             parse_spec(raw)
         assert type(e.value) is SearchSpaceError and isinstance(e.value, ConfigError)
+
+
+def test_validation_builds_each_trial_config_once_for_the_plan(monkeypatch):
+    """A grid of N points: validation builds N trial configs and the plan takes them (N builds,
+    not 2N); the plan's configs are the very ones validation checked."""
+    import sweeps.trials as trials
+    from sweeps.plan import build_plan
+
+    built = []
+    real = trials.train_config_from_dict
+
+    def counting(d):
+        built.append(real(d))
+        return built[-1]
+
+    monkeypatch.setattr(trials, "train_config_from_dict", counting)
+    s = parse_spec(spec(search={"moe.top_k": {"grid": [1, 2]},
+                                "optim.lr": {"grid": [1e-3, 2e-3, 3e-3]}}))
+    assert len(built) == 6 and len(s.validated) == 6
+    plan = build_plan(s)
+    assert len(built) == 6  # none built again
+    assert [id(t.config) for t in plan.trials] == [id(c) for c in built]
+    assert s.validated == {}  # taken: not carried on to the trials
+    build_plan(s)
+    assert len(built) == 12  # a second plan builds its own

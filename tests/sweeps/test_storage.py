@@ -344,9 +344,9 @@ def test_driver_locations_on_s3(s3_env):
     (loc / "tune" / "tuner.pkl").write_bytes(b"tampered")
     with pytest.raises(UntrustedStateError, match="tuner.pkl: its HMAC"):
         results_location(spec, resume=True)
+    from sweeps.law.config import parse_law_block
     from sweeps.law.design import Candidate
     from sweeps.law.searcher import STATE_FILE, LawSearcher, read_law_state
-    from sweeps.spec import parse_law_block
 
     law = parse_law_block({"law": "eq8", "target": "alpha3", "max_trials": 4,
                            "seed_trials": 2, "bootstrap": 8, "fix": {"E": 1.0}})

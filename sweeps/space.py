@@ -1,0 +1,299 @@
+"""A sweep's search space: each knob a dotted key into the trial config with one distribution.
+
+The distributions form a small family of frozen dataclasses (``Grid``, ``Choice``, ``Uniform``,
+``LogUniform``, ``IntRange``, ``Expr``; as Optuna's ``distributions.py``), each knowing its YAML
+form (``parse``), its Ray Tune form (``tune()``, Ray imported only there) and its corners: the
+values validation builds a trial config for (every grid or choice value, the bounds of a
+range). ``SearchSpace`` holds the knobs and the seeds and enumerates the grid.
+
+Torch- and Ray-free: a spec is read and refused before any training stack is imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from moe_core.configio import coerce_number, unknown_key
+from moe_core.errors import SearchSpaceError, shown
+from sweeps.expr import get_dotted
+
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
+"""The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
+
+
+def _err(msg: str) -> SearchSpaceError:
+    return SearchSpaceError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """One searched knob: a dotted key into the base config and its distribution."""
+
+    key: str
+    """Dotted key into the trial config (``base``) the knob sets."""
+    values: tuple[Any, ...] = ()
+    """grid/choice values; (low, high) for uniform/loguniform/int."""
+    expr: str | None = None
+    """expr: arithmetic over other knobs, e.g. ``2 * moe.granularity``."""
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """Conditional: the knob applies only when every (key, allowed values) holds."""
+
+    kind: ClassVar[str] = ""
+    """The YAML name: grid | choice | uniform | loguniform | int | expr."""
+    sampled: ClassVar[bool] = False
+    """Drawn at run time by the searcher (random, optuna), not enumerated as a grid."""
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return all(get_dotted(config, k) in allowed for k, allowed in self.when)
+
+    def tune(self) -> Any:
+        """The Ray Tune form of the distribution (None: resolved per trial, not searched)."""
+        raise NotImplementedError
+
+    def corners(self) -> tuple[Any, ...]:
+        """The values validation builds a trial config for."""
+        return self.values
+
+    @classmethod
+    def parse(cls, key: str, v: Any, when: tuple) -> Distribution:
+        """The knob ``search.<key>: {<kind>: v}`` of this distribution, validated."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed(Distribution):
+    @classmethod
+    def parse(cls, key: str, v: Any, when: tuple) -> Distribution:
+        if not isinstance(v, list) or not v:
+            raise _err(f"search.{key}.{cls.kind} must be a non-empty list of values")
+        return cls(key=key, values=tuple(coerce_number(x, key) for x in v), when=when)
+
+
+@dataclass(frozen=True, slots=True)
+class Grid(_Listed):
+    """Every value, each a trial (``tune.grid_search``)."""
+
+    kind: ClassVar[str] = "grid"
+
+    def tune(self) -> Any:
+        from ray import tune  # noqa: PLC0415 (Ray: only when a sweep runs)
+
+        return tune.grid_search(list(self.values))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(_Listed):
+    """One of the values, drawn per sample (``tune.choice``)."""
+
+    kind: ClassVar[str] = "choice"
+    sampled: ClassVar[bool] = True
+
+    def tune(self) -> Any:
+        from ray import tune  # noqa: PLC0415
+
+        return tune.choice(list(self.values))
+
+
+@dataclass(frozen=True, slots=True)
+class _Range(Distribution):
+    sampled: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, v: Any, when: tuple) -> Distribution:
+        kind = cls.kind
+        if not isinstance(v, list) or len(v) != 2:
+            raise _err(f"search.{key}.{kind} must be [low, high]")
+        lo, hi = (coerce_number(x, key) for x in v)
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+            raise _err(f"search.{key}.{kind}={v} must be two numbers")
+        if not lo < hi:
+            raise _err(f"search.{key}.{kind}: low={lo} must be < high={hi}")
+        cls.check_bounds(key, v, lo, hi)
+        return cls(key=key, values=(lo, hi), when=when)
+
+    @classmethod
+    def check_bounds(cls, key: str, v: Any, lo: float, hi: float) -> None:
+        """Rules of this range's bounds beyond low < high."""
+
+
+@dataclass(frozen=True, slots=True)
+class Uniform(_Range):
+    """A float drawn uniformly in [low, high] (``tune.uniform``)."""
+
+    kind: ClassVar[str] = "uniform"
+
+    def tune(self) -> Any:
+        from ray import tune  # noqa: PLC0415
+
+        return tune.uniform(*self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class LogUniform(_Range):
+    """A float drawn uniformly in log space over [low, high], low > 0 (``tune.loguniform``)."""
+
+    kind: ClassVar[str] = "loguniform"
+
+    def tune(self) -> Any:
+        from ray import tune  # noqa: PLC0415
+
+        return tune.loguniform(*self.values)
+
+    @classmethod
+    def check_bounds(cls, key: str, v: Any, lo: float, hi: float) -> None:
+        if lo <= 0:
+            raise _err(f"search.{key}.loguniform needs low > 0, got {lo}")
+
+
+@dataclass(frozen=True, slots=True)
+class IntRange(_Range):
+    """An integer drawn uniformly in [low, high], both included (``tune.randint(low,
+    high + 1)``)."""
+
+    kind: ClassVar[str] = "int"
+
+    def tune(self) -> Any:
+        from ray import tune  # noqa: PLC0415
+
+        return tune.randint(int(self.values[0]), int(self.values[1]) + 1)
+
+    def corners(self) -> tuple[Any, ...]:
+        return int(self.values[0]), int(self.values[1])
+
+    @classmethod
+    def check_bounds(cls, key: str, v: Any, lo: float, hi: float) -> None:
+        if not (float(lo).is_integer() and float(hi).is_integer()):
+            raise _err(f"search.{key}.int bounds must be integers, got {v}")
+
+
+@dataclass(frozen=True, slots=True)
+class Expr(Distribution):
+    """Not searched: computed per trial from other knobs (``sweeps.expr.eval_expr``)."""
+
+    kind: ClassVar[str] = "expr"
+
+    def tune(self) -> Any:
+        return None
+
+    def corners(self) -> tuple[Any, ...]:
+        return ()
+
+    @classmethod
+    def parse(cls, key: str, v: Any, when: tuple) -> Distribution:
+        if not isinstance(v, str):
+            raise _err(f"search.{key}.expr must be a string such as '2 * moe.granularity'")
+        return cls(key=key, expr=v, when=when)
+
+
+KINDS: dict[str, type[Distribution]] = {
+    c.kind: c for c in (Grid, Choice, Uniform, LogUniform, IntRange, Expr)}
+"""YAML name → distribution class."""
+
+
+def _parse_when(key: str, when_raw: Any, known: type) -> tuple:
+    if not isinstance(when_raw, dict):
+        raise _err(f"search.{key}.when must map config keys to allowed values")
+    for wk, wv in when_raw.items():
+        problem = unknown_key(known, wk) if isinstance(wk, str) and all(wk.split(".")) \
+            else f"{shown(wk, 100)} is not a dotted key"
+        if problem is not None:
+            raise _err(f"search.{key}.when: {problem}; a condition names a key of the trial "
+                       "config (or another knob)")
+        if not all(x is None or isinstance(x, (str, int, float))
+                   for x in (wv if isinstance(wv, list) else [wv])):
+            raise _err(f"search.{key}.when.{wk}={shown(wv, 100)} must be a value or a list of "
+                       "values (numbers, strings, true/false, null)")
+    return tuple(
+        (wk, tuple(coerce_number(x, wk) for x in (wv if isinstance(wv, list) else [wv])))
+        for wk, wv in when_raw.items()
+    )
+
+
+def parse_param(key: Any, raw: Any, known: type) -> Distribution:
+    """``search.<key>: raw`` as its distribution; ``known`` is the trial config's dataclass
+    (``TrainConfig``) whose dotted keys a knob and its conditions may name."""
+    if not isinstance(key, str) or not all(key.split(".")) or key != key.strip():
+        raise _err(f"search key {shown(key, 100)} must be a dotted key of the trial config, "
+                   "such as optim.lr")
+    problem = unknown_key(known, key)
+    if problem is not None:
+        raise _err(f"search.{key}: {problem}")
+    if not isinstance(raw, dict):
+        # shorthand: a list is a grid
+        if isinstance(raw, list):
+            raw = {"grid": raw}
+        else:
+            raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
+    kinds = [k for k in raw if k in DISTRIBUTIONS]
+    unknown = [k for k in raw if k not in DISTRIBUTIONS and k != "when"]
+    if unknown:
+        raise _err(
+            f"search.{key}.{unknown[0]} is not known; use one of {', '.join(DISTRIBUTIONS)} "
+            "(and optionally when)"
+        )
+    if len(kinds) != 1:
+        raise _err(f"search.{key} needs exactly one of {', '.join(DISTRIBUTIONS)}")
+    when = _parse_when(key, raw.get("when", {}), known)
+    return KINDS[kinds[0]].parse(key, raw[kinds[0]], when)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """The knobs of a spec and its seeds: the grid they span and the Tune space they give."""
+
+    params: tuple[Distribution, ...] = ()
+    seeds: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: Any, known: type, seeds: tuple[int, ...] = ()) -> SearchSpace:
+        """The spec's ``search:`` mapping (null: no knobs)."""
+        raw = raw or {}
+        if not isinstance(raw, dict):
+            raise _err("search must map dotted config keys to distributions")
+        return cls(tuple(parse_param(k, v, known) for k, v in raw.items()), tuple(seeds))
+
+    def __iter__(self) -> Iterator[Distribution]:
+        return iter(self.params)
+
+    def param(self, key: str) -> Distribution | None:
+        return next((p for p in self.params if p.key == key), None)
+
+    def grid(self) -> list[Distribution]:
+        return [p for p in self.params if isinstance(p, Grid)]
+
+    def sampled(self) -> list[Distribution]:
+        return [p for p in self.params if p.sampled]
+
+    def exprs(self) -> list[Distribution]:
+        return [p for p in self.params if isinstance(p, Expr)]
+
+    def grid_points(self) -> Iterator[dict[str, Any]]:
+        """Every grid point (× seed) in order: the last knob varies fastest."""
+        grid = self.grid()
+        values = [p.values for p in grid] + ([self.seeds] if self.seeds else [])
+        keys = [p.key for p in grid] + (["seed"] if self.seeds else [])
+        for combo in itertools.product(*values):
+            yield dict(zip(keys, combo))
+
+    def corner_points(self) -> list[dict[str, Any]]:
+        """Grid points combined with every corner (choice value, range bound) of the sampled
+        knobs: the points validation builds a trial config for."""
+        sampled = self.sampled()
+        corners = [p.corners() for p in sampled]
+        points = []
+        for g in self.grid_points():
+            for combo in itertools.product(*corners) if sampled else [()]:
+                points.append({**g, **{p.key: v for p, v in zip(sampled, combo)}})
+        return points
+
+    def tune_space(self) -> dict[str, Any]:
+        """Ray Tune's ``param_space``: each searched knob's Tune form, the seeds as a grid."""
+        space = {p.key: p.tune() for p in self.params if not isinstance(p, Expr)}
+        if self.seeds:
+            from ray import tune  # noqa: PLC0415
+
+            space["seed"] = tune.grid_search(list(self.seeds))
+        return space
