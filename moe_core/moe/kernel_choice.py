@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import ConfigError
+from moe_core.fsio import atomic_write_text
 
 TABLE = Path(__file__).with_name("kernel_choice.json")
 KERNELS = ("grouped", "liger")
@@ -136,8 +137,6 @@ def merge(entries: Iterable[Mapping[str, Any]],
 
 def write_table(path: str | Path, entries: list[dict[str, Any]]) -> None:
     """Rewrite a table atomically (``bench/moe_experts.py`` only)."""
-    from moe_core.fsio import atomic_write_text
-
     doc = {"about": "Measured expert-kernel times per shape and device class: written by "
                     "bench/moe_experts.py --record/--merge, read by moe.experts_kernel: auto "
                     "(moe_core.moe.kernel_choice).", "entries": entries}
