@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure of the GPU issue (#27) in one short visit: three device calls of at most
-# 9 minutes each (each call's step timeouts sum to 540 s; ~20 min of device time in all).
+# 9 minutes each (each call's step timeouts sum to 540 s; ~20 min of device time in all), and a
+# short fourth (4 min at most) for the expert kernels.
 #
 #   bash bench/gpu_session.sh [--rehearse] [--out DIR] CALL|STEP [CALL|STEP ...]
 #
@@ -11,6 +12,10 @@
 #   call3  core sweep compile profile     all of tests/moe_core on CUDA; a 2-trial sweep through
 #                                         Ray with per-process GPU memory; compile diagnostics;
 #                                         a kernel-time profile (torch.profiler)
+#   call4  experts                        Liger fused MoE vs grouped experts per fine shape
+#                                         (bench/moe_experts.py --check): DIR/kernel_choice.json,
+#                                         to merge into the committed table afterwards with
+#                                         python bench/moe_experts.py --merge DIR/kernel_choice.json
 #   spare  step64_ckpt mfu_dense64        only if step64 ran out of memory / time is left
 #
 # Each step writes DIR/<step>.log and DIR/<step>.json (exit code, seconds, and the bench's JSON
@@ -20,7 +25,7 @@
 #
 # --rehearse runs every step at a tiny size on the CPU (CUDA hidden) in a few minutes, so a
 # broken script is caught before a GPU is spent on it: `bash bench/gpu_session.sh --rehearse`
-# (all three calls; tests/bench/test_gpu_session.py runs it in CI).
+# (all four calls; tests/bench/test_gpu_session.py runs it in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REHEARSE=0
@@ -29,13 +34,13 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --rehearse) REHEARSE=1 ;;
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift
 done
-[[ ${#ARGS[@]} -gt 0 ]] || { [[ $REHEARSE == 1 ]] && ARGS=(call1 call2 call3); }
-[[ ${#ARGS[@]} -gt 0 ]] || { sed -n 2,24p "$0"; exit 2; }
+[[ ${#ARGS[@]} -gt 0 ]] || { [[ $REHEARSE == 1 ]] && ARGS=(call1 call2 call3 call4); }
+[[ ${#ARGS[@]} -gt 0 ]] || { sed -n 2,29p "$0"; exit 2; }
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -147,6 +152,7 @@ step() {
     call1) step env; step tier; step tier_sweep; step layer ;;
     call2) step head; step mfu_dense; step mfu_moe; step step64 ;;
     call3) step core; step sweep; step compile; step profile ;;
+    call4) step experts ;;
     spare) step step64_ckpt; step mfu_dense64 ;;
     env)
       { command -v nvidia-smi > /dev/null && { nvidia-smi; nvidia-smi -q -d CLOCK,POWER; }
@@ -172,6 +178,12 @@ step() {
              TRITON_INTERPRET=1 run head 180 "$PY" bench/head.py --tokens 128 --d 32 \
                --vocab 256 --repeats 1
            else run head 60 "$PY" bench/head.py; fi ;;
+    experts) if [[ $REHEARSE == 1 ]]; then  # Liger under Triton's interpreter, tiny shape
+               TRITON_INTERPRET=1 LIGER_FUSED_MOE_AUTOTUNE=0 run experts 240 "$PY" \
+                 bench/moe_experts.py --device cpu --check --shapes tiny --tokens 24 \
+                 --repeats 1 --record "$OUT/kernel_choice.json"
+             else run experts 240 "$PY" bench/moe_experts.py --device cuda --check \
+                    --record "$OUT/kernel_choice.json"; fi ;;
     mfu_dense) run mfu_dense "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
                  --models dense $(r "--batch 128 --micro 128" "$TINY --batch 8 --micro 8") ;;
     mfu_dense64) run mfu_dense64 "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
@@ -200,7 +212,8 @@ step() {
                $(r "--chunked-loss" "--backend eager --steps 2 --seq 32 --micro 4") ;;
     profile) run profile "$(r 100 180)" "$PY" bench/profile_step.py --moe \
                $(r "--compile --chunked-loss" "--steps 1 --warmup 1 --seq 32 --micro 4") ;;
-    *) echo "unknown step $1 (call1 | call2 | call3 | spare, or a step of one)" >&2; return 2 ;;
+    *) echo "unknown step $1 (call1 | call2 | call3 | call4 | spare, or a step of one)" >&2
+       return 2 ;;
   esac
 }
 

@@ -142,6 +142,13 @@ def summary(d: str) -> dict[str, Any]:
         out["compile"] = [{k: r.get(k) for k in ("preset", "moe", "compile.graphs",
                                                   "compile.graph_breaks", "compile.recompiles",
                                                   "compile.limit_hit")} for r in comp["rows"]]
+    experts = _result(root, "experts")
+    if experts:
+        out["experts"] = {"check_rel_err": experts.get("check_rel_err"),
+                          "recorded": experts.get("recorded"),
+                          "per_shape": [{k: r.get(k) for k in ("shape", "tokens", "grouped_s",
+                                                               "liger_s", "choice")}
+                                        for r in experts.get("per_shape", [])]}
     prof = _result(root, "profile")
     if prof:
         out["profile_shares"] = {k: round(v["share"], 4) for k, v in prof["categories"].items()}

@@ -27,6 +27,7 @@ _T = TypeVar("_T")
 
 RouterOrder = Literal["softmax_topk", "topk_softmax"]
 AuxLossKind = Literal["switch", "squared", "none"]
+ExpertsKernel = Literal["auto", "grouped", "liger"]
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -120,6 +121,22 @@ class MoEConfig:
     layer; 2 = alternate dense and MoE as 003 §5.1 / Llama 4."""
     router: RouterConfig = field(default_factory=RouterConfig)
     """Router and balancing options."""
+    experts_kernel: ExpertsKernel = "auto"
+    """How the experts are computed (the same maths; outputs agree to rounding): ``grouped``,
+    torch's own kernels (``torch._grouped_mm`` on CUDA, the per-expert loop on CPU where it
+    measured faster); ``liger``, liger-kernel's fused MoE (Triton: gather, gate/up GEMM, SwiGLU
+    and combine fused; the ``gpu`` extra; CUDA only, an error at set-up elsewhere); ``auto``,
+    the kernel measured faster at the nearest measured shape on this GPU
+    (``moe_core/moe/kernel_choice.json``, filled by ``bench/moe_experts.py --record``), else
+    ``grouped``. Not part of a parent's identity."""
+
+    EXECUTION_KEYS = ("experts_kernel",)
+    """Options that change how fast the layer computes, not what: left out of ``identity``."""
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that decide what the layer computes (not ``EXECUTION_KEYS``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self.EXECUTION_KEYS}
 
     def __post_init__(self) -> None:
         _check(self.num_experts >= 1, f"moe.num_experts={self.num_experts} must be >= 1")
@@ -146,6 +163,10 @@ class MoEConfig:
         _check(
             isinstance(self.router, RouterConfig),
             "moe.router must be a mapping of router options",
+        )
+        _check(
+            self.experts_kernel in typing.get_args(ExpertsKernel),
+            f"moe.experts_kernel={self.experts_kernel!r} is not known; use auto, grouped or liger",
         )
 
     def resolved_expert_d_ff(self, d_ff: int) -> int:

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from moe_core.config import MoEConfig
-from moe_core.moe import balancing, stats
+from moe_core.moe import balancing, kernel_choice, stats
 from moe_core.moe.routing import Routing, capacity, overflow_count, route
 from moe_core.nn import FixedDtypeBuffers, SwiGLU, in_recompute
 
@@ -79,6 +79,35 @@ def swiglu_experts_grouped(
 _swiglu_experts_grouped_eager = torch.compiler.disable(swiglu_experts_grouped)
 """The grouped experts outside any compiled graph (fp32: dynamo's ``_grouped_mm`` fake kernel
 rejects it, eager runs it)."""
+
+
+@torch.compiler.disable  # Triton kernels and one host read (the tile count) per call
+def liger_experts(
+    x_TD: torch.Tensor,
+    topk_idx_TK: torch.Tensor,
+    w_TK: torch.Tensor,
+    w_gate_EDF: torch.Tensor,
+    w_up_EDF: torch.Tensor,
+    w_down_EFD: torch.Tensor,
+) -> torch.Tensor:
+    """[T, D] = sum_k w[t, k] · SwiGLU_{idx[t, k]}(x[t]) by liger-kernel's fused MoE
+    (``LigerFusedMoEFunction``: routing metadata, gather, gate/up GEMM and SwiGLU fused, the down
+    GEMM, an atomic-free weighted combine; a memory-saving backward). The same maths as dispatch,
+    :func:`swiglu_experts_grouped` and :func:`combine`, with the routing weight on the output
+    rather than the hidden activation. Liger's layout is built from the parameters with
+    differentiable ops each call, so the gradients reach the [E, D, F] / [E, F, D] parameters:
+    gate_up [E, 2F, D] = cat(gateᵀ, upᵀ) (a copy), down [E, D, F] = downᵀ (Liger copies it
+    contiguous). The routing weights get their gradient (Liger's dS). Under autocast it computes
+    in the autocast dtype. Triton: CUDA, or a CPU under ``TRITON_INTERPRET=1`` set before the
+    process starts (with ``LIGER_FUSED_MOE_AUTOTUNE=0``; tests)."""
+    from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+
+    dev = x_TD.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x_TD.dtype
+    gate_up = torch.cat([w_gate_EDF.transpose(1, 2), w_up_EDF.transpose(1, 2)], 1).to(dt)
+    down = w_down_EFD.transpose(1, 2).to(dt)
+    return LigerFusedMoEFunction.apply(x_TD.to(dt), gate_up, down, topk_idx_TK.to(torch.int32),
+                                       w_TK.to(dt))
 
 
 def combine(y_ND: torch.Tensor, slot_N: torch.Tensor, T: int, K: int, *,
@@ -211,6 +240,10 @@ class MoELayer(FixedDtypeBuffers):
         self.last_stats: dict[str, Any] | None = None
         # Expert parallelism: this rank holds experts [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size).
         self.ep_size, self.ep_rank, self.ep_group = 1, 0, None
+        self.experts_kernel: str = cfg.experts_kernel
+        """``liger``: :func:`liger_experts`; anything else (``grouped``, an unresolved
+        ``auto``): torch's path (``_use_grouped_mm``). Set at set-up by
+        :meth:`select_experts_kernel`."""
         self.reset_parameters()
 
     @torch.no_grad()
@@ -236,6 +269,18 @@ class MoELayer(FixedDtypeBuffers):
             nn.init.normal_(w, std=self.init_std)
         if self.shared is not None:
             self.shared.reset_parameters(self.init_std)
+
+    def select_experts_kernel(self, device: torch.device, dtype: torch.dtype) -> str:
+        """Resolve ``moe.experts_kernel`` for this device and compute dtype
+        (``kernel_choice.pick``; a ConfigError where ``liger`` cannot run): call at set-up,
+        after the model is on its device and its experts are sharded. Sets and returns
+        :attr:`experts_kernel`, ``grouped`` or ``liger``."""
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        self.experts_kernel = kernel_choice.pick(
+            self.cfg.experts_kernel, device_type=device.type, device_name=name,
+            dtype=str(dtype).removeprefix("torch."), E=self.num_experts, K=self.cfg.top_k,
+            d=self.d_model, f=self.expert_d_ff, ep_size=self.ep_size)
+        return self.experts_kernel
 
     @property
     def num_experts(self) -> int:
@@ -282,7 +327,7 @@ class MoELayer(FixedDtypeBuffers):
         x_TD = x.reshape(-1, shape[-1])
         T = x_TD.shape[0]
         cfg = self.cfg
-        E, K = self.num_experts, cfg.top_k
+        E = self.num_experts
         routing = self.routing(x_TD)
 
         # Sort-based dispatch: a stable sort keeps token order within each expert, so with a
@@ -296,17 +341,10 @@ class MoELayer(FixedDtypeBuffers):
         if cfg.capacity_factor is not None:
             w_N, dropped = self._capacity_weights(sorted_e, counts_E, w_N, T)
 
-        # Every slot keeps its row (a dropped one with weight 0), so dispatch/combine are dropless.
-        atomic_free = _atomic_free(x_TD)
-        if atomic_free:
-            x_ND = dispatch(x_TD, slot_N, K, dropless=True)
+        if self.experts_kernel == "liger":
+            out_TD = self._liger_experts(x_TD, routing, slot_N, w_N, dropped is not None)
         else:
-            x_ND = x_TD[slot_N // K]
-        y_ND = self._experts(x_ND, counts_E, w_N).to(x_TD.dtype)
-        if atomic_free:
-            out_TD = combine(y_ND, slot_N, T, K, dropless=True)
-        else:
-            out_TD = torch.zeros_like(x_TD).index_add_(0, slot_N // K, y_ND)
+            out_TD = self._sorted_experts(x_TD, slot_N, counts_E, w_N)
         if self.shared is not None:
             out_TD = out_TD + self.shared(x_TD)
 
@@ -318,6 +356,35 @@ class MoELayer(FixedDtypeBuffers):
             if self.record_stats:
                 self._record_stats(routing, counts_E, dropped, T)
         return out_TD.reshape(shape), loss
+
+    def _sorted_experts(self, x_TD: torch.Tensor, slot_N: torch.Tensor, counts_E: torch.Tensor,
+                        w_N: torch.Tensor) -> torch.Tensor:
+        """[T, D] weighted expert outputs: the rows dispatched in expert order, the experts
+        (:meth:`_experts`), the rows combined back per token. Every slot keeps its row (a
+        dropped one with weight 0), so dispatch/combine are dropless."""
+        T, K = x_TD.shape[0], self.cfg.top_k
+        atomic_free = _atomic_free(x_TD)
+        if atomic_free:
+            x_ND = dispatch(x_TD, slot_N, K, dropless=True)
+        else:
+            x_ND = x_TD[slot_N // K]
+        y_ND = self._experts(x_ND, counts_E, w_N).to(x_TD.dtype)
+        if atomic_free:
+            return combine(y_ND, slot_N, T, K, dropless=True)
+        return torch.zeros_like(x_TD).index_add_(0, slot_N // K, y_ND)
+
+    def _liger_experts(self, x_TD: torch.Tensor, routing: Routing, slot_N: torch.Tensor,
+                       w_N: torch.Tensor, capped: bool) -> torch.Tensor:
+        """[T, D] by :func:`liger_experts` from the token-order top-K ids and weights (with a
+        capacity, the expert-order weights, dropped ones 0, put back in slot order)."""
+        if self.ep_size > 1:
+            raise ValueError("moe.experts_kernel=liger does not run with expert parallelism")
+        T, K = x_TD.shape[0], self.cfg.top_k
+        w_TK = (w_N.new_empty(T * K).index_copy(0, slot_N, w_N).view(T, K) if capped
+                else routing.topk_weight_TK)
+        out = liger_experts(x_TD, routing.topk_idx_TK, w_TK, self.w_gate, self.w_up,
+                            self.w_down)
+        return out.to(x_TD.dtype)
 
     def _capacity_weights(self, sorted_e_N: torch.Tensor, counts_E: torch.Tensor,
                           w_N: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:

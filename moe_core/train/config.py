@@ -274,6 +274,10 @@ def _same_routing(a: MoEConfig, b: MoEConfig, d_ff: int) -> bool:
         (a.router.order, a.router.renormalize) == (b.router.order, b.router.renormalize)
 
 
+def _identity(moe: MoEConfig | None) -> dict[str, Any] | None:
+    return None if moe is None else moe.identity()
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     name: str = "run"
@@ -365,7 +369,7 @@ class TrainConfig:
                    f"router.renormalize={parent_moe.router.renormalize}")
         else:
             _check(
-                self.parent.moe == self.moe,
+                _identity(self.parent.moe) == _identity(self.moe),
                 "upcycle.method=continue needs the same moe config in parent and child",
             )
 

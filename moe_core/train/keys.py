@@ -31,7 +31,8 @@ def parent_key(cfg: TrainConfig) -> str:
         return pretrained_key(cfg.parent.from_pretrained)
     p = cfg.parent_run()
     ident = {
-        "model": p.model.identity(), "moe": p.moe, "data": p.data, "optim": p.optim,
+        "model": p.model.identity(),
+        "moe": p.moe.identity() if p.moe is not None else None, "data": p.data, "optim": p.optim,
         "schedule": p.schedule, "batch": p.batch, "seed": p.seed, "tokens": p.tokens,
         "decay": cfg.parent.decay, "data_fingerprint": data_fingerprint(p.data),
     }

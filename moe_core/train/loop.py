@@ -149,6 +149,8 @@ class Trainer:
         if eng.param_dtype(cfg, self.dtype) != torch.float32:  # torch_autocast keeps fp32
             model = model.to(self.dtype)
         self.reference = parent_reference_mlp(self.parent, model)  # on the model's device
+        for m in model.moe_layers():  # moe.experts_kernel (a ConfigError where liger can't run)
+            m.select_experts_kernel(self.device, self.dtype)
         model.enable_speedups(compile=cfg.model.compile,
                               activation_checkpointing=cfg.model.activation_checkpointing,
                               chunked_loss=cfg.model.chunked_loss,

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = {"env", "tier", "tier_sweep", "layer", "head", "mfu_dense", "mfu_moe", "step64", "core",
-         "sweep", "compile", "profile"}
+         "sweep", "compile", "profile", "experts"}
 
 
 def _json(out: Path, name: str) -> dict:
@@ -53,3 +53,9 @@ def test_the_rehearsal_runs_every_step(tmp_path):
     assert summary["head"]["chunked_vs_plain_time"] > 0
     assert abs(sum(summary["profile_shares"].values()) - 1) < 1e-3
     assert summary["e8_micro64"] == "ran"
+    experts = summary["experts"]  # Liger under the interpreter: equal maths, nothing recorded
+    assert max(experts["check_rel_err"].values()) < 1e-5
+    assert [r["choice"] for r in experts["per_shape"]] == ["grouped"]
+    assert isinstance(experts["per_shape"][0]["liger_s"], float)
+    assert experts["recorded"]["new"] == 0
+    assert json.loads((out / "kernel_choice.json").read_text())["entries"] == []
