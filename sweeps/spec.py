@@ -256,6 +256,10 @@ class LawSearchConfig:
     length: float | None = None
     """With noise groups: octaves of D2 over which a group's shared noise fades, correlation
     exp(−d²/2ℓ²) (``python -m analysis.noise`` fits it); None: the same for the whole group."""
+    widen: float = 1.0
+    """Calibrated widening of the target's interval: its ends moved this many times as far from
+    the estimate in ln(target), before the stopping rule and in every report (the ``calibration``
+    factor ``studies/law_search.py`` prints for the noise model; 1: as bootstrapped)."""
     seed_trials: int | None = None
     """Size of the space-filling start (default: the law's free parameters + 2)."""
     batch: int = 2
@@ -299,6 +303,10 @@ class LawSearchConfig:
         if self.length is not None and not (self.length > 0 and self.noise == "groups"):
             raise _err(f"law.length={self.length!r} must be > 0 octaves of D2, with noise: "
                        "groups (python -m analysis.noise fits it), or be left out")
+        if isinstance(self.widen, bool) or not isinstance(self.widen, (int, float)) or \
+                not self.widen >= 1:
+            raise _err(f"law.widen={self.widen!r} must be >= 1 (a calibrated widening of the "
+                       "target's interval)")
         if self.candidates not in ("grid", "box"):
             raise _err(f"law.candidates={self.candidates!r}: use grid, or "
                        "{box: {KEY: [low, high], ...}, points: 7}")
@@ -350,7 +358,7 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
         raise _err("law must be a mapping, e.g. {law: eq8, target: dstar, ci_width: 0.1}")
     known = {"law", "target", "variables", "candidates", "ci_width", "max_trials", "ci",
              "bootstrap", "seed_trials", "batch", "fix", "scratch", "dstar_range", "noise",
-             "icc", "length"}
+             "icc", "length", "widen"}
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise _err(f"unknown key law.{unknown[0]}; known: {', '.join(sorted(known))}")
@@ -385,7 +393,7 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
     kw["fix"] = _numbers(raw.get("fix"), "law.fix")
     kw["scratch"] = _numbers(raw.get("scratch"), "law.scratch")
     for k in ("law", "ci_width", "max_trials", "ci", "bootstrap", "seed_trials", "batch", "noise",
-              "icc", "length"):
+              "icc", "length", "widen"):
         if k in raw:
             v = raw[k]
             kw[k] = str(v) if k in ("law", "noise") else (
