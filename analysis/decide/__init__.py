@@ -36,8 +36,9 @@ from analysis.data import final_evals, load_points, read_table
 from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
+from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
 from scaling.crossing import sign_changes
-from scaling.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
+from scaling.fit import fit_shared
 from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
 from sweeps.cost import sustained_tflops
@@ -317,7 +318,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            measured: Any = "unexamined", widen: float = 1.0) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
-    (:func:`scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
+    (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
     octaves (``law.length``); ``"trials"``: resample trials. ``measured``: the results'
     :class:`analysis.noise.NoiseStructure` (None: they have no replicates; left out: not

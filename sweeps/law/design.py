@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from moe_core.errors import FitError
+from scaling.bootstrap import NoiseComponents, group_noise_bootstrap, kernel_matrix, log2_axis
 from scaling.crossing import sign_changes
-from scaling.fit import NoiseComponents, fit, group_noise_bootstrap, kernel_matrix, log2_axis
+from scaling.fit import fit
 from scaling.interval import widen
 from scaling.laws import Points, get_law
 
@@ -425,7 +426,7 @@ class LawDesign:
         """τ·R, [candidates, r]: each candidate's loading on the latent effects, with
         R·Rᵀ = K the correlation of the shared noise between candidates — the group indicator
         (one effect per group: equicorrelated), or with ``law.length`` ℓ the fading kernel
-        exp(−d²/2ℓ²) within a group, d in octaves of D2 (:func:`scaling.fit.kernel_matrix`,
+        exp(−d²/2ℓ²) within a group, d in octaves of D2 (:func:`scaling.bootstrap.kernel_matrix`,
         the one the bootstrap draws from), so a branch near one already run tells less that is
         new than one far away. Candidates without a group: no shared part. None: no shared
         noise modelled."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moe_core.errors import FitError, SearchSpaceError
-from scaling.fit import NoiseComponents
+from scaling.bootstrap import NoiseComponents
 from scaling.interval import widen
 from sweeps.law.design import Candidate, LawDesign, run_design
 from sweeps.law.report import describe_outcome, describe_refit, outcome
