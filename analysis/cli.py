@@ -304,6 +304,9 @@ def _decide_parser() -> argparse.ArgumentParser:
     ap.add_argument("--icc", type=float, default=None,
                     help="with --noise groups: the shared share of a trial's noise variance "
                          "(python -m analysis.noise measures it); default: estimated")
+    ap.add_argument("--widen", type=float, default=1.0, metavar="F",
+                    help="widen the D* interval F times about D* in ln D* (a calibrated factor: "
+                         "studies/law_search.py's calibration; default 1, none)")
     ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -315,7 +318,7 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
     """``python -m analysis.decide``."""
     args = _decide_parser().parse_args(argv)
     check_numbers(args, ("n1", "d1", "budget_tokens", "budget_flops", "gpu_tflops", "price",
-                         "ci", "icc"))
+                         "ci", "icc", "widen"))
     if args.plan:
         return plan_main(args)
     if args.results is None:
@@ -330,7 +333,7 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
                budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,
                gpu=args.gpu,
                bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc,
-               length=args.length, measured=_measured_noise(args.results))
+               length=args.length, measured=_measured_noise(args.results), widen=args.widen)
     if args.json:
         print(json.dumps(r, allow_nan=False))
     else:

@@ -30,11 +30,14 @@ model and axes (``bound``: studies/law_design_bound.py ``--any-groups``, its
 coverage ± se, and, where coverage is below nominal, the factor by which widening both designs'
 intervals in ln D* makes it nominal, with the cost at that width (``calibration``; docs/
 intervals.md). ``--length L`` gives both designs the bootstrap whose group effect fades along
-D2 (``law.length``); ``--out FILE`` appends each study's row as it finishes, ``--from-rows``
-summarises such files, ``--grid-only`` runs only the grid (its coverage).
+D2 (``law.length``); ``--widen F`` has both designs apply a calibrated factor live
+(``law.widen``, :func:`scaling.interval.widen`, the function ``calibration`` uses); ``--out
+FILE`` appends each study's row as it finishes, ``--from-rows`` summarises such files,
+``--grid-only`` runs only the grid (its coverage).
 
     python studies/law_search.py [--studies 20] [--sigma 0.003] [--bootstrap 60] [--max-trials 40]
-                                [--jobs 2] [--length L] [--out ROWS.jsonl] [--grid-only]
+                                [--jobs 2] [--length L] [--widen F] [--out ROWS.jsonl]
+                                [--grid-only]
     python studies/law_search.py --from-rows ROWS.jsonl [same noise flags]
 """
 
@@ -49,6 +52,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from scaling.interval import widen
 from sweeps.law.config import parse_law_block
 from sweeps.law.design import CONFIRM, Candidate, LawDesign, run_design
 from sweeps.simulate import SimulatedStudy
@@ -80,7 +84,7 @@ def study(s: int, args) -> dict:
         return parse_law_block({"law": "eq8", "target": "dstar", "scratch": st.scratch,
                                 "fix": {"E": st.upcycled["E"]}, "bootstrap": args.bootstrap,
                                 "ci_width": None, "noise": args.noise, "icc": args.icc,
-                                "length": args.length, **kw})
+                                "length": args.length, "widen": args.widen, **kw})
 
     grid = LawDesign(block(max_trials=25),
                      candidates(np.geomspace(0.5e9, 8e9, 5), branches=True), seed=s)
@@ -100,10 +104,9 @@ def study(s: int, args) -> dict:
 
 def widened(value, ci, factor: float) -> list:
     """The interval ``ci`` about ``value`` with its ends moved ``factor``× as far in ln D*
-    (the calibrated widening: factor 1 leaves it; an end at inf stays there)."""
-    if value is None or not value > 0:
-        return list(ci)
-    return [None if v is None else value * (v / value) ** factor if v > 0 else v for v in ci]
+    (:func:`scaling.interval.widen`, the one ``law.widen`` and ``analysis.decide --widen``
+    apply: factor 1 leaves it; an end at inf stays there)."""
+    return list(widen(value, ci[0], ci[1], factor))
 
 
 def _rel(value, ci) -> float:
@@ -162,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="law.length of both designs: the bootstrap's group effect fades along "
                          "D2, correlation exp(-d^2/2L^2) at d octaves (default: the same for "
                          "the whole group)")
+    ap.add_argument("--widen", type=float, default=1.0,
+                    help="law.widen of both designs: their intervals widened this many times in "
+                         "ln D* about the estimate before the stopping rule (a calibration "
+                         "factor this study printed; default 1); calibration is then on top")
     ap.add_argument("--repeats", type=int, default=1,
                     help="times the searcher may run one point (fresh noise each; a what-if: "
                          "the driver runs each candidate once)")
@@ -228,7 +235,8 @@ def _run(args) -> list[dict]:
 def _settings(args, rows: list[dict]) -> dict:
     return {"studies": len(rows), "sigma_ln_loss": args.sigma, "sigma_group": args.sigma_group,
             "group_length": args.group_length, "bootstrap": args.bootstrap, "noise": args.noise,
-            "icc": args.icc, "length": args.length, "repeats": args.repeats,
+            "icc": args.icc, "length": args.length, "widen": args.widen,
+            "repeats": args.repeats,
             "branches": args.branches, "d1_points": args.d1_points,
             "d2_points": args.d2_points, "max_trials": args.max_trials, "ci_level": 0.9}
 

@@ -64,7 +64,7 @@ ANALYSIS_GRAPH = {
 }
 OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", "sweeps.storage",
            "scaling.laws",
-           "scaling.crossing", "scaling.fit",
+           "scaling.crossing", "scaling.fit", "scaling.bootstrap", "scaling.interval",
            # decide --plan sizes a checkpoint from its config.json and the presets (no torch)
            "moe_core.config", "moe_core.params", "moe_core.presets", "moe_core.hf_config",
            # the report's two-way views and shared cells (matplotlib only, on use)
@@ -138,6 +138,7 @@ def test_scaling_imports_numpy_and_scipy_only():
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import scaling, scaling.laws, scaling.fit, scaling.crossing, scaling.predict\n"
+        "import scaling.bootstrap, scaling.interval\n"
         "import scaling.design\n"
         "own = sorted(m for m in sys.modules if m.split('.')[0] in ('moe_core', 'sweeps', "
         "'analysis'))\n"

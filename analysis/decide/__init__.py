@@ -36,8 +36,10 @@ from analysis.data import final_evals, load_points, read_table
 from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
+from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
 from scaling.crossing import sign_changes
-from scaling.fit import bootstrap_shared, fit_shared, group_noise_bootstrap_shared
+from scaling.fit import fit_shared
+from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
 from sweeps.cost import sustained_tflops
 
@@ -313,19 +315,18 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = "unexamined") -> dict[str, Any]:
+           measured: Any = "unexamined", widen: float = 1.0) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
-    (:func:`scaling.fit.group_noise_bootstrap_shared`, ``icc`` as in a law search's
+    (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
     octaves (``law.length``); ``"trials"``: resample trials. ``measured``: the results'
     :class:`analysis.noise.NoiseStructure` (None: they have no replicates; left out: not
-    examined), for ``noise_model``, which says what the intervals assume and why."""
-    if noise not in NOISE_MODELS:
-        raise FitError(f"--noise {noise}: use {', '.join(NOISE_MODELS)}")
-    if (noise == "fading") != (length is not None) or (length is not None and not length > 0):
-        raise FitError("--noise fading needs --length L (> 0 octaves of D2; python -m "
-                       "analysis.noise fits it), and --length goes only with --noise fading")
+    examined), for ``noise_model``, which says what the intervals assume and why. ``widen``:
+    the D* interval's ends moved that many times as far from D̂* in ln D*
+    (:func:`scaling.interval.widen`; a calibrated factor, docs/intervals.md), said in
+    ``widen``."""
+    _check_interval_args(noise, length, widen)
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -372,7 +373,8 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
                    "price_per_gpu_hour": price},
         "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
                  "scratch": {"value": point["L_sc"], "ci": iv("L_sc")}},
-        "d_star": {"value": ds.value, "ci": iv("dstar"), **ds.to_dict()},
+        "d_star": _widened_dstar(ds, iv("dstar"), widen),
+        "widen": _widen_note(ds.value, widen),
         "compute_optimal": _optimal(data, upc, D1, C2),
         "cost": {"upcycled": _cost(D2, N2, gpu_tflops, price),
                  "scratch": _cost(D2, N2, gpu_tflops, price),
@@ -388,6 +390,42 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
 
 
 NOISE_MODELS = ("trials", "groups", "fading")
+
+
+def _check_interval_args(noise: str, length: float | None, widen: float) -> None:
+    """The interval options, refused in one line each."""
+    if isinstance(widen, bool) or not widen >= 1:
+        raise FitError(f"--widen {widen}: must be >= 1 (a calibrated widening of the D* "
+                       "interval; 1: none)")
+    if noise not in NOISE_MODELS:
+        raise FitError(f"--noise {noise}: use {', '.join(NOISE_MODELS)}")
+    if (noise == "fading") != (length is not None) or (length is not None and not length > 0):
+        raise FitError("--noise fading needs --length L (> 0 octaves of D2; python -m "
+                       "analysis.noise fits it), and --length goes only with --noise fading")
+
+
+def _widened_dstar(ds, ci: list[float | None], factor: float) -> dict[str, Any]:
+    """The D* entry with its interval widened by ``factor`` about D̂* in ln D*
+    (:func:`scaling.interval.widen`; ``ci_unwidened``: the bootstrap's own, when F ≠ 1)."""
+    out = {"value": ds.value, "ci": list(widen_interval(ds.value, *ci, factor)),
+           **ds.to_dict()}
+    if factor != 1:
+        out["ci_unwidened"] = ci
+    return out
+
+
+def _widen_note(value: float | None, factor: float) -> dict[str, Any]:
+    """``widen`` in the JSON: the factor and what it did."""
+    if factor == 1:
+        how = "none: the D* interval is the bootstrap's percentile interval"
+    elif value is None:
+        how = (f"×{factor:g} asked, not applied: no D* estimate to widen about (the laws do "
+               "not cross once)")
+    else:
+        how = (f"the D* interval's ends moved ×{factor:g} as far from D* = {value:.3g} in "
+               "ln D* (a calibrated factor: studies/law_search.py's calibration, "
+               "docs/intervals.md)")
+    return {"factor": factor, "applies_to": "d_star", "how": how}
 
 
 def noise_model(noise: str, icc: float | None, length: float | None,
@@ -480,6 +518,8 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         *([] if "noise_model" not in r else [
             f"intervals assume: {r['noise_model']['assumes']}",
             f"  why: {r['noise_model']['why']}"]),
+        *([] if (r.get("widen") or {}).get("factor", 1) == 1 else [
+            f"D* interval widened ×{r['widen']['factor']:g}: {r['widen']['how']}"]),
         f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'], factor=xf.get('upcycled'))}"
         f"   ({lvl} interval)",
         f"predicted loss, from scratch: {_ci(r['loss']['scratch'], factor=xf.get('scratch'))}",

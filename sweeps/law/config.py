@@ -119,7 +119,7 @@ class LawSearchConfig:
     """Bootstrap fits per refit."""
     noise: str = "groups"
     """groups: parametric bootstrap with noise shared by the trials of one parent, or of one WSD
-    stable run where there is no parent (``scaling.fit.group_noise_bootstrap``) |
+    stable run where there is no parent (``scaling.bootstrap.group_noise_bootstrap``) |
     trials: resample trials as if independent (intervals too narrow when branches share a
     stable run)."""
     icc: float | None = None
@@ -140,8 +140,9 @@ class LawSearchConfig:
     dstar_range: Annotated[tuple[float, float], BeforeValidator(_finite_range)] = (1e3, 1e17)
     """Token range searched for D* crossings (000 Eq. 13)."""
     widen: float = 1.0
-    """Calibrated widening of the target's interval: its half-widths are multiplied by this
-    (1: as bootstrapped)."""
+    """Calibrated widening of the target's interval: its ends moved this many times as far from
+    the estimate in ln(target), before the stopping rule and in every report (the ``calibration``
+    factor ``studies/law_search.py`` prints for the noise model; 1: as bootstrapped)."""
 
     def __post_init__(self) -> None:
         for name in ("loss_at", "fix", "scratch"):

@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 from moe_core.errors import FitError
+from scaling.bootstrap import NoiseComponents, group_noise_bootstrap, kernel_matrix, log2_axis
 from scaling.crossing import sign_changes
-from scaling.fit import NoiseComponents, fit, group_noise_bootstrap
+from scaling.fit import fit
+from scaling.interval import widen
 from scaling.laws import Points, get_law
 
 CONFIRM = 2
@@ -148,6 +150,13 @@ class LawDesign:
     narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
     _fit_on: tuple[int, ...] = ()
     _noise = NoiseComponents(1e-4, 0.0, 0)
+    _load: np.ndarray | None = None
+
+    @property
+    def widen(self) -> float:
+        """``law.widen``: the calibrated factor the target's interval is widened by (1: none;
+        a config from before the key: 1)."""
+        return float(getattr(self.cfg, "widen", 1.0))
 
     def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
         if not candidates:
@@ -305,8 +314,11 @@ class LawDesign:
         T = np.array([_ln_target(self.cfg, self.law, s) for s in samples])
         lo, hi = percentile_interval(T, self.cfg.ci)
         t0 = _ln_target(self.cfg, self.law, r.params)
-        est = Estimate(*(_natural_value(self.cfg, v) for v in (t0, lo, hi)), len(pts),
-                       dict(r.params))
+        value, lo, hi = (_natural_value(self.cfg, v) for v in (t0, lo, hi))
+        # the calibrated widening (law.widen), in ln(target) about the estimate, before the
+        # stopping rule: every report and the state file carry the widened interval
+        lo, hi = widen(value, lo, hi, self.widen)
+        est = Estimate(value, lo, hi, len(pts), dict(r.params))
         self.estimate = est
         if not by_group:
             dof = max(1, len(pts) - len(free))
@@ -314,6 +326,7 @@ class LawDesign:
                                           0.0, 0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
+                             "widen": self.widen,
                              "noise": {"sigma": math.sqrt(self._noise.total),
                                        "icc": self._noise.icc,
                                        "by": "groups" if by_group else "trials",
@@ -397,30 +410,58 @@ class LawDesign:
                 for g in (self._group(i) for i in range(len(self.candidates)))]
 
     def _augmented(self, C: np.ndarray) -> np.ndarray:
-        """The ensemble covariance [target, ln L̂ at each candidate] extended by one latent
-        group effect per group (variance: the shared noise), so that an observation of
-        candidate c is ln L̂_c + u_g + e: branches of one stable run are not independent
-        evidence."""
+        """The ensemble covariance [target, ln L̂ at each candidate] extended by latent noise
+        effects z ~ N(0, I) (:meth:`_loadings`), so that an observation of candidate c is
+        ln L̂_c + (τ·R z)_c + e: branches of one stable run are not independent evidence."""
+        self._load = self._loadings()
+        if self._load is None:
+            return C
+        n, r = C.shape[0], self._load.shape[1]
+        out = np.zeros((n + r, n + r))
+        out[:n, :n] = C
+        out[n:, n:] = np.eye(r)
+        return out
+
+    def _loadings(self) -> np.ndarray | None:
+        """τ·R, [candidates, r]: each candidate's loading on the latent effects, with
+        R·Rᵀ = K the correlation of the shared noise between candidates — the group indicator
+        (one effect per group: equicorrelated), or with ``law.length`` ℓ the fading kernel
+        exp(−d²/2ℓ²) within a group, d in octaves of D2 (:func:`scaling.bootstrap.kernel_matrix`,
+        the one the bootstrap draws from), so a branch near one already run tells less that is
+        new than one far away. Candidates without a group: no shared part. None: no shared
+        noise modelled."""
         if not getattr(self, "_gidx", None):
             self._gidx = self._group_index()
         shared = self._noise.shared
-        G = 1 + max((g for g in self._gidx if g is not None), default=-1)
-        if shared <= 0 or G == 0:
-            return C
-        n = C.shape[0]
-        out = np.zeros((n + G, n + G))
-        out[:n, :n] = C
-        out[n:, n:] = shared * np.eye(G)
-        return out
+        grouped = np.array([g is not None for g in self._gidx])
+        if shared <= 0 or not grouped.any():
+            return None
+        length = getattr(self.cfg, "length", None)
+        if length is None or math.isinf(length):
+            R = np.zeros((len(self._gidx), 1 + max(g for g in self._gidx if g is not None)))
+            for i, g in enumerate(self._gidx):
+                if g is not None:
+                    R[i, g] = 1.0
+        else:
+            X = {v: np.array([c.x[v] for c in self.candidates]) for v in self.law.variables}
+            t = log2_axis(Points(X, np.ones(len(self.candidates))))
+            K = kernel_matrix([None if g is None else str(g) for g in self._gidx], t, length)
+            K *= np.outer(grouped, grouped)
+            lam, V = np.linalg.eigh(K)
+            keep = lam > 1e-10 * lam.max()
+            R = V[:, keep] * np.sqrt(lam[keep])
+        return math.sqrt(shared) * R
 
     def _obs(self, C: np.ndarray, i: int) -> tuple[np.ndarray, float]:
-        """(Cov(state, y_i), Var y_i) for an observation y_i of candidate ``i``."""
-        c, g = i + 1, self._gidx[i] if getattr(self, "_gidx", None) else None
-        n = len(self.candidates) + 1
-        if g is None or C.shape[0] == n:  # no group, or no shared noise modelled
+        """(Cov(state, y_i), Var y_i) for an observation y_i = ln L̂_i + a_i·z + e of candidate
+        ``i`` (a_i: its row of :meth:`_loadings`)."""
+        c, n = i + 1, len(self.candidates) + 1
+        load = getattr(self, "_load", None)
+        if load is None or C.shape[0] == n:  # no shared noise modelled
             return C[:, c], C[c, c] + self._noise.own
-        u = n + g
-        return C[:, c] + C[:, u], C[c, c] + 2 * C[c, u] + C[u, u] + self._noise.own
+        a = load[i]
+        h = C[:, c] + C[:, n:] @ a
+        return h, float(h[c] + C[c, n:] @ a + a @ C[n:, n:] @ a) + self._noise.own
 
     def _condition(self, C: np.ndarray, pick: int) -> np.ndarray:
         """The ensemble covariance after observing candidate ``pick`` (the linear-Gaussian

@@ -23,8 +23,10 @@ def _estimate_text(cfg, e: Mapping[str, Any]) -> str:
     """"D* = …, 90% interval […, …], relative width …" of an estimate (``Estimate.to_dict``)."""
     lo, hi = e["ci"]
     w = e["rel_width"]
+    f = float(e.get("widen") or 1.0)
+    wide = "" if f == 1 else f" (widened ×{f:g} in ln {_target_name(cfg)}: law.widen)"
     return (f"{_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
-            f"[{_num(cfg, lo)}, {_num(cfg, hi)}], relative width "
+            f"[{_num(cfg, lo)}, {_num(cfg, hi)}]{wide}, relative width "
             f"{'unbounded' if w is None else format(w, '.3g')}")
 
 
@@ -56,10 +58,12 @@ def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:
     else:
         stop = "exhausted"
     return {"target": cfg.target, "ci": cfg.ci, "ci_width": cfg.ci_width, "stop": stop,
+            "widen": float(getattr(cfg, "widen", 1.0)),
             "trials": issued, "max_trials": cap, "failed": len(d["failed"]),
             "refits": len(d["history"]), "flops": float(d["spent"]),
-            "estimate": None if last is None else {k: last[k] for k in
-                                                   ("value", "ci", "rel_width", "trials")}}
+            "estimate": None if last is None else {
+                **{k: last[k] for k in ("value", "ci", "rel_width", "trials")},
+                "widen": last.get("widen", 1.0)}}
 
 
 def describe_outcome(cfg, out: Mapping[str, Any]) -> str:

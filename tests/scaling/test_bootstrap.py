@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis.data import bootstrap_units, load_points
-from scaling.fit import fit, group_noise_bootstrap, noise_components
+from scaling.bootstrap import group_noise_bootstrap, noise_components
+from scaling.fit import fit
 from scaling.laws import Points, get_law
 
 TRUTH = {"A": 16.3, "alpha1": 0.043, "alpha2": 0.085, "E": 0.9}

@@ -9,16 +9,16 @@ import math
 import numpy as np
 import pytest
 
-from scaling.fit import (
+from scaling.bootstrap import (
     NoiseComponents,
     _kernel_root,
     _resample_log,
-    fit,
     group_matrix,
     group_noise_bootstrap,
     kernel_matrix,
     noise_components,
 )
+from scaling.fit import fit
 from scaling.laws import Points, get_law
 
 TRUTH = {"A": 16.3, "alpha1": 0.043, "alpha2": 0.085, "E": 0.9}

@@ -67,3 +67,62 @@ def test_law_length_reaches_the_bootstrap():
 
     assert parse_law_block({"target": "alpha3", "length": 2.73, "icc": 0.9}).length == 2.73
     assert parse_law_block({"target": "alpha3"}).length is None
+
+
+def _replicated_grid(k: int):
+    """A simulated ``scaling_d1_d2`` × 3 seeds with the noise measured on this project's runs
+    (own 0.00095, a parent's 0.00285 fading over 2.73 octaves of D2; findings §10), each seed's
+    parent per D1 its own group, and six from-scratch runs (independent noise 0.001). The
+    from-scratch law shares the upcycled law's E (``analysis.decide`` fits E shared, 000 §5) and
+    its A puts the true D* at 2e9 tokens, inside the grid (by hand: L_scratch(2e9) =
+    L_upcycled(2e9, 2e9))."""
+    import numpy as np
+    import pandas as pd
+
+    from sweeps.simulate import SimulatedStudy
+
+    grid, rows = np.geomspace(0.5e9, 8e9, 5), []
+    for s in range(3):
+        st = SimulatedStudy(N1=1e9, sigma=0.00095, sigma_group=0.00285, group_length=2.73,
+                            seed=1000 * k + s)
+        for i, d1 in enumerate(grid):
+            for d2 in grid:
+                rows.append({"trial_id": f"u{s}_{i}_{d2:.0f}", "kind": "upcycled", "seed": s,
+                             "parent_key": f"p{i}_s{s}", "upcycle.method": "dense_to_moe",
+                             "N1": 1e9, "N2": 1.75e9, "D1": d1, "D2": d2, "tokens": d2,
+                             "val_loss": st.loss({"D1": d1, "D2": d2}, group=f"p{i}")})
+    st = SimulatedStudy(N1=1e9)
+    sc = dict(st.scratch, E=st.upcycled["E"])
+    sc["A"] = (st.true_loss({"D1": 2e9, "D2": 2e9}) - sc["E"]) * 2e9 ** sc["alpha"]
+    rng = np.random.default_rng(k)
+    for d in np.geomspace(0.5e9, 16e9, 6):
+        rows.append({"trial_id": f"s{d:.0f}", "kind": "moe", "seed": 0, "parent_key": "",
+                     "N1": 1e9, "N2": 1.75e9, "D1": 0, "D2": d, "tokens": d,
+                     "val_loss": (sc["A"] * d ** -sc["alpha"] + sc["E"]) *
+                     math.exp(0.001 * rng.standard_normal())})
+    return pd.DataFrame(rows), st.upcycled, sc
+
+
+@pytest.mark.slow
+def test_decide_dstar_interval_under_fading_noise_is_nominal_within_sampling_error():
+    """``analysis.decide --noise fading --icc 0.9 --length 2.73`` on 16 simulated replicated
+    grids (60 resamples each; data sets 100–115, not the 40 the factor was calibrated on): its
+    90 % D* interval, widened by the calibrated ×1.3 (``--widen 1.3``), holds the true D* (2e9 by
+    construction, checked through decide's own D* of the true laws) in at least 0.9 − 2 se of
+    them (se = √(0.9·0.1/16) = 0.075: 12 of 16). Unwidened, the interval held the truth in only
+    0.80 ± 0.06 of data sets 0–39, below nominal (docs/intervals.md). That figure is why the
+    factor exists, so this test checks the widened interval, out of sample."""
+    from analysis.decide import _dstar, decide, load_decision_data
+
+    hits, raw = [], []
+    for k in range(100, 116):
+        df, upc, sc = _replicated_grid(k)
+        data = load_decision_data(df)
+        true = _dstar(data, upc, sc, 1e9).value
+        assert true == pytest.approx(2e9, rel=1e-3)
+        r = decide(data, bootstrap=60, noise="fading", icc=0.9, length=2.73, seed=k, widen=1.3)
+        for out, (lo, hi) in ((hits, r["d_star"]["ci"]), (raw, r["d_star"]["ci_unwidened"])):
+            out.append(lo is not None and lo <= true <= (math.inf if hi is None else hi))
+    se = math.sqrt(0.9 * 0.1 / len(hits))
+    assert sum(hits) / len(hits) >= 0.9 - 2 * se, (hits, raw)
+    assert sum(hits) >= sum(raw)  # widening only adds cover

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moe_core.errors import SearchSpaceError
-from scaling.fit import NoiseComponents
+from scaling.bootstrap import NoiseComponents
 from sweeps.law.config import parse_law_block
 from sweeps.law.design import Candidate, LawDesign, Ledger, run_design
 from sweeps.law.searcher import LawSearcher

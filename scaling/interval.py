@@ -1,0 +1,34 @@
+"""The calibrated widening of a bootstrap interval (issue #30, docs/intervals.md).
+
+Where simulated studies with a known truth show an interval's coverage below nominal,
+``studies/law_search.py`` finds the smallest factor F by which moving both ends F times as far
+from the estimate in ln(target) brings it to nominal (``calibration.factor``). The same
+function applies F in ``algorithm: law`` (``law.widen``), in ``python -m analysis.decide
+--widen F`` and in the study itself, so that the three widen alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+from moe_core.errors import FitError
+
+
+def widen(value: float | None, lo: float | None, hi: float | None,
+          factor: float) -> tuple[float | None, float | None]:
+    """The interval [lo, hi] about the estimate ``value`` with each end moved ``factor`` times
+    as far in ln: end ↦ value·(end/value)^F, i.e. ln end ↦ ln value + F·(ln end − ln value).
+    An end that is None (unbounded), ±inf or ≤ 0 (no crossing in that resample, on a scale of
+    tokens) stays where it is; so does the whole interval when ``value`` is None or ≤ 0 (no
+    estimate to widen about). F = 1 returns the interval unchanged."""
+    if not factor >= 1:
+        raise FitError(f"widen factor {factor} must be >= 1 (a calibrated widening)")
+    if factor == 1 or value is None or not math.isfinite(value) or not value > 0:
+        return lo, hi
+
+    def move(end: float | None) -> float | None:
+        if end is None or not math.isfinite(end) or not end > 0:
+            return end
+        return value * (end / value) ** factor
+
+    return move(lo), move(hi)
