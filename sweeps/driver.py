@@ -399,6 +399,24 @@ def pending_trials(conc: int) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+OLDER_STATE = (AttributeError, ImportError, TypeError)
+"""What unpickling Tune's experiment state raises when a class it names moved or changed
+(``sweeps.spec.Param`` became ``sweeps.space``'s distributions, see CHANGELOG.md)."""
+
+
+def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:
+    """``Tuner.restore``; experiment state pickled by an older upcycle-sweeps whose classes
+    moved is refused in one line, with the results left as they are."""
+    try:
+        return tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True,
+                                  resume_errored=True, storage_filesystem=fs)
+    except OLDER_STATE as e:
+        raise SearchSpaceError(
+            f"--resume: {where} holds Tune state this version cannot read ({type(e).__name__}: "
+            f"{str(e)[:120]}); it was written by an older upcycle-sweeps: resume with that "
+            "version, or rerun into a new results folder (nothing was changed)") from None
+
+
 def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Results,
            callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
@@ -410,8 +428,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
     if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
         # algorithm=law: the searcher restored with the experiment reads its own state file
         # (law_search.json) too, so a resume never starts the design over (ray#30861)
-        return tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True,
-                                  resume_errored=True, storage_filesystem=fs)
+        return _restore(where, trainable, fs)
     run_config = tune.RunConfig(
         name="tune", storage_path=results_dir.path if fs is not None else str(results_dir),
         storage_filesystem=fs,
