@@ -26,14 +26,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
+from sweeps.cluster.local import LIGHT_ENV, LOOPBACK_ENV, LocalCluster, LocalClusterConfig
 from sweeps.devices import ALLOW_CPU_ENV
 from tests import s3_server
 from tests.sweeps.test_sweep_e2e import SPEC
 
 s3 = s3_server.s3  # the moto server fixture
 
-EVERY = 8  # eval (and checkpoint) every 8 steps
+EVERY = 8  # eval every 8 steps, a checkpoint at every other eval (16, 32, 48, 64)
 STEPS = 64
 
 
@@ -88,15 +88,18 @@ def _trial_results(fs: pafs.FileSystem, tune_dir: str) -> dict[str, list[dict]]:
     """Tune's ``result.json`` of every trial: its reports in order (with ``pid`` and
     ``checkpoint_dir_name``), keyed by trial id."""
     out: dict[str, list[dict]] = {}
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(tune_dir, recursive=True))
-    except (FileNotFoundError, OSError):
+    try:  # the trial folders only (not every checkpoint file: this is polled)
+        infos = fs.get_file_info(pafs.FileSelector(tune_dir, allow_not_found=True))
+    except OSError:
         return out
     for info in infos:
-        if info.base_name != "result.json":
+        if info.type != pafs.FileType.Directory:
             continue
-        with fs.open_input_stream(info.path) as f:
-            lines = f.read().decode().splitlines()
+        try:
+            with fs.open_input_stream(f"{info.path}/result.json") as f:
+                lines = f.read().decode().splitlines()
+        except (FileNotFoundError, OSError):
+            continue
         rows = []
         for line in lines:
             try:
@@ -117,7 +120,7 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
         for tid, rows in _trial_results(fs, tune_dir).items():
             ck = [r["step"] for r in rows if r.get("checkpoint_dir_name")]
             last = rows[-1]
-            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9
+            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9 (16-48)
                 continue
             raylet = cluster.raylet_of(last["pid"])
             if raylet is None:
@@ -134,7 +137,7 @@ def _sweep_spec(results_root: str) -> dict:
     return dict(SPEC, base=base, results=results_root, resources={"cpus": 1, "gpus": 1},
                 max_concurrent=3, storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
                 failure={"max_failures": 3},
-                checkpoint={"every_evals": 1, "every_minutes": None})
+                checkpoint={"every_evals": 2, "every_minutes": None})
 
 
 @pytest.mark.slow
@@ -145,14 +148,15 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_sweep_spec(results_root)))
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
-               **LOOPBACK_ENV, **{ALLOW_CPU_ENV: "1"})
+               **LOOPBACK_ENV, **LIGHT_ENV, **{ALLOW_CPU_ENV: "1"})
     env.pop("RAY_ADDRESS", None)
     fs, root = _fs(results_root)
     sweep_dir = f"{root}/e2e"
     t0 = time.monotonic()
     cluster = LocalCluster(LocalClusterConfig(autoscaler_v2=v2))  # a short /tmp/ucl-* root
-    request.addfinalizer(lambda: shutil.rmtree(cluster.root, ignore_errors=True))
+    request.addfinalizer(lambda: _keep_autoscaler_log(cluster.root, tmp_path))
     with cluster:
+        head_s = time.monotonic() - t0
         timeline = Timeline(cluster)
         timeline.start()
         log = open(tmp_path / "driver.log", "w")
@@ -161,6 +165,7 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         try:
             hit = _preempt_a_running_trial(cluster, fs, f"{sweep_dir}/tune", proc)
             proc.wait(timeout=420)
+            driver_s = time.monotonic() - timeline.t0
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -170,10 +175,16 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         points = timeline.stop()
         assert not psutil_alive(hit["raylet"])
     wall = time.monotonic() - t0
-    print(f"\nautoscaler {'v2' if v2 else 'v1'}: node-count timeline (s, nodes incl. head): "
-          f"{points}; preempted trial {hit['trial_id']} after its checkpoint at step "
-          f"{hit['ckpt_step']}; {wall:.0f} s in all")
-    (tmp_path / "timeline.json").write_text(json.dumps({"points": points, "wall_s": wall}))
+    written = _bytes_under(fs, sweep_dir)
+    print(f"\nautoscaler {'v2' if v2 else 'v1'} (results {'on S3' if v2 else 'local'}): "
+          f"head up in {head_s:.1f} s; node-count timeline from the driver's start (s, nodes "
+          f"incl. head): {points}; driver exited at {driver_s:.1f} s; preempted trial "
+          f"{hit['trial_id']} after its checkpoint at step {hit['ckpt_step']}; "
+          f"{written[0]:,} bytes in {written[1]} objects written under {results_root}; "
+          f"{wall:.0f} s in all")
+    (tmp_path / "timeline.json").write_text(json.dumps(
+        {"points": points, "wall_s": wall, "head_s": head_s, "driver_s": driver_s,
+         "bytes": written[0], "objects": written[1]}))
 
     # scale-up from the head alone to more than one worker, and back to the head alone
     assert points[0][1] == 1, points
@@ -207,6 +218,21 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     cached = [i for i in fs.get_file_info(pafs.FileSelector(f"{sweep_dir}/parents"))]
     assert len([i for i in cached if i.type == pafs.FileType.Directory]) == 1, cached
     assert not [i for i in cached if i.base_name.endswith(".lock")], cached
+
+
+def _bytes_under(fs: pafs.FileSystem, root: str) -> tuple[int, int]:
+    """Bytes and files (objects) under ``root``."""
+    files = [i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+             if i.type == pafs.FileType.File]
+    return sum(i.size for i in files), len(files)
+
+
+def _keep_autoscaler_log(root, tmp_path) -> None:
+    """The autoscaler's log (node launches and removals, with times) into the test's folder,
+    then the cluster's folder removed."""
+    for f in root.glob("ray/session_*/logs/monitor.*"):
+        shutil.copy(f, tmp_path / f.name)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def psutil_alive(pid: int) -> bool:
