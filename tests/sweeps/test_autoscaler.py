@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -54,7 +55,10 @@ def results_root(tmp_path, request, monkeypatch) -> str:
 
 class Timeline(threading.Thread):
     """Samples the number of live nodes (the head included) every ``every_s``; keeps the
-    changes as (seconds since start, nodes)."""
+    changes as (seconds since start, nodes). Also sums the CPU seconds of the cluster's
+    processes and of the ones :meth:`watch` names (the driver, the S3 server): a measure of
+    the test's work that the machine's load does not change (a process's last ``every_s``
+    before it ends is missed)."""
 
     def __init__(self, cluster: LocalCluster, every_s: float = 0.5):
         super().__init__(daemon=True)
@@ -62,11 +66,32 @@ class Timeline(threading.Thread):
         self.t0 = time.monotonic()
         self.points: list[tuple[float, int]] = []
         self.halt = threading.Event()
+        self.watched: list[psutil.Process] = []
+        self.cpu: dict[tuple[int, float], float] = {}
+
+    def watch(self, pid: int) -> None:
+        self.watched.append(psutil.Process(pid))
+
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
 
     def sample(self) -> None:
         n = 1 + self.cluster.worker_count()
         if not self.points or self.points[-1][1] != n:
             self.points.append((round(time.monotonic() - self.t0, 1), n))
+        procs = self.cluster.processes()
+        for w in self.watched:
+            try:
+                procs += [w, *w.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    self.cpu[(p.pid, p.create_time())] = t.user + t.system
+            except psutil.NoSuchProcess:
+                continue
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -162,6 +187,9 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         log = open(tmp_path / "driver.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec), "--address",
                                  cluster.address], env=env, stdout=log, stderr=subprocess.STDOUT)
+        timeline.watch(proc.pid)
+        if v2:
+            timeline.watch(request.getfixturevalue("s3").pid)
         try:
             hit = _preempt_a_running_trial(cluster, fs, f"{sweep_dir}/tune", proc)
             proc.wait(timeout=420)
@@ -181,9 +209,11 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
           f"incl. head): {points}; driver exited at {driver_s:.1f} s; preempted trial "
           f"{hit['trial_id']} after its checkpoint at step {hit['ckpt_step']}; "
           f"{written[0]:,} bytes in {written[1]} objects written under {results_root}; "
-          f"{wall:.0f} s in all")
+          f"{wall:.0f} s in all, {timeline.cpu_s():.0f} CPU s (cluster, driver"
+          f"{', S3 server' if v2 else ''}), load {os.getloadavg()[0]:.1f}")
     (tmp_path / "timeline.json").write_text(json.dumps(
         {"points": points, "wall_s": wall, "head_s": head_s, "driver_s": driver_s,
+         "cpu_s": timeline.cpu_s(), "load": os.getloadavg(),
          "bytes": written[0], "objects": written[1]}))
 
     # scale-up from the head alone to more than one worker, and back to the head alone
@@ -236,8 +266,6 @@ def _keep_autoscaler_log(root, tmp_path) -> None:
 
 
 def psutil_alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
