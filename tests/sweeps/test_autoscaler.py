@@ -68,12 +68,19 @@ class Timeline(threading.Thread):
         self.halt = threading.Event()
         self.watched: list[psutil.Process] = []
         self.cpu: dict[tuple[int, float], float] = {}
+        self.names: dict[tuple[int, float], str] = {}
 
     def watch(self, pid: int) -> None:
         self.watched.append(psutil.Process(pid))
 
     def cpu_s(self) -> float:
         return sum(self.cpu.values())
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, s in self.cpu.items():
+            out[self.names[key]] = round(out.get(self.names[key], 0.0) + s, 1)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def sample(self) -> None:
         n = 1 + self.cluster.worker_count()
@@ -89,7 +96,10 @@ class Timeline(threading.Thread):
             try:
                 with p.oneshot():
                     t = p.cpu_times()
-                    self.cpu[(p.pid, p.create_time())] = t.user + t.system
+                    key = (p.pid, p.create_time())
+                    self.cpu[key] = t.user + t.system
+                    if key not in self.names:
+                        self.names[key] = _process_kind(p)
             except psutil.NoSuchProcess:
                 continue
 
@@ -103,6 +113,19 @@ class Timeline(threading.Thread):
         self.join(timeout=30)
         self.sample()
         return self.points
+
+
+def _process_kind(p: psutil.Process) -> str:
+    """A short name for what a process is (Ray's worker processes name themselves)."""
+    cmd = p.cmdline()
+    if not cmd:
+        return p.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    for part in cmd[:4]:
+        if part.endswith(".py") or part in ("sweeps.run", "moto_server"):
+            return os.path.basename(part)
+    return os.path.basename(cmd[0])
 
 
 def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -213,7 +236,8 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
           f"{', S3 server' if v2 else ''}), load {os.getloadavg()[0]:.1f}")
     (tmp_path / "timeline.json").write_text(json.dumps(
         {"points": points, "wall_s": wall, "head_s": head_s, "driver_s": driver_s,
-         "cpu_s": timeline.cpu_s(), "load": os.getloadavg(),
+         "cpu_s": timeline.cpu_s(), "cpu_by_kind": timeline.cpu_by_kind(),
+         "load": os.getloadavg(),
          "bytes": written[0], "objects": written[1]}))
 
     # scale-up from the head alone to more than one worker, and back to the head alone
