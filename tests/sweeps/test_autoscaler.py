@@ -6,9 +6,13 @@ its trial resumes from its last checkpoint on another node; every reported row i
 ``results.parquet`` exactly once and the shared parent is trained once. The cluster's
 processes are the only ones started or stopped.
 
-Where the sweep writes is the ``results_root`` fixture: a local folder here; any URI that
-``pyarrow.fs.FileSystem.from_uri`` reads (an ``s3://`` bucket on a local S3 server) can
-replace it, as every read below goes through ``pyarrow.fs``.
+Where the sweep writes is the ``results_root`` fixture: a local folder under v1, a bucket on
+the local S3 server (moto) under v2; every read below goes through ``pyarrow.fs``. Each
+variant is its own test (``-k autoscaler_v1``, ``-k autoscaler_v2``) and prints (``-s``) the
+head's start time, the node-count timeline, the driver's exit, the bytes written under
+``results:``, the CPU seconds of the cluster, driver and S3 server, and the load average; the
+same go to ``timeline.json`` in its temp folder, next to the autoscaler's log. No timing is
+asserted.
 """
 
 from __future__ import annotations
