@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import torch
 from ray import tune
 
@@ -58,8 +59,8 @@ class TrialReporter(Callback):
     """Reports each eval, with the checkpoint written at its step, in one call.
 
     ``report(row, checkpoint)`` is ``tune.report`` in a single-rank trial and
-    ``ray.train.report`` on every rank of a multi-rank trial (where only rank 0 attaches the
-    checkpoint: the directory holds every rank's files, on storage all ranks share). Once a
+    ``ray.train.report`` on every rank of a multi-rank trial (where each rank attaches its own
+    folder of the checkpoint, and Ray Train uploads them all into one). Once a
     checkpoint is reported (Ray has copied it, synchronously), the one reported before it is
     deleted: one local checkpoint per trial, besides the ones Tune keeps."""
 
@@ -315,7 +316,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
                 resume_from = Path(st.checkpoints[t.config.tokens])
         if spec.resources.ranks > 1:
             run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor,
-                           export_dir)
+                           export_dir, stable=st)
             return
         trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
                           out_dir=work / "ckpt", callbacks=(reporter,),
@@ -357,19 +358,24 @@ def _train_rank(box: dict[str, Any]) -> None:
     compile_stats.start_trial()
     parent = get_parent(t.config, t.parent_key, box["parents"], box["cache_dir"])
     rank = ray.train.get_context().get_world_rank()
+    own = Path(box["ckpt_root"]) / f"rank{rank}"  # this rank's node-local folder, unshared
     resume = box["resume"]
+    if box.get("stable") is not None:  # a WSD branch: its stable run's checkpoint, on this node
+        fetch_stable(box["stable"])
     ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
     if ck is not None:
-        resume = ck.path
+        resume = local_checkpoint(ck, own / "resume")
     pred = box.get("predictor")
     report = ray.train.report if rank else faults.report_function(
         cache_paths(box["cache_dir"])[1], ray.train.report, lambda: box["static"]["trial_id"])
+    # every rank attaches its own files: Ray Train uploads them all into one checkpoint folder
+    # and commits it once every rank's report (after its upload) is in
     reporter = TrialReporter(box["static"], report, ray.train.Checkpoint,
-                             attach=rank == 0, predictor=None if pred is None else
+                             predictor=None if pred is None else
                              PostDecayPredictor.for_trial(*pred, t, parent),
                              extra=compile_stats.snapshot)
     trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
-                      out_dir=Path(box["ckpt_root"]), callbacks=(reporter,),
+                      out_dir=own, out_dir_per_rank=True, callbacks=(reporter,),
                       should_checkpoint=CheckpointCadence(box["checkpoint"],
                                                           t.config.eval.every_steps))
     try:
@@ -385,15 +391,29 @@ def _train_rank(box: dict[str, Any]) -> None:
                 export_model(state, trainer.model.config, t, dest)
 
 
+def local_checkpoint(ck: Any, dest: Path) -> Path:
+    """A Ray Train checkpoint as a local folder: its own path on a local filesystem (shared
+    storage), else downloaded whole (every rank's files; through the signed filesystem, so each
+    object's digest is checked) into ``dest``, this rank's own."""
+    if isinstance(ck.filesystem, pafs.LocalFileSystem):
+        return Path(ck.path)
+    shutil.rmtree(dest, ignore_errors=True)
+    return Path(ck.to_directory(str(dest)))
+
+
 def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
                    static: dict[str, Any], resume_from: Path | None,
                    predictor: tuple[str, Calibration] | None = None,
-                   export_dir: str | None = None) -> None:
+                   export_dir: str | None = None, stable: StableRun | None = None) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
     across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
     the trial's resources (the Tune trial itself reserves none). With ``export_dir`` the
     finished model's expert shards are gathered and rank 0 writes it as a Hugging Face folder
-    in ``<trial_id>/``."""
+    in ``<trial_id>/``. The ranks may run on different nodes and share no local folder: each
+    writes its checkpoint files in its own staging folder, Ray Train uploads every rank's
+    files into one checkpoint folder under ``<results>/train`` and commits it after all ranks
+    reported; a restarted rank downloads it whole. A WSD branch's ``stable`` run is fetched
+    on each rank's node."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -401,14 +421,16 @@ def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache
     r = spec.resources
     trial_id = static["trial_id"]
     storage = Location.of(join_uri(spec.results_uri, "train"))
-    ckpt_root = staging_dir(storage) / "rank_checkpoints" / trial_id  # shared by the ranks
+    # each rank writes into its own subfolder (``rank<r>``), on its own node
+    ckpt_root = staging_dir(storage) / "rank_checkpoints" / trial_id
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
                            "static": static,
                            "resume": str(resume_from) if resume_from else None,
                            "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint,
-                           "predictor": predictor, "export_dir": export_dir},
+                           "predictor": predictor, "export_dir": export_dir,
+                           "stable": stable},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker=resources.rank_resources(spec)),

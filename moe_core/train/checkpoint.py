@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,14 +151,24 @@ def save_checkpoint(
     world_size: int = 1,
     per_rank_model: bool = False,
     barrier: Any = None,
+    gather: Callable[[Any], list[Any]] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically. Every rank calls this; with ``per_rank_model``
     (expert parallelism) each rank writes its own model shard, else rank 0 writes the model.
 
     ``barrier`` is called between the writes and the rename so all ranks' files are in place.
+
+    With ``gather`` (an all-gather of one Python object per rank, e.g.
+    ``torch.distributed.all_gather_object``) the ranks share no directory: each ``path`` is
+    that rank's own (its node's), each rank writes and publishes only its own files there, the
+    ranks' checksums are exchanged through ``gather``, and rank 0's folder also holds
+    ``meta.json`` listing every rank's files. The folders joined (as a checkpoint upload
+    joins them on shared storage) are one checkpoint; ``load_checkpoint`` of one rank's
+    folder alone refuses it as missing the other ranks' files.
     """
     path = Path(path)
-    if world_size == 1:  # a unique name: concurrent savers of one path never share it
+    own = gather is not None and world_size > 1
+    if world_size == 1 or own:  # a unique name: concurrent savers of one path never share it
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     else:  # every rank writes into one directory, so its name is agreed: the run's own
@@ -166,7 +177,7 @@ def save_checkpoint(
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-    if barrier:
+    if barrier and not own:
         barrier()
     files: dict[str, str] = {}
     if per_rank_model or rank == 0:
@@ -184,23 +195,40 @@ def save_checkpoint(
         torch.save(torch.cuda.get_rng_state_all(), tmp / files[f"cuda_rng_rank{rank}"])
     # Each rank records its own files' checksums in a part file; rank 0 merges them.
     part = {name: {"file": f, "sha256": _sha256(tmp / f)} for name, f in files.items()}
+    if own:  # no shared folder: the parts travel through the collective
+        parts = gather(part)
+        if rank == 0:
+            _write_meta(tmp, meta, parts, world_size)
+        publish_dir(tmp, path)
+        if barrier:
+            barrier()
+        return path
     (tmp / f"part_rank{rank}.json").write_text(json.dumps(part))
     if barrier:
         barrier()
     if rank == 0:
-        merged: dict[str, Any] = {}
+        parts = []
         for r in range(world_size):
-            merged.update(json.loads((tmp / f"part_rank{r}.json").read_text()))
+            parts.append(json.loads((tmp / f"part_rank{r}.json").read_text()))
             (tmp / f"part_rank{r}.json").unlink()
-        full = dict(meta)
-        full["files"] = {k: v["file"] for k, v in merged.items()}
-        full["sha256"] = {v["file"]: v["sha256"] for v in merged.values()}
-        full["world_size"] = world_size
-        (tmp / META).write_text(json.dumps(full, indent=1, default=_json_default))
+        _write_meta(tmp, meta, parts, world_size)
         publish_dir(tmp, path)
     if barrier:
         barrier()
     return path
+
+
+def _write_meta(folder: Path, meta: dict[str, Any], parts: list[dict[str, Any]],
+                world_size: int) -> None:
+    """``meta.json``: ``meta`` plus every rank's files (``parts``: name -> file, sha256)."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        merged.update(part)
+    full = dict(meta)
+    full["files"] = {k: v["file"] for k, v in merged.items()}
+    full["sha256"] = {v["file"]: v["sha256"] for v in merged.values()}
+    full["world_size"] = world_size
+    (folder / META).write_text(json.dumps(full, indent=1, default=_json_default))
 
 
 def _json_default(o: Any) -> Any:

@@ -245,6 +245,13 @@ def barrier() -> None:
     torch.distributed.barrier()
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
 def sync_balancing(model: Transformer, world: int) -> None:
     """Sum router loads over data-parallel ranks so every rank applies the same loss-free and
     adaptive updates (the router is replicated)."""

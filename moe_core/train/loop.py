@@ -67,6 +67,10 @@ class Trainer:
     should_checkpoint: a checkpoint policy asked at every evaluation, ``(step, is_last) ->
         bool`` (e.g. a sweep's cadence: every n-th eval, every m minutes, the last step); True
         writes a checkpoint into out_dir there. With several ranks rank 0's answer holds.
+    out_dir_per_rank: with several ranks, ``out_dir`` is this rank's own folder (on its own
+        node), not one the ranks share: each rank writes its own checkpoint files there and
+        rank 0 adds ``meta.json`` (``save_checkpoint``'s ``gather``); the ranks' folders of a
+        step joined are the checkpoint.
 
     ``wall_s`` (in each eval row and the result) counts the seconds of the run's lineage: a
     resumed run continues from the ``wall_s`` its checkpoint recorded (a WSD branch from its
@@ -77,8 +81,10 @@ class Trainer:
                  resume_from: str | Path | None = None, phase: Phase = Phase(),
                  out_dir: str | Path | None = None, checkpoint_steps: Sequence[int] = (),
                  callbacks: Sequence[Callback] = (),
-                 should_checkpoint: Callable[[int, bool], bool] | None = None):
+                 should_checkpoint: Callable[[int, bool], bool] | None = None,
+                 out_dir_per_rank: bool = False):
         self.t0 = time.perf_counter()
+        self.out_dir_per_rank = out_dir_per_rank
         self.should_checkpoint = should_checkpoint
         self.cfg, self.parent, self.callbacks = cfg, parent, tuple(callbacks)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -263,6 +269,7 @@ class Trainer:
                   "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
             rank=self.rank, world_size=self.world,
             barrier=eng.barrier if self.world > 1 else None, per_rank_model=self.ep > 1,
+            gather=eng.all_gather_object if self.out_dir_per_rank and self.world > 1 else None,
         )
         self.result.checkpoints[step] = str(path)
         return path

@@ -44,6 +44,9 @@ FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMulti
 # (laptop) mode keeps every node and driver on loopback. Every process of the cluster gets it,
 # and so must the driver that connects (``python -m sweeps.run --address``).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Every node of the fake cluster is a handful of processes on one machine: Ray's metrics export
+# (each raylet and agent, every few seconds) and usage-stats reports only take CPU from them.
+LIGHT_ENV = {"RAY_enable_metrics_collection": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,7 +124,8 @@ def head_env(cfg: LocalClusterConfig) -> dict[str, str]:
     inherit it)."""
     from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
-    env = {**LOOPBACK_ENV, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+    env = {**LOOPBACK_ENV, **LIGHT_ENV, "RAY_FAKE_CLUSTER": "1",
+           "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
     if cfg.autoscaler_v2:
         env.update(RAY_enable_autoscaler_v2="1", RAY_CLOUD_INSTANCE_ID=FAKE_HEAD_NODE_ID,
                    RAY_OVERRIDE_NODE_ID_FOR_TESTING=FAKE_HEAD_NODE_ID)
@@ -215,7 +219,8 @@ class LocalCluster:
             include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
             min_worker_port=0,
             max_worker_port=0, dashboard_agent_listen_port=0)
-        with _environ(head_env(self.cfg) if self.cfg.autoscale else LOOPBACK_ENV):
+        with _environ(head_env(self.cfg) if self.cfg.autoscale else
+                      {**LOOPBACK_ENV, **LIGHT_ENV}):
             node = ray._private.node.Node(params, head=True, shutdown_at_exit=False,
                                           spawn_reaper=False)
         self._record(node)
@@ -238,7 +243,7 @@ class LocalCluster:
             num_cpus=cpus, num_gpus=gpus, object_store_memory=self.cfg.object_store_bytes,
             min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
             include_log_monitor=False)
-        with _environ(LOOPBACK_ENV):
+        with _environ({**LOOPBACK_ENV, **LIGHT_ENV}):
             node = ray._private.node.Node(params, head=False, shutdown_at_exit=False,
                                           spawn_reaper=False)
         self._record(node)

@@ -6,9 +6,13 @@ its trial resumes from its last checkpoint on another node; every reported row i
 ``results.parquet`` exactly once and the shared parent is trained once. The cluster's
 processes are the only ones started or stopped.
 
-Where the sweep writes is the ``results_root`` fixture: a local folder here; any URI that
-``pyarrow.fs.FileSystem.from_uri`` reads (an ``s3://`` bucket on a local S3 server) can
-replace it, as every read below goes through ``pyarrow.fs``.
+Where the sweep writes is the ``results_root`` fixture: a local folder under v1, a bucket on
+the local S3 server (moto) under v2; every read below goes through ``pyarrow.fs``. Each
+variant is its own test (``-k autoscaler_v1``, ``-k autoscaler_v2``) and prints (``-s``) the
+head's start time, the node-count timeline, the driver's exit, the bytes written under
+``results:``, the CPU seconds of the cluster, driver and S3 server, and the load average; the
+same go to ``timeline.json`` in its temp folder, next to the autoscaler's log. No timing is
+asserted.
 """
 
 from __future__ import annotations
@@ -21,19 +25,20 @@ import sys
 import threading
 import time
 
+import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
+from sweeps.cluster.local import LIGHT_ENV, LOOPBACK_ENV, LocalCluster, LocalClusterConfig
 from sweeps.devices import ALLOW_CPU_ENV
 from tests import s3_server
 from tests.sweeps.test_sweep_e2e import SPEC
 
 s3 = s3_server.s3  # the moto server fixture
 
-EVERY = 8  # eval (and checkpoint) every 8 steps
+EVERY = 8  # eval every 8 steps, a checkpoint at every other eval (16, 32, 48, 64)
 STEPS = 64
 
 
@@ -54,7 +59,10 @@ def results_root(tmp_path, request, monkeypatch) -> str:
 
 class Timeline(threading.Thread):
     """Samples the number of live nodes (the head included) every ``every_s``; keeps the
-    changes as (seconds since start, nodes)."""
+    changes as (seconds since start, nodes). Also sums the CPU seconds of the cluster's
+    processes and of the ones :meth:`watch` names (the driver, the S3 server): a measure of
+    the test's work that the machine's load does not change (a process's last ``every_s``
+    before it ends is missed)."""
 
     def __init__(self, cluster: LocalCluster, every_s: float = 0.5):
         super().__init__(daemon=True)
@@ -62,11 +70,42 @@ class Timeline(threading.Thread):
         self.t0 = time.monotonic()
         self.points: list[tuple[float, int]] = []
         self.halt = threading.Event()
+        self.watched: list[psutil.Process] = []
+        self.cpu: dict[tuple[int, float], float] = {}
+        self.names: dict[tuple[int, float], str] = {}
+
+    def watch(self, pid: int) -> None:
+        self.watched.append(psutil.Process(pid))
+
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, s in self.cpu.items():
+            out[self.names[key]] = round(out.get(self.names[key], 0.0) + s, 1)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def sample(self) -> None:
         n = 1 + self.cluster.worker_count()
         if not self.points or self.points[-1][1] != n:
             self.points.append((round(time.monotonic() - self.t0, 1), n))
+        procs = self.cluster.processes()
+        for w in self.watched:
+            try:
+                procs += [w, *w.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    key = (p.pid, p.create_time())
+                    self.cpu[key] = t.user + t.system
+                    if key not in self.names:
+                        self.names[key] = _process_kind(p)
+            except psutil.NoSuchProcess:
+                continue
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -80,6 +119,19 @@ class Timeline(threading.Thread):
         return self.points
 
 
+def _process_kind(p: psutil.Process) -> str:
+    """A short name for what a process is (Ray's worker processes name themselves)."""
+    cmd = p.cmdline()
+    if not cmd:
+        return p.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    for part in cmd[:4]:
+        if part.endswith(".py") or part in ("sweeps.run", "moto_server"):
+            return os.path.basename(part)
+    return os.path.basename(cmd[0])
+
+
 def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri)
 
@@ -88,15 +140,18 @@ def _trial_results(fs: pafs.FileSystem, tune_dir: str) -> dict[str, list[dict]]:
     """Tune's ``result.json`` of every trial: its reports in order (with ``pid`` and
     ``checkpoint_dir_name``), keyed by trial id."""
     out: dict[str, list[dict]] = {}
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(tune_dir, recursive=True))
-    except (FileNotFoundError, OSError):
+    try:  # the trial folders only (not every checkpoint file: this is polled)
+        infos = fs.get_file_info(pafs.FileSelector(tune_dir, allow_not_found=True))
+    except OSError:
         return out
     for info in infos:
-        if info.base_name != "result.json":
+        if info.type != pafs.FileType.Directory:
             continue
-        with fs.open_input_stream(info.path) as f:
-            lines = f.read().decode().splitlines()
+        try:
+            with fs.open_input_stream(f"{info.path}/result.json") as f:
+                lines = f.read().decode().splitlines()
+        except (FileNotFoundError, OSError):
+            continue
         rows = []
         for line in lines:
             try:
@@ -117,7 +172,7 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
         for tid, rows in _trial_results(fs, tune_dir).items():
             ck = [r["step"] for r in rows if r.get("checkpoint_dir_name")]
             last = rows[-1]
-            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9
+            if not ck or last["step"] > STEPS - 2 * EVERY:  # a window of 5 evals of 9 (16-48)
                 continue
             raylet = cluster.raylet_of(last["pid"])
             if raylet is None:
@@ -134,7 +189,7 @@ def _sweep_spec(results_root: str) -> dict:
     return dict(SPEC, base=base, results=results_root, resources={"cpus": 1, "gpus": 1},
                 max_concurrent=3, storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
                 failure={"max_failures": 3},
-                checkpoint={"every_evals": 1, "every_minutes": None})
+                checkpoint={"every_evals": 2, "every_minutes": None})
 
 
 @pytest.mark.slow
@@ -145,22 +200,27 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_sweep_spec(results_root)))
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
-               **LOOPBACK_ENV, **{ALLOW_CPU_ENV: "1"})
+               **LOOPBACK_ENV, **LIGHT_ENV, **{ALLOW_CPU_ENV: "1"})
     env.pop("RAY_ADDRESS", None)
     fs, root = _fs(results_root)
     sweep_dir = f"{root}/e2e"
     t0 = time.monotonic()
     cluster = LocalCluster(LocalClusterConfig(autoscaler_v2=v2))  # a short /tmp/ucl-* root
-    request.addfinalizer(lambda: shutil.rmtree(cluster.root, ignore_errors=True))
+    request.addfinalizer(lambda: _keep_autoscaler_log(cluster.root, tmp_path))
     with cluster:
+        head_s = time.monotonic() - t0
         timeline = Timeline(cluster)
         timeline.start()
         log = open(tmp_path / "driver.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec), "--address",
                                  cluster.address], env=env, stdout=log, stderr=subprocess.STDOUT)
+        timeline.watch(proc.pid)
+        if v2:
+            timeline.watch(request.getfixturevalue("s3").pid)
         try:
             hit = _preempt_a_running_trial(cluster, fs, f"{sweep_dir}/tune", proc)
             proc.wait(timeout=420)
+            driver_s = time.monotonic() - timeline.t0
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -170,10 +230,19 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         points = timeline.stop()
         assert not psutil_alive(hit["raylet"])
     wall = time.monotonic() - t0
-    print(f"\nautoscaler {'v2' if v2 else 'v1'}: node-count timeline (s, nodes incl. head): "
-          f"{points}; preempted trial {hit['trial_id']} after its checkpoint at step "
-          f"{hit['ckpt_step']}; {wall:.0f} s in all")
-    (tmp_path / "timeline.json").write_text(json.dumps({"points": points, "wall_s": wall}))
+    written = _bytes_under(fs, sweep_dir)
+    print(f"\nautoscaler {'v2' if v2 else 'v1'} (results {'on S3' if v2 else 'local'}): "
+          f"head up in {head_s:.1f} s; node-count timeline from the driver's start (s, nodes "
+          f"incl. head): {points}; driver exited at {driver_s:.1f} s; preempted trial "
+          f"{hit['trial_id']} after its checkpoint at step {hit['ckpt_step']}; "
+          f"{written[0]:,} bytes in {written[1]} objects written under {results_root}; "
+          f"{wall:.0f} s in all, {timeline.cpu_s():.0f} CPU s (cluster, driver"
+          f"{', S3 server' if v2 else ''}), load {os.getloadavg()[0]:.1f}")
+    (tmp_path / "timeline.json").write_text(json.dumps(
+        {"points": points, "wall_s": wall, "head_s": head_s, "driver_s": driver_s,
+         "cpu_s": timeline.cpu_s(), "cpu_by_kind": timeline.cpu_by_kind(),
+         "load": os.getloadavg(),
+         "bytes": written[0], "objects": written[1]}))
 
     # scale-up from the head alone to more than one worker, and back to the head alone
     assert points[0][1] == 1, points
@@ -209,9 +278,22 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     assert not [i for i in cached if i.base_name.endswith(".lock")], cached
 
 
-def psutil_alive(pid: int) -> bool:
-    import psutil
+def _bytes_under(fs: pafs.FileSystem, root: str) -> tuple[int, int]:
+    """Bytes and files (objects) under ``root``."""
+    files = [i for i in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+             if i.type == pafs.FileType.File]
+    return sum(i.size for i in files), len(files)
 
+
+def _keep_autoscaler_log(root, tmp_path) -> None:
+    """The autoscaler's log (node launches and removals, with times) into the test's folder,
+    then the cluster's folder removed."""
+    for f in root.glob("ray/session_*/logs/monitor.*"):
+        shutil.copy(f, tmp_path / f.name)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def psutil_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

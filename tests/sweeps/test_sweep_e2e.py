@@ -1,5 +1,6 @@
 """End-to-end sweeps on local Ray (CPU): shared parent, injected failures, driver resume."""
 
+import json
 import os
 import signal
 import subprocess
@@ -169,11 +170,18 @@ def test_multi_rank_trials_with_expert_parallelism(tmp_path):
     for t in trials:
         assert sorted(r["step"] for r in rows if r["trial_id"] == t) == [0, 2, 4, 6]
     assert {r["ranks"] for r in rows} == {2} and {r["status"] for r in rows} == {"ok"}
-    ck = tmp_path / "results" / "e2e" / "train" / "rank_checkpoints"
+    train = tmp_path / "results" / "e2e" / "train"
     for t in trials:
-        files = {p.name for p in (ck / t / "step_00000006").iterdir()}
+        # Ray Train's checkpoint of the last step: each rank's own files (written in its own
+        # folder, rank_checkpoints/<t>/rank<r>) uploaded into one folder
+        (last,) = [m.parent for m in train.glob(f"*-{t}/checkpoint_*/meta.json")
+                   if json.loads(m.read_text())["step"] == 6]
+        files = {p.name for p in last.iterdir()}
         assert {"model_rank0.safetensors", "model_rank1.safetensors", "meta.json"} <= files
-        joined = load_checkpoint(ck / t / "step_00000006").full_model_state()
+        mine = {p.name for p in (train / "rank_checkpoints" / t / "rank1" / "step_00000006")
+                .iterdir()}
+        assert "meta.json" not in mine and "model_rank0.safetensors" not in mine
+        joined = load_checkpoint(last).full_model_state()
         _, exported = load_moe(tmp_path / "results" / "e2e" / "export" / t)
         assert "blocks.0.mlp.w_gate" in exported  # the weights (buffers are not exported)
         for k, v in exported.items():
