@@ -21,6 +21,7 @@ def _json(out: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_the_rehearsal_runs_every_step(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PY=sys.executable, OMP_NUM_THREADS="1")  # TMPDIR as is: Ray's
