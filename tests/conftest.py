@@ -10,11 +10,29 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 HEAVY_GROUP = "distributed"
+TERMINAL_ENV = ("COLUMNS", "LINES")
+"""Set to 80 x 24 in every pytest-xdist worker (GNU readline's start-up does it there), where
+rich would then wrap the project's output at 80 columns: a worker gets the values (or their
+absence) of the process that started the run, as a run without workers sees them."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller
+def pytest_configure_node(node) -> None:
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for k, v in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,7 +1,8 @@
 """``make test`` runs the suite on two pytest-xdist workers with ``--dist loadgroup``; the
 suite's conftest puts every test marked ``distributed`` into one ``xdist_group``, so those run on
 one worker, one after another, never two Ray sessions or two multi-process trainings at once.
-Checked on a generated suite run under the same options, with the suite's own conftest."""
+Checked on a generated suite run under the same options, with the suite's own conftest; the
+workers see the terminal size of the process that started the run (none here)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import pytest
 
 def _log(kind, i):
     with open(os.environ["LOG"], "a") as f:
-        f.write(json.dumps([kind, i, os.environ["PYTEST_XDIST_WORKER"]]) + "\\n")
+        f.write(json.dumps([kind, i, os.environ["PYTEST_XDIST_WORKER"],
+                            os.environ.get("COLUMNS")]) + "\\n")
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("i", range(6))
@@ -45,12 +47,14 @@ def test_distributed_tests_share_one_worker_under_loadgroup(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup",
                           "-p", "no:cacheprovider", "test_generated.py"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "LOG": str(log)})
+                         env={**{k: v for k, v in os.environ.items()
+                                 if k not in ("COLUMNS", "LINES")}, "LOG": str(log)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert sorted((k, i) for k, i, _ in rows) == sorted(
+    assert sorted((k, i) for k, i, _, _ in rows) == sorted(
         (k, i) for k in ("heavy", "light") for i in range(6))  # each test ran once
-    assert len({w for k, _, w in rows if k == "heavy"}) == 1, rows  # one worker: one at a time
-    assert {w for _, _, w in rows} == {"gw0", "gw1"}, rows  # and both workers were used
+    assert len({w for k, _, w, _ in rows if k == "heavy"}) == 1, rows  # one at a time
+    assert {w for _, _, w, _ in rows} == {"gw0", "gw1"}, rows  # and both workers were used
+    assert {c for *_, c in rows} == {None}, rows  # no 80-column terminal made up in a worker
     tagged = [ln for ln in out.stdout.splitlines() if "PASSED" in ln and "@distributed" in ln]
     assert len(tagged) == 6, out.stdout[-3000:]  # the group is in the node ids xdist reads
