@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -59,6 +60,14 @@ def _tag_loadgroup_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
         suffix = "@" + "_".join(sorted(names))
         if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
             item._id = type(item._id).parse(item.nodeid + suffix)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what importing the test modules built (torch, DeepSpeed, transformers, Ray) out of
+    the garbage collector's sight (``gc.freeze``): DeepSpeed's BF16_Optimizer calls
+    ``gc.collect()`` about nine times per construction (``see_memory_usage(force=True)``), each a
+    walk over that whole heap, 5 s a construction in a test process."""
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

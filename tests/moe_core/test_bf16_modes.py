@@ -57,7 +57,7 @@ def test_bf16_optimizer_needs_zero_1(tmp_path, stage):
 
 @pytest.mark.parametrize("mode,stage,cls,weights", [
     ("deepspeed", 0, FP16_UnfusedOptimizer, torch.bfloat16),
-    pytest.param("bf16_optimizer", 1, BF16_Optimizer, torch.bfloat16, marks=pytest.mark.slow),
+    ("bf16_optimizer", 1, BF16_Optimizer, torch.bfloat16),
     ("torch_autocast", 0, torch.optim.AdamW, torch.float32)])
 def test_each_mode_builds_its_optimizer_and_learns(tmp_path, bf16, mode, stage, cls, weights):
     cfg = small_cfg(tmp_path, moe=MOE, optim={"lr": 3e-3, "zero_stage": stage,
