@@ -36,8 +36,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The edit-test loop: everything but the tests marked slow or distributed (make test runs all).
+# One process: a second worker's own imports cost what it saves on these tests.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not distributed" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

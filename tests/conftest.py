@@ -70,6 +70,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gc.unfreeze()  # the interpreter's shutdown frees them as usual (nanobind counts leaks)
+
+
 @pytest.fixture(autouse=True)
 def _no_ray_session_left_behind():
     yield
