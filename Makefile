@@ -27,10 +27,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/python -m sweeps.run $(SPEC)
 
+# Two pytest-xdist workers; the tests marked distributed all run on one of them, one at a time
+# (tests/conftest.py). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The edit-test loop: everything but the tests marked slow or distributed (make test runs all).
+# One process: a second worker's own imports cost what it saves on these tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
 

@@ -53,6 +53,7 @@ def _scaling_sweep(root: Path, noise: float = 3e-4) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_fit_cli_on_sweep_parquet_json(tmp_path):
     res = _scaling_sweep(tmp_path)
     p = _run("-m", "analysis.fit", str(res), "--law", "upcycled_mul", "--fix", "E=1.2", "--loo",
@@ -78,6 +79,7 @@ def test_fit_cli_on_sweep_parquet_json(tmp_path):
     assert p.returncode == 0 and "leave-one-out RMS" in p.stdout
 
 
+@pytest.mark.slow
 def test_fit_cli_on_csv_with_column_mapping(tmp_path):
     law = get_law("chinchilla")
     rng = np.random.default_rng(1)
@@ -106,6 +108,7 @@ def test_fit_cli_on_csv_with_column_mapping(tmp_path):
     assert p.returncode == 2 and "unknown law" in p.stderr
 
 
+@pytest.mark.slow
 def test_report_on_scaling_sweep(tmp_path):
     res = _scaling_sweep(tmp_path)
     p = _run("-m", "analysis.report", str(tmp_path), "--bootstrap", "16")

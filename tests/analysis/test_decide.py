@@ -35,6 +35,7 @@ def _frame(study: SimulatedStudy, n1: float = 1e9) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_decision_on_csv_holds_the_truth_and_is_valid_json(tmp_path, capsys):
     study = SimulatedStudy(N1=1e9, sigma=0.003, seed=1)
     f = tmp_path / "sweep.csv"
@@ -86,6 +87,7 @@ def test_decision_needs_baselines_and_one_size(tmp_path):
         decide(load_decision_data(df), n1=7e9, bootstrap=5)
 
 
+@pytest.mark.slow
 def test_decision_on_sweep_parquet_and_in_the_report(tmp_path):
     import subprocess
     import sys
@@ -117,6 +119,7 @@ def test_decision_on_sweep_parquet_and_in_the_report(tmp_path):
     assert data["decision"]["verdict"] in ("upcycle", "from_scratch", "uncertain")
 
 
+@pytest.mark.slow
 def test_noise_groups_widen_the_interval_when_a_parent_shares_its_noise(tmp_path, capsys):
     """Most of the noise shared by each D1's parent and stable run: the by-trial interval of
     D* is narrower than the parametric one that keeps the groups, which finds the shared part."""

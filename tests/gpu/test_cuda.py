@@ -291,6 +291,7 @@ SPEC = {
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_two_trial_sweep_on_one_gpu(tmp_path):
     from moe_core.train.checkpoint import load_checkpoint
 

@@ -34,6 +34,7 @@ def _save_many(args):
     return errors
 
 
+@pytest.mark.slow
 def test_concurrent_checkpoint_saves_to_one_path_never_collide(tmp_path):
     path = tmp_path / "ck"
     with mp.get_context("spawn").Pool(4) as pool:

@@ -39,6 +39,7 @@ def _interval(pts: Points, by_row: bool, seed: int) -> tuple[float, float]:
     return r.ci["alpha1"]
 
 
+@pytest.mark.slow
 def test_row_resampling_gives_too_narrow_intervals_on_curves():
     cover = {True: 0, False: 0}
     widths = {True: [], False: []}
@@ -108,6 +109,7 @@ def test_noise_components_recover_the_split():
     assert comp.groups == 40
 
 
+@pytest.mark.slow
 def test_trial_resampling_is_too_narrow_when_branches_share_a_stable_run():
     """With most of the noise shared by a stable run's branches, the bootstrap by trial holds
     the true α1 far less often than the parametric bootstrap that keeps the groups."""

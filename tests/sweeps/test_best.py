@@ -50,6 +50,7 @@ def test_a_non_empty_export_folder_is_refused_unless_overwrite_and_ours(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_best_exports_a_folder_transformers_loads_with_its_tokenizer(tmp_path, capsys):
     import torch
     import transformers

@@ -23,6 +23,7 @@ def test_switch_values():
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_a_ray_task_holding_a_logical_gpu_without_cuda(monkeypatch):
     """Through Ray itself: a task holding one of Ray's logical GPUs (no CUDA here) gets the
     one-line error, or trains on the CPU with the switch (the env reaches it as a trial's does,

@@ -30,6 +30,7 @@ ray.shutdown()
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_local_ray_listens_on_loopback_only():
     tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths
     env = dict(os.environ, PYTHONPATH=os.getcwd())

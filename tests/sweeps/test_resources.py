@@ -92,6 +92,7 @@ def test_the_worker_env_asks_ray_to_hide_gpus_from_zero_gpu_work():
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # starts Ray
 def test_the_driver_starts_ray_so_zero_gpu_tasks_see_no_gpu(monkeypatch):
     """The driver's own ``ray.init`` (with one logical GPU added): a task that reserves no GPU
     gets ``CUDA_VISIBLE_DEVICES=""``, one that reserves it gets its id; ``auto`` resolves to 1
