@@ -36,7 +36,9 @@ def test_trial_drivers_run_only_where_trial_driver_exists(tmp_path):
         f = tmp_path / "spec.yaml"
         f.write_text(yaml.safe_dump(spec))
         env = dict(os.environ, UPCYCLE_CACHE=str(tmp_path / "cache"),
-                   UPCYCLE_SWEEPS_PROGRESS_S="1")  # progress lines every second
+                   # progress lines every 0.2 s: a tiny trial's evals arrive within about a
+                   # second, and a 1 s period could miss every one of them on a loaded machine
+                   UPCYCLE_SWEEPS_PROGRESS_S="0.2")
         env.pop("RAY_ADDRESS", None)
         out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f), "--address",
                               cluster.address], env=env, capture_output=True, text=True,
