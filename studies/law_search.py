@@ -44,6 +44,7 @@ FILE`` appends each study's row as it finishes, ``--from-rows`` summarises such 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import time
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
 def _read_rows(paths: list[str]) -> list[dict]:
     rows = {}
     for p in paths:
-        with open(p) as f:
+        with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as f:  # committed: .gz
             for line in f:
                 if line.strip():
                     r = json.loads(line)
