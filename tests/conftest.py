@@ -6,7 +6,10 @@
 - ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). Every
   test marked ``distributed`` (it starts Ray, gloo ranks, or a cluster of processes) joins one
   ``xdist_group``: they all run on one worker, one at a time, while the other worker runs the
-  rest. Two Ray sessions or two multi-process trainings never share the two cores."""
+  rest. Two Ray sessions never share the two cores. The ``distributed`` tests of
+  ``tests/moe_core`` start gloo ranks and no Ray (``moe_core`` never imports it): they form a
+  second group (``ranks``), one at a time too, which may run beside the Ray group, so that group
+  alone is not the suite's critical path."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import sys
 import pytest
 
 HEAVY_GROUP = "distributed"
+RANKS_GROUP = "ranks"
+RANKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_core")
 TERMINAL_ENV = ("COLUMNS", "LINES")
 """Set to 80 x 24 in every pytest-xdist worker (GNU readline's start-up does it there), where
 rich would then wrap the project's output at 80 columns: a worker gets the values (or their
@@ -40,7 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     for item in items:  # before pytest-xdist's own hook reads the xdist_group marks
         if item.get_closest_marker("distributed") is not None:
-            item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP))
+            ranks = os.path.dirname(str(item.path)) == RANKS_DIR
+            item.add_marker(pytest.mark.xdist_group(RANKS_GROUP if ranks else HEAVY_GROUP))
     result = yield
     _tag_loadgroup_ids(config, items)  # after it
     return result
