@@ -38,6 +38,18 @@ class S3Server:
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables that point pyarrow/boto clients at this server."""
 
+    def sweep_env(self, work, **extra: str) -> dict[str, str]:
+        """The environment of a ``python -m sweeps.run`` child writing to this server: its
+        endpoint and fake credentials, W&B off, the parent cache, staging, Ray's temp folder and
+        the HMAC key file under ``work``, no inherited Ray address or HMAC key; plus ``extra``."""
+        env = dict(os.environ, **self.env, WANDB_MODE="disabled",
+                   UPCYCLE_CACHE=str(work / "cache"), UPCYCLE_STAGING=str(work / "staging"),
+                   RAY_TMPDIR=str(work / "ray"),
+                   UPCYCLE_SWEEPS_HMAC_KEY_FILE=str(work / "cfg" / "hmac.key"), **extra)
+        env.pop("RAY_ADDRESS", None)
+        env.pop("UPCYCLE_SWEEPS_HMAC_KEY", None)
+        return env
+
     def bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh unique one by default) and return its name."""
         name = name or f"b-{uuid.uuid4().hex[:12]}"

@@ -4,23 +4,19 @@ held-in fit never sees its trials (the noise is measured on the held-in seeds)."
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
 from tests.analysis.test_decide_noise_model import _frame
+from tests.studies.test_studies import _load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("hold_out_seed",
-                                                  ROOT / "studies" / "hold_out_seed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("hold_out_seed")
 
 
 @pytest.mark.slow

@@ -5,21 +5,18 @@ sampling error; and the calibrated widening of studies/law_search.py by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.studies.test_studies import _load
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("law_search",
-                                                  ROOT / "studies" / "law_search.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("law_search")
 
 
 def test_widening_by_hand():

@@ -10,7 +10,6 @@ own folder, and the curve goes on at step 6 with no step twice."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -51,12 +50,7 @@ def test_two_rank_checkpoint_shards_reach_the_bucket_and_restore_from_it(s3, wor
                 search={"moe.router.order": {"grid": ["topk_softmax"]}},
                 logging={"wandb": {"enabled": False}})
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = dict(os.environ, **s3.env, WANDB_MODE="disabled", UPCYCLE_CACHE=str(work / "cache"),
-               UPCYCLE_STAGING=str(work / "staging"), RAY_TMPDIR=str(work / "ray"),
-               UPCYCLE_SWEEPS_HMAC_KEY_FILE=str(work / "cfg" / "hmac.key"),
-               UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3")
-    env.pop("RAY_ADDRESS", None)
-    env.pop("UPCYCLE_SWEEPS_HMAC_KEY", None)
+    env = s3.sweep_env(work, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3")
     out = subprocess.run([sys.executable, "-m", "sweeps.run", str(work / "spec.yaml")],
                          env=env, cwd=work, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

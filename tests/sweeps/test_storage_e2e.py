@@ -7,7 +7,6 @@ AWS secret appears in no written file."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -83,12 +82,7 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     bucket = s3.bucket()
     url = f"s3://{bucket}/results"
     (work / "spec.yaml").write_text(yaml.safe_dump(dict(SPEC, results=url)))
-    env = dict(os.environ, **s3.env, WANDB_MODE="disabled", UPCYCLE_CACHE=str(work / "cache"),
-               UPCYCLE_STAGING=str(work / "staging"), RAY_TMPDIR=str(work / "ray"),
-               UPCYCLE_SWEEPS_HMAC_KEY_FILE=str(work / "cfg" / "hmac.key"),
-               UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3")
-    env.pop("RAY_ADDRESS", None)
-    env.pop("UPCYCLE_SWEEPS_HMAC_KEY", None)
+    env = s3.sweep_env(work, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3")
 
     out = _run(work, env, "--json")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -181,10 +175,7 @@ def test_wsd_stable_run_and_hf_exports_go_to_the_bucket(s3, work, monkeypatch):
     bucket = s3.bucket()
     (work / "spec.yaml").write_text(yaml.safe_dump(dict(WSD_SPEC,
                                                         results=f"s3://{bucket}/r")))
-    env = dict(os.environ, **s3.env, WANDB_MODE="disabled", UPCYCLE_CACHE=str(work / "cache"),
-               UPCYCLE_STAGING=str(work / "staging"), RAY_TMPDIR=str(work / "ray"),
-               UPCYCLE_SWEEPS_HMAC_KEY_FILE=str(work / "cfg" / "hmac.key"))
-    env.pop("RAY_ADDRESS", None)
+    env = s3.sweep_env(work)
     out = _run(work, env, "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     objs = _objects(s3.filesystem(), bucket)
