@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
              configure_logging=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="parent-share-"))
     counts = count_parent_trainings(args.trials, tmp)

@@ -26,7 +26,7 @@ from moe_core.train.config import TrainConfig
 from sweeps import console, faults, progress, resources, signals
 from sweeps.curves import load_calibration
 from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
-from sweeps.guard import SPEC_FILE, record_spec
+from sweeps.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
@@ -337,8 +337,9 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
     if not ray.is_initialized():
-        ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False,
-                 log_to_driver=verbose, configure_logging=False)
+        ray.init(address=ray_address(address), runtime_env={"env_vars": env},
+                 include_dashboard=False, log_to_driver=verbose, configure_logging=False)
+
 
 
 def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,

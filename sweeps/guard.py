@@ -206,11 +206,22 @@ the loopback address as the node's, so GCS, raylet, workers and the driver liste
 only. Read when ``ray`` is imported."""
 
 
+def ray_address(address: str | None) -> str | None:
+    """What ``ray.init`` is given. No ``--address`` and no ``RAY_ADDRESS`` (a Ray job's driver
+    has it) means a Ray of the sweep's own, ``"local"``: given ``None``, Ray would join the
+    newest cluster started on this machine by ``ray start`` or ``ray.cluster_utils.Cluster``
+    (its address file, ``/tmp/ray/ray_current_cluster``), one the dry run did not check the
+    sweep against and whose owner did not lend it."""
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        return "local"
+    return address
+
+
 def local_only_ray(address: str | None) -> bool:
     """A sweep that starts its own Ray (no ``--address``, no ``RAY_ADDRESS``) keeps every Ray
     port on 127.0.0.1 (unless the user set :data:`LOCAL_RAY_ENV` themselves); must run before
     ``import ray``. Returns whether it applies."""
-    if address is not None or os.environ.get("RAY_ADDRESS"):
+    if ray_address(address) != "local":
         return False
     os.environ.setdefault(LOCAL_RAY_ENV, "0")
     return True

@@ -231,16 +231,19 @@ class LocalCluster:
                         for infos in node.all_processes.values() for p in infos]
         self._write_state()
 
-    def add_node(self, cpus: int = 1, gpus: int = 0) -> psutil.Process:
-        """Start a worker node by hand (a cluster without ``autoscale``); its raylet, which
-        :meth:`preempt` takes."""
+    def add_node(self, cpus: int = 1, gpus: int = 0,
+                 resources: dict[str, float] | None = None) -> psutil.Process:
+        """Start a worker node by hand (a cluster without ``autoscale``), with custom
+        ``resources`` (e.g. ``{"trial_driver": 2}``) if given; its raylet, which :meth:`preempt`
+        takes."""
         import ray._private.node
         import ray._private.parameter
         from ray._private import ray_constants
 
         params = ray._private.parameter.RayParams(
             node_ip_address="127.0.0.1", gcs_address=self.address, redis_address=self.address,
-            num_cpus=cpus, num_gpus=gpus, object_store_memory=self.cfg.object_store_bytes,
+            num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}),
+            object_store_memory=self.cfg.object_store_bytes,
             min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
             include_log_monitor=False)
         with _environ({**LOOPBACK_ENV, **LIGHT_ENV}):

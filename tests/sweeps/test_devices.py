@@ -36,7 +36,8 @@ def test_a_ray_task_holding_a_logical_gpu_without_cuda(monkeypatch):
     from sweeps.devices import check_reserved_device
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
+             log_to_driver=False)
     try:
         task = ray.remote(num_gpus=1, num_cpus=0)(check_reserved_device)
         with pytest.raises(UpcycleError, match=f"holds GPU reservation.*{ALLOW_CPU_ENV}=1"):

@@ -298,8 +298,9 @@ def test_tuner_restore_gives_the_searcher_its_state(tmp_path):
 
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-                 log_to_driver=False)
+        # a Ray of its own, whatever cluster another process started on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 configure_logging=False, log_to_driver=False)
     try:
         study = SimulatedStudy(sigma=0.005, seed=7)
         cfg = _block(study, target="alpha3", ci_width=None, max_trials=10, bootstrap=10)

@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from sweeps.guard import local_only_ray
+
 CODE = """
 import psutil
 from sweeps.guard import local_only_ray
@@ -42,3 +44,29 @@ def test_local_ray_listens_on_loopback_only():
     line = next(x for x in p.stdout.splitlines() if x.startswith("LISTEN"))
     ips = eval(line[len("LISTEN "):])  # noqa: S307 - our own printed list
     assert ips and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in ips), ips
+
+
+def test_without_an_address_the_sweep_starts_a_ray_of_its_own(monkeypatch):
+    """``ray.init(address=None)`` would join the newest cluster that ``ray start`` (or a test's
+    ``ray.cluster_utils.Cluster``) left its address for in ``/tmp/ray``: not the local Ray the
+    dry run checked the sweep against. ``RAY_ADDRESS`` (a Ray job's driver) still decides."""
+    import types
+
+    import sweeps.driver as driver
+    from sweeps.guard import LOCAL_RAY_ENV, ray_address
+
+    monkeypatch.setenv(LOCAL_RAY_ENV, "0")  # what local_only_ray sets, undone after the test
+    seen = {}
+    monkeypatch.setattr(driver.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(driver.ray, "init", lambda **kw: seen.update(kw))
+    spec = types.SimpleNamespace(resources=types.SimpleNamespace(cpus=1))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    driver._start_ray(spec, None, verbose=True)
+    assert seen["address"] == "local" and ray_address(None) == "local"
+    assert local_only_ray(None)
+    driver._start_ray(spec, "10.0.0.1:6379", verbose=True)
+    assert seen["address"] == "10.0.0.1:6379" and not local_only_ray("10.0.0.1:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+    driver._start_ray(spec, None, verbose=True)
+    assert seen["address"] is None  # Ray reads RAY_ADDRESS itself
+    assert not local_only_ray(None)
