@@ -70,10 +70,6 @@ run() {  # run NAME SECONDS [--junit] CMD...: log, then NAME.json
   return 0
 }
 
-free_port() {  # a port nobody listens on (the layer bench's one-rank process group)
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 SMI=()
 smi_start() {  # per-process GPU memory every 2 s (defect 5: parents/stable runs must not linger)
   command -v nvidia-smi > /dev/null || return 0
@@ -172,7 +168,7 @@ step() {
     core)  # "all of tests/moe_core on CUDA"
       run core "$(r 200 180)" --junit "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
         -m "not distributed$(r '' ' and not slow')" $(r tests/moe_core tests/moe_core/test_routing.py) ;;
-    layer) MASTER_PORT=$(free_port) run layer "$(r 110 180)" "$PY" bench/moe_layer.py \
+    layer) run layer "$(r 110 180)" "$PY" bench/moe_layer.py \
              $(r "--device cuda" "--device cpu --tokens 256 --repeats 1") ;;
     head)  if [[ $REHEARSE == 1 ]]; then  # Liger runs under Triton's interpreter on the CPU
              TRITON_INTERPRET=1 run head 180 "$PY" bench/head.py --tokens 128 --d 32 \

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 
@@ -39,6 +38,7 @@ import moe_core.moe.layer as layer_mod
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.moe.layer import MoELayer
 from moe_core.nn import SwiGLU
+from moe_core.train.engine import init_distributed
 
 SHAPES = {
     "coarse": dict(d=256, f=1024, E=8, K=2),
@@ -68,19 +68,6 @@ class _DSExpert(nn.Module):
 
     def forward(self, x):
         return self.mlp(x)
-
-
-def _init_single_rank_dist() -> None:
-    import deepspeed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
 def _sync(device: str) -> None:
@@ -211,7 +198,7 @@ def main() -> None:
     device = args.device
     dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
     torch.manual_seed(0)
-    _init_single_rank_dist()
+    init_distributed()  # rank 0 of 1 on a free port; no JIT build of DeepSpeed's shm op
     rows = []
     for n, s, T in _cases(device, args.tokens):
         rows.append(_case(n, s, T, device, dtype, args.repeats, experts))

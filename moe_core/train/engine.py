@@ -20,6 +20,9 @@ def init_distributed() -> tuple[int, int]:
     process without launcher variables becomes rank 0 of 1."""
     import deepspeed
 
+    # no JIT build, no stale build lock to hang on (moe_core.train.dsops): also where Ray Train
+    # set up the process group, since DeepSpeed's comm layer still starts (deepspeed.initialize)
+    skip_unneeded_ops()
     if not torch.distributed.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
             # A lone process: a fresh loopback port every time, never one inherited from a
@@ -27,7 +30,6 @@ def init_distributed() -> tuple[int, int]:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                               RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        skip_unneeded_ops()  # no JIT build, no stale build lock to hang on (moe_core.train.dsops)
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
