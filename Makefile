@@ -27,8 +27,8 @@ venv: $(STAMP)
 demo: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/python -m sweeps.run $(SPEC)
 
-# Two pytest-xdist workers; the tests marked distributed all run on one of them, one at a time
-# (tests/conftest.py). PYTEST_WORKERS=0 runs everything in one process.
+# Two pytest-xdist workers; the tests marked distributed are dealt half to each, one at a time
+# on each (tests/conftest.py). PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -22,10 +22,10 @@ def _json(out: Path, name: str) -> dict:
 
 @pytest.mark.slow
 def test_the_rehearsal_runs_every_step(tmp_path):
-    """Not marked ``distributed``: of its ~7 min on two loaded cores, one step (~2 min) runs a
-    two-trial sweep on a local Ray of its own (free ports, its own session folder); the rest are
-    one-process steps. Kept out of the one-at-a-time group, it runs beside the group's tests
-    instead of adding its whole time to that worker's (tests/conftest.py)."""
+    """Not marked ``distributed``: of its minute or so, one step runs a two-trial sweep on a
+    local Ray of its own (free ports, its own session folder); the rest are one-process steps.
+    Outside the groups of ``distributed`` tests (tests/conftest.py), it goes to whichever worker
+    is free first."""
     out = tmp_path / "out"
     env = dict(os.environ, PY=sys.executable, OMP_NUM_THREADS="1")  # TMPDIR as is: Ray's
     # socket paths must stay short
