@@ -34,7 +34,16 @@ def pytest_configure_node(node) -> None:
     node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in TERMINAL_ENV}
 
 
+RAY_TEST_ENV = {"RAY_enable_metrics_collection": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+"""Every Ray the tests start (in process, or in a sweep's driver, which inherits it) exports no
+metrics (nothing here reads them: every sweep runs without a dashboard) and sends no usage
+report (this machine reaches no outside host): each Ray process's periodic export cost the
+two loaded cores about 5 % of a sweep test's CPU. Set in the environment, either is kept."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for k, v in RAY_TEST_ENV.items():
+        os.environ.setdefault(k, v)
     for k, v in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
         if v is None:
             os.environ.pop(k, None)
