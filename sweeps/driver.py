@@ -341,7 +341,6 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
                  include_dashboard=False, log_to_driver=verbose, configure_logging=False)
 
 
-
 def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
                health: HealthStopper | None = None) -> list[Any]:
     callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s,
