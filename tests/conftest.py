@@ -25,12 +25,6 @@ from sweeps.cluster.local import LIGHT_ENV
 HEAVY_GROUP = "distributed"
 """Prefix of the groups of the tests marked ``distributed``: ``distributed-<k>``, one per
 worker."""
-RAY_TEST_ENV = LIGHT_ENV
-"""Every Ray the tests start (in process, or in a sweep's driver, which inherits it) runs as the
-fake cluster's nodes do (``sweeps.cluster.local.LIGHT_ENV``): no metrics export (nothing here
-reads it: every sweep runs without a dashboard) and no usage report (this machine reaches no
-outside host). Their periodic work cost about 8 % of the CPU of three sweep tests (61.3
-against 56.1 core-seconds). Set in the environment, either is kept."""
 TERMINAL_ENV = ("COLUMNS", "LINES")
 """Set to 80 x 24 in every pytest-xdist worker (GNU readline's start-up does it there), where
 rich would then wrap the project's output at 80 columns: a worker gets the values (or their
@@ -43,7 +37,11 @@ def pytest_configure_node(node) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for k, v in RAY_TEST_ENV.items():
+    # Every Ray the tests start (in process, or in a sweep's driver, which inherits it) runs as
+    # the fake cluster's nodes do: no metrics export (every sweep runs without a dashboard) and
+    # no usage report (no outside host is reachable); their periodic work cost about 8 % of the
+    # CPU of three sweep tests (61.3 against 56.1 core-seconds). Either, if set, is kept.
+    for k, v in LIGHT_ENV.items():
         os.environ.setdefault(k, v)
     for k, v in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
         if v is None:
