@@ -6,7 +6,8 @@ Modules, lowest first (each imports only modules above it):
 - ``fit``: the fitter (Huber on ln L, leave-one-out, bootstrap); ``derived``: decisions the
   fitted laws imply (D*, compute-optimal upcycling, η, cost); both are packages whose
   ``__main__`` runs their command line from ``cli`` (which imports them, never the reverse);
-- ``data``: reading results (through ``sweeps.results``, the column schema) and ``load_points``;
+- ``data``: reading results (through ``sweeps.store.results``, the column schema) and
+``load_points``;
 - ``sweep``: one sweep's results as typed groups (``Sweep``, ``Group``, ``Stat``);
 - ``sections``: report sections as data; ``plots``: every figure; ``claims``: the seeds' claims
   a sweep tests, chosen by the knobs it varies;

@@ -1,4 +1,4 @@
-"""python -m sweeps.best RESULTS [--metric val_loss] [--mode min|max] [--export DIR]
+"""python -m analysis.best RESULTS [--metric val_loss] [--mode min|max] [--export DIR]
                        [--overwrite] [--tokenizer DIR] [--no-verify] [--json]
 
 The best finished trial of a sweep: its knobs, configuration, final metrics and the checkpoint
@@ -11,7 +11,7 @@ export). No network.
 
 Where checkpoints are: Tune keeps each trial's last reported checkpoint (``checkpoint.at_end``:
 its final step) in ``RESULTS/tune/<trial folder>/checkpoint_<n>/``, the trial folder named
-``<trial_id>_<knob>=<value>…`` (``sweeps.naming``); a multi-rank trial's are in
+``<trial_id>_<knob>=<value>…`` (``sweeps.spec.naming``); a multi-rank trial's are in
 ``RESULTS/train/<sweep>-<trial_id>/checkpoint_<n>/`` and its ranks' local copy in
 ``RESULTS/train/rank_checkpoints/<trial_id>/step_<n>/``; ``export: hf`` writes
 ``RESULTS/export/<trial_id>/``.
@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import UpcycleError, one_line
-from moe_core.hf.export import export_checkpoint
 from moe_core.outdir import guard_output_dir
-from sweeps.results import (
+from sweeps.store.results import (
     CONFIG_SECTIONS,
     KNOB_PREFIX,
     RESULTS_FILE,
@@ -191,7 +190,7 @@ def _print(info: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweeps.best", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m analysis.best", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a sweep's results folder (results/<sweep>)")
     ap.add_argument("--metric", default=None,
@@ -226,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if info["checkpoint"] is None:
                 raise UpcycleError(f"trial {tid} has no checkpoint on disk under {d}; nothing to "
                                    "export (set checkpoint.at_end: true and rerun it)")
+            from moe_core.hf.export import export_checkpoint  # torch: only to export
+
             info["exported"] = export_checkpoint(info["checkpoint"], args.export,
                                                  tokenizer=args.tokenizer,
                                                  verify=not args.no_verify)

@@ -33,7 +33,7 @@ from analysis.noise import format_noise, read_noise
 from moe_core.errors import FitError, cli_boundary
 from scaling.fit import DEFAULT_DELTA, FitResult, fit
 from scaling.laws import TABLE2, get_law
-from sweeps.limits import MAX_BOOTSTRAP
+from sweeps.law.config import MAX_BOOTSTRAP
 
 ERROR_EXIT = 2
 
@@ -287,7 +287,7 @@ def _decide_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-flops", type=float, default=None, metavar="C",
                    help="FLOPs to spend on the MoE (D2 = C / (6·N2))")
     ap.add_argument("--gpu-tflops", type=float, default=None,
-                    help="sustained TFLOP/s per GPU (default: sweeps/throughput.json's "
+                    help="sustained TFLOP/s per GPU (default: sweeps/plan/throughput.json's "
                          "measured entries for --gpu, else 35%% of its bf16 peak; 000 App. A "
                          f"assumed {DEFAULT_TFLOPS:g})")
     ap.add_argument("--gpu", default="h100", help="GPU type of the cost (h100, h200, a100, l4...)")

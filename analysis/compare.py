@@ -1,10 +1,10 @@
-"""python -m sweeps.compare RESULTS_A [RESULTS_B ...] [--metric val_loss] [--out DIR]
+"""python -m analysis.compare RESULTS_A [RESULTS_B ...] [--metric val_loss] [--out DIR]
 
 Side-by-side comparison of sweeps from their Parquet results: for every knob value (the seed is
 not a knob: it is pooled), the best and median final metric and the trial count per sweep (a
 rich table and ``compare.md``), and PNG plots of the curves (metric vs tokens) coloured by knob
 value; for every pair of varied knobs the joint table and an interaction plot
-(``sweeps.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
+(``analysis.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
 table and overlaid. W&B shows the same comparison as one grouping: runs carry the sweep name as
 group and the knobs as config.
 """
@@ -20,19 +20,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from moe_core.errors import UpcycleError, cli_boundary
-from moe_core.fsio import atomic_write, atomic_write_text
-from moe_core.outdir import claim_out_dir, mark_out_dir
-from sweeps.results import RESULTS_FILE, final_rows, format_knob, read_rows
-from sweeps.storage import Location, is_url
-from sweeps.twoway import (
+from analysis.twoway import (
     SEED_KNOB,
     plot_overlay,
     shared_cells,
     shared_markdown,
     twoway_lines,
 )
-from sweeps.twoway import colors as qualitative
+from analysis.twoway import colors as qualitative
+from moe_core.errors import UpcycleError, cli_boundary
+from moe_core.fsio import atomic_write, atomic_write_text
+from moe_core.outdir import claim_out_dir, mark_out_dir
+from sweeps.store.results import RESULTS_FILE, final_rows, format_knob, read_rows
+from sweeps.store.storage import Location, is_url
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -124,7 +124,7 @@ def plot(sweeps: dict[str, list[dict[str, Any]]], metric: str, out: Path) -> lis
 
 @cli_boundary(kept="the inputs are unchanged")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweeps.compare", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="results directories (results/<sweep>)")
     ap.add_argument("--metric", default="val_loss")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    mark_out_dir(out, "sweeps.compare")
+    mark_out_dir(out, "analysis.compare")
     lines = summarize(sweeps, args.metric)
     from rich.console import Console
     from rich.table import Table

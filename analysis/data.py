@@ -1,11 +1,11 @@
 """Reading sweep results (and any CSV/Parquet table) for the fits and the reports.
 
-Sweep results are read only through :mod:`sweeps.results`, the column schema's module: it
+Sweep results are read only through :mod:`sweeps.store.results`, the column schema's module: it
 upgrades files written before schema 2 on read, so the columns here are always schema 2's (config
 by YAML path, knobs as ``knob.<YAML path>``, router statistics as ``router.<stat>``). Nothing
 here reads the sweep driver's private files (the parent cache); ``summary.json`` next to the
 results is the driver's published compute ledger. A results path may be an object-storage URL
-(``s3://bucket/results/sweep``, ``gs://...``): it is read through ``sweeps.storage``.
+(``s3://bucket/results/sweep``, ``gs://...``): it is read through ``sweeps.store.storage``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 
 from moe_core.errors import FitError
 from scaling.laws import Law, Points, get_law
-from sweeps import results as schema
-from sweeps.storage import Location, is_url
+from sweeps.store import results as schema
+from sweeps.store.storage import Location, is_url
 
 _log = logging.getLogger("analysis")
 DEFAULT_COLUMNS = {"D": "tokens", "N": "N1", "L": "val_loss"}
@@ -205,7 +205,7 @@ def load_points(data, law: Law | str, *, columns: Mapping[str, str] | None = Non
     sparsity P = N_total/N2 (000 §4.2) is derived when absent. Sweep results are reduced to each
     trial's final eval unless ``curves`` (every eval; D2 is then the tokens seen at that eval).
     Rows with a missing, non-positive or non-finite value are dropped. Pruned trials (a health
-    rule stopped them, ``sweeps.prune``) are left out unless ``include_pruned``. Each point
+    rule stopped them, ``sweeps.run.prune``) are left out unless ``include_pruned``. Each point
     carries its bootstrap unit (:func:`bootstrap_units`): intervals resample trials, never
     single evals.
     """

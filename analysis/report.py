@@ -9,7 +9,7 @@
 Sections: compute ledger (tokens trained, tokens saved by shared parents and WSD branches, FLOPs,
 wall time); results by configuration (mean ± std over seeds of the final eval and router
 statistics); loss curves; two knobs at a time (joint tables and interaction plots per pair of
-varied knobs, ``sweeps.twoway``; over a folder, index.md adds the cells its sweeps share);
+varied knobs, ``analysis.twoway``; over a folder, index.md adds the cells its sweeps share);
 the metric and router statistics against the knob; scaling-law fits when the sweep varies D1
 and D2 (000 Table 1, Fig. 4, Eq. 10) or sparsity and active parameters
 (000 §4.2); should I upcycle (000 §5: analysis.decide, when the baseline or the sweep has
@@ -48,11 +48,11 @@ from analysis.sections import (
     upcycled_law_section,
 )
 from analysis.sweep import Sweep, load_sweep
+from analysis.twoway import plot_overlay, shared_cells, shared_markdown, twoway_lines
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
 from moe_core.outdir import claim_out_dir, mark_out_dir
-from sweeps.storage import is_url
-from sweeps.twoway import plot_overlay, shared_cells, shared_markdown, twoway_lines
+from sweeps.store.storage import is_url
 
 D_STAR_CAPTION = ("The paper's D* (000 Eq. 13) from 000 Table 2's **published** parameters, "
                   "numerically and by Eq. 2 — not fitted to this sweep (one model size cannot "
@@ -71,7 +71,7 @@ def _figure_lines(s: Sweep, out_dir: Path, base: Sweep | None) -> list[str]:
 
 
 def _twoway_lines(s: Sweep, out_dir: Path) -> list[str]:
-    """Joint tables and interaction plots for each pair of varied knobs (``sweeps.twoway``):
+    """Joint tables and interaction plots for each pair of varied knobs (``analysis.twoway``):
     a claim about one knob is read at fixed values of the others."""
     got, _ = twoway_lines(s.name, s.rows.to_dict("records"), "val_loss", out_dir, "twoway")
     return ["## Two knobs at a time", "", *got] if got else []
@@ -154,7 +154,7 @@ def report(results: str | Path, out: str | Path | None = None, *,
 
 def shared_lines(dirs: Sequence[Path], out_dir: Path) -> list[str]:
     """The cells the sweeps under one folder share (the same configuration, seeds aside):
-    a table, and an overlay of their curves per pair of sweeps (``sweeps.twoway``)."""
+    a table, and an overlay of their curves per pair of sweeps (``analysis.twoway``)."""
     sweeps = {}
     for d in dirs:
         s = load_sweep(d)

@@ -18,8 +18,8 @@ import numpy as np
 
 from analysis.data import final_evals, ok_trials, read_summary, read_table
 from moe_core.errors import FitError
-from sweeps import results as schema
-from sweeps.storage import is_url
+from sweeps.store import results as schema
+from sweeps.store.storage import is_url
 
 STATS = ["router.cos_to_parent", "router.max1_max2", "router.max2_max3",
          "router.expert_similarity", "router.max_load", "router.drop_rate", "aux_loss"]

@@ -2,11 +2,11 @@
 (mean over seeds per cell) and an interaction plot; across sweeps, the cells two sweeps share
 (the same configuration, seeds aside) overlaid.
 
-A knob's marginal (``sweeps.compare``'s one-way table) averages over the other knobs; when the
+A knob's marginal (``analysis.compare``'s one-way table) averages over the other knobs; when the
 best value of one knob depends on another, only the joint table shows it. ``seed`` is never a
 knob here: cells pool their seeds. Colours come from a qualitative palette (tab10), so two
 values are two distinct hues, never the two ends of a sequential map. Used by
-``python -m sweeps.compare`` and ``python -m analysis.report``.
+``python -m analysis.compare`` and ``python -m analysis.report``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.fsio import atomic_write
-from sweeps.naming import short_keys
-from sweeps.results import CONFIG_SECTIONS, KNOB_PREFIX, final_rows, format_knob
+from sweeps.spec.naming import short_keys
+from sweeps.store.results import CONFIG_SECTIONS, KNOB_PREFIX, final_rows, format_knob
 
 SEED_KNOB = KNOB_PREFIX + "seed"
 PALETTE = "tab10"

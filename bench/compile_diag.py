@@ -1,6 +1,6 @@
 """What ``torch.compile`` made of a training run: graphs, graph breaks (with their reasons),
 recompiles, and whether dynamo's recompile limit was hit, for the dense model and E8 top-2
-upcycled from it (the Trainer with ``model.compile``; the counters of ``sweeps.compile_stats``,
+upcycled from it (the Trainer with ``model.compile``; the counters of ``sweeps.run.compile_stats``,
 the columns a sweep's rows carry). A few training steps, then an evaluation (no-grad: its own
 graphs) and a second training pass, as in a trial.
 
@@ -23,7 +23,7 @@ from torch._dynamo.utils import counters
 from train_step import _data, config
 
 from moe_core.train import Trainer, train_config_from_dict
-from sweeps import compile_stats
+from sweeps.run import compile_stats
 
 
 def diagnose(cfg_dict: dict, steps: int, backend: str, parent=None) -> tuple[dict, Trainer]:

@@ -48,9 +48,9 @@ def _from_disk(path: str) -> float:
 
 
 def count_parent_trainings(trials: int, tmp: Path) -> dict:
-    from sweeps.parents import get_parent, train_parents
-    from sweeps.plan import build_plan
-    from sweeps.spec import parse_spec
+    from sweeps.plan.build import build_plan
+    from sweeps.run.parents import get_parent, train_parents
+    from sweeps.spec.sweep import parse_spec
 
     spec = parse_spec({
         "sweep": "share", "results": str(tmp / "res"),

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from moe_core.train import train_config_from_dict
 from moe_core.train.config import load_yaml
-from sweeps.results import config_columns, knob_columns, write_rows
-from sweeps.sink import ResultsSink
+from sweeps.store.results import config_columns, knob_columns, write_rows
+from sweeps.store.sink import ResultsSink
 
 EVALS = 100
 

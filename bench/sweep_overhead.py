@@ -1,4 +1,4 @@
-"""Sweep overhead: N short trials through Ray Tune (``sweeps.driver.run_sweep``) vs the same
+"""Sweep overhead: N short trials through Ray Tune (``sweeps.run.driver.run_sweep``) vs the same
 trials back to back in one process (``moe_core.train.train``), wall-clock ratio.
 
     python bench/sweep_overhead.py [--trials 4] [--steps 40]
@@ -26,8 +26,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
     os.environ["UPCYCLE_CACHE"] = str(tmp / "cache")
     from moe_core.train import train
-    from sweeps.plan import build_plan
-    from sweeps.spec import parse_spec
+    from sweeps.plan.build import build_plan
+    from sweeps.spec.sweep import parse_spec
 
     spec = parse_spec({
         "sweep": "overhead", "results": str(tmp / "res"),
@@ -51,7 +51,7 @@ def main() -> None:
         train(c)
     seq = time.perf_counter() - t
 
-    from sweeps.driver import run_sweep
+    from sweeps.run.driver import run_sweep
 
     t = time.perf_counter()
     summary = run_sweep(spec, plan)

@@ -1,4 +1,5 @@
-"""Update ``sweeps/throughput.json`` (the cost forecast's table) from measured JSON, never by hand.
+"""Update ``sweeps/plan/throughput.json`` (the cost forecast's table) from measured JSON, never
+by hand.
 
     python bench/update_throughput.py FILE [FILE ...] --where "H100 device machine"
                                       [--device h100] [--when 2026-11-25] [--table PATH]
@@ -27,7 +28,7 @@ from typing import Any
 
 from moe_core.errors import ConfigError, UpcycleError, one_line
 from moe_core.fsio import atomic_write_text
-from sweeps.cost import DEVICES, TABLE, load_table
+from sweeps.plan.cost import DEVICES, TABLE, load_table
 
 KEYS = ("device", "preset", "moe", "tokens_per_s")
 

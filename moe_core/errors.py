@@ -36,7 +36,7 @@ class ConfigError(UpcycleError, ValueError):
 
 
 class SearchSpaceError(ConfigError):
-    """A sweep's search space is invalid (raised by ``sweeps.spec`` and its modules)."""
+    """A sweep's search space is invalid (raised by ``sweeps.spec.sweep`` and its modules)."""
 
 
 class DivergenceError(UpcycleError, RuntimeError):

@@ -2,7 +2,7 @@
 
 Two processes writing the same path never share a temporary file, a reader never sees a half
 written file, and a written file survives a power loss once the call returns (the directory
-entry is fsynced too). No torch here: ``sweeps.results`` and ``analysis`` use it.
+entry is fsynced too). No torch here: ``sweeps.store.results`` and ``analysis`` use it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Output folders that commands write: never delete or overwrite what they did not write.
 
-A writer (``analysis.report --out``, ``sweeps.compare --out``, a sweep's ``export/<trial>``)
+A writer (``analysis.report --out``, ``analysis.compare --out``, a sweep's ``export/<trial>``)
 calls :func:`claim_out_dir` before it writes anything: an OUT that is a file, that is one of
 its inputs or inside one, or that exists, is not empty and was not written by this project
 (no :data:`MARKER` file, which :func:`mark_out_dir` leaves in every folder it wrote) is
 refused in one line. Commands that replace a folder only when asked (``moe_core.hf upcycle`` /
-``export``, ``sweeps.best --export``) call :func:`guard_output_dir` instead: a non-empty folder
+``export``, ``analysis.best --export``) call :func:`guard_output_dir` instead: a non-empty folder
 needs ``--overwrite`` and the marker. :func:`confined` refuses a path under a root that a
 symbolic link takes outside it (a planted ``results/<sweep>/export -> /elsewhere``).
 """

@@ -76,7 +76,7 @@ def group_matrix(groups: Sequence[str | None]) -> np.ndarray:
 def kernel_matrix(groups: Sequence[str | None], t: np.ndarray | None = None,
                   length: float | None = None) -> np.ndarray:
     """K[i, j] = exp(−(t_i − t_j)²/2ℓ²) where trials i and j share a group, else 0 (t: each
-    trial's position in octaves, log2 D2; the squared-exponential kernel ``sweeps.simulate``
+    trial's position in octaves, log2 D2; the squared-exponential kernel ``sweeps.testing.simulate``
     draws a group's fading effect from). ``length`` None or inf: :func:`group_matrix`."""
     K = group_matrix(groups)
     if length is None or math.isinf(length):

@@ -42,7 +42,7 @@ shared noise fades along D2, correlation exp(−d²/2L²) between branches d oct
                                      [--kernel-octaves L]
 
 The maths is :mod:`scaling.design` (tested in tests/scaling/test_design.py); this is its
-command line on the simulated truth of ``sweeps.simulate``.
+command line on the simulated truth of ``sweeps.testing.simulate``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from scaling.design import (
     once_each,
 )
 from scaling.laws import get_law
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 N1, N2, DECAY = 1e9, 1.75e9, 0.1
 FREE = ("ln_A", "alpha1", "alpha2", "alpha3")  # E fixed, as studies/law_search.py fits it (000 §5)

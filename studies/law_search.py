@@ -1,7 +1,7 @@
 """Law-driven search vs the full grid on simulated studies with a known truth (no training).
 
-Each study draws trial losses from 000 Table 2's laws at N1 = 1e9 (sweeps.simulate: Eq. 8 with
-E' = B·N1^−β + E; the from-scratch law, Eq. 3 at that size, given to both) times exp(σ·ε)
+Each study draws trial losses from 000 Table 2's laws at N1 = 1e9 (sweeps.testing.simulate: Eq. 8
+with E' = B·N1^−β + E; the from-scratch law, Eq. 3 at that size, given to both) times exp(σ·ε)
 (and exp(σ_g·η) shared by the trials of one WSD stable run with ``--sigma-group``; with
 ``--group-length`` η fades along D2 instead of being one number per stable run). Both fit
 Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
@@ -18,7 +18,7 @@ Eq. 8 with E fixed (000 §5) and bootstrap it by trial.
 
 Cost is 6·N·D FLOPs (N1 = 1e9 dense parent, N2 = 1.75·N1 active MoE), parents shared: the
 grid's with WSD branches (each budget's stable phase, 90 %, trained once per D1); the
-searcher's with branches of stable runs extended on demand (sweeps.driver; ``--no-branches``:
+searcher's with branches of stable runs extended on demand (sweeps.run.driver; ``--no-branches``:
 each trial trains its own budget). Prints one line per study, the means, and a JSON line with
 ``token_cost_ratio`` (mean searcher / grid cost to reach the design target; the cap's cost where
 it never does), ``coverage`` (share of studies whose searcher interval at that stop holds the true
@@ -56,7 +56,7 @@ import numpy as np
 from scaling.interval import widen
 from sweeps.law.config import parse_law_block
 from sweeps.law.design import CONFIRM, Candidate, LawDesign, run_design
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 N1 = 1e9
 N2 = 1.75 * N1
@@ -153,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sigma-group", type=float, default=0.0,
                     help="noise sd in ln L shared by the trials of one WSD stable run")
     ap.add_argument("--group-length", type=float, default=None,
-                    help="octaves of D2 over which the shared noise fades (sweeps.simulate's "
+                    help="octaves of D2 over which the shared noise fades "
+                         "(sweeps.testing.simulate's "
                          "group_length; findings §10 fits 2.73); default: the same for the "
                          "whole group")
     ap.add_argument("--bootstrap", type=int, default=60)
@@ -175,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
                          "the driver runs each candidate once)")
     ap.add_argument("--branches", action=argparse.BooleanOptionalAction, default=True,
                     help="the searcher's trials are WSD branches of stable runs extended on "
-                         "demand (as sweeps.driver runs them)")
+                         "demand (as sweeps.run.driver runs them)")
     ap.add_argument("--d1-points", type=int, default=9)
     ap.add_argument("--d2-points", type=int, default=9)
     ap.add_argument("--max-trials", type=int, default=40)

@@ -25,7 +25,7 @@ A missing RESULTS folder is one line naming the command that makes it (exit 2).
    factor 3, as ``scheduler: asha`` defaults, fed through its public trial hooks): trials start
    in a random order, 2 at a time, each advancing eval by eval in token time; at each eval the
    scheduler sees the raw ``val_loss`` or ``predicted_final`` (cross calibration), and optionally
-   the health stopper (``sweeps.health.HealthStopper`` with ``HEALTH`` below) first. Resampling:
+   the health stopper (``sweeps.run.health.HealthStopper`` with ``HEALTH`` below) first. Resampling:
    every replay draws a random order and a random subset of at least 3 of the set's trials;
    ``--replays`` replays per set and arm, the same draws for every arm. Reported: the share of
    replays in which the true best trial of the drawn subset (lowest final loss) runs to its end,
@@ -52,10 +52,10 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 from scipy.stats import spearmanr
 
 from scaling.predict import METHODS, Calibration, Curve, calibrate, predict_final
-from sweeps.curves import curves_from_rows
-from sweeps.health import HealthStopper
-from sweeps.prune import parse_prune
-from sweeps.results import read_rows
+from sweeps.run.curves import curves_from_rows
+from sweeps.run.health import HealthStopper
+from sweeps.run.prune import parse_prune
+from sweeps.store.results import read_rows
 
 DEFAULT = ["results/upcycle_lr", "results/scaling_d1_d2"]
 MAKES = {"upcycle_lr": "make demo", "scaling_d1_d2":

@@ -40,7 +40,7 @@ def test_spec_reference_lists_every_field_of_every_section():
     import typing
 
     from moe_core.train.config import TrainConfig
-    from sweeps.spec import SweepSpec
+    from sweeps.spec.sweep import SweepSpec
 
     gen = _generator()
     page = gen.OUT.read_text()
@@ -208,10 +208,10 @@ def test_command_check_can_fail():
     """The checker itself: an unknown module is reported, a marked block and a tested module
     are not, a make target is followed into its recipe."""
     md = ("```bash\npython -m nowhere.tool --x 1 \\\n    --y 2\nexport A=1 && python -m "
-          "sweeps.best r\n```\n\n```bash\n# needs: cloud\nray up c.yaml\n```\n"
+          "analysis.best r\n```\n\n```bash\n# needs: cloud\nray up c.yaml\n```\n"
           "```bash\nray up c.yaml\nmake demo\n```\n"
           "```\n$ python -m shown.in.output --a\npython -m not.a.command\n```\n")
-    bad = unchecked_commands(md, "sweeps.best sweeps.run")
+    bad = unchecked_commands(md, "analysis.best sweeps.run")
     assert [b.split("  ")[0] for b in bad] == ["python -m nowhere.tool --x 1 --y 2",
                                                 "ray up c.yaml", "python -m shown.in.output --a"]
     assert entries("make demo") == ["sweeps.run"]

@@ -23,7 +23,7 @@ def test_moe_core_errors_is_cheap():
 
 
 ANALYSIS = ("fit", "derived", "data", "decide", "sweep", "sections", "plots", "claims",
-            "cli", "report")
+            "cli", "report", "best", "compare", "twoway")
 
 
 def test_analysis_imports_neither_torch_nor_ray():
@@ -39,8 +39,9 @@ def test_analysis_imports_neither_torch_nor_ray():
 # analysis' own import graph (module → the analysis modules it imports, anywhere in the file),
 # plus its only ways into the rest of the project: the results schema, moe_core.errors, the
 # durable writes of moe_core.fsio, the storage layer that reads results from object storage
-# (sweeps.storage), the law math of the scaling package, the torch-free model configuration
-# (config, params, presets, hf_config), sweeps.cost and sweeps.twoway (none imports torch).
+# (sweeps.store.storage), the law math of the scaling package, the torch-free model
+# configuration (config, params, presets, hf_config), sweeps.plan.cost and sweeps.spec.naming
+# (none imports torch).
 # `python -m analysis.fit` / `analysis.derived` run the packages' __main__, which import the
 # command lines (analysis.cli); the libraries themselves do not (cli imports them).
 ANALYSIS_GRAPH = {
@@ -60,21 +61,27 @@ ANALYSIS_GRAPH = {
     "plots": {"derived", "sweep"},
     "claims": {"sweep"},
     "cli": {"data", "decide", "decide.plan", "derived", "noise"},
-    "report": {"claims", "cli", "data", "plots", "sections", "sweep"},
+    "report": {"claims", "cli", "data", "plots", "sections", "sweep", "twoway"},
+    "best": set(),
+    "compare": {"twoway"},
+    "twoway": set(),
 }
-OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.results", "sweeps.cost", "sweeps.storage",
-           "scaling.laws",
+OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.store.results", "sweeps.plan.cost",
+           "sweeps.store.storage", "scaling.laws",
            "scaling.crossing", "scaling.fit", "scaling.bootstrap", "scaling.interval",
            # decide --plan sizes a checkpoint from its config.json and the presets (no torch)
            "moe_core.config", "moe_core.params", "moe_core.presets", "moe_core.hf_config",
-           # the report's two-way views and shared cells (matplotlib only, on use)
-           "sweeps.twoway",
+           # the two-way views' short knob names; best --export (torch, imported on use)
+           "sweeps.spec.naming", "moe_core.hf.export",
            # --out never into a folder this project did not write; the bootstrap cap
-           "moe_core.outdir", "sweeps.limits"}
+           "moe_core.outdir", "sweeps.law.config"}
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _analysis_modules() -> dict[str, Path]:
-    root = Path(__file__).resolve().parents[1] / "analysis"
+    root = ROOT / "analysis"
     out = {}
     for f in root.rglob("*.py"):
         name = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix("__init__")
@@ -89,8 +96,10 @@ def _project_imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
-            mods = ([f"{node.module}.{a.name}" for a in node.names] if node.module in packages
-                    else [node.module])
+            pkg = ROOT.joinpath(*node.module.split("."))  # a package: its named submodules
+            subs = [a.name for a in node.names
+                    if (pkg / f"{a.name}.py").is_file() or (pkg / a.name).is_dir()]
+            mods = [f"{node.module}.{s}" for s in subs] or [node.module]
         elif isinstance(node, ast.Import):
             mods = [a.name for a in node.names]
         else:

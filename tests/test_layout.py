@@ -20,8 +20,9 @@ ALLOWED = {  # what each package may import of the project (a prefix: a package 
 # In-function imports of the project's own modules, each for a reason:
 LAZY_OK = {
     ("moe_core.train.engine", "moe_core.train.parallel"),  # DeepSpeed-MoE only for MoE runs
-    ("sweeps.run", "sweeps.driver"),  # Ray only when a sweep really starts (not --dry-run)
-    ("sweeps.plan", "moe_core.hf.save"),  # torch only for export: hf (not for a dry run)
+    ("sweeps.run.cli", "sweeps.run.driver"),  # Ray only when a sweep starts (not --dry-run)
+    ("sweeps.plan.build", "moe_core.hf.save"),  # torch only for export: hf (not for a dry run)
+    ("analysis.best", "moe_core.hf.export"),  # torch only for --export (analysis is torch-free)
 }
 MAX_LINES = 80
 

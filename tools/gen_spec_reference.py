@@ -31,8 +31,8 @@ SPEC_YAML = {"name": "sweep", "wandb": "logging.wandb", "max_failures": "failure
              "asha": "scheduler", "path": None, "validated": None}
 # Modules whose string literals hold the validation messages.
 RULE_MODULES = ("moe_core.config", "moe_core.train.config", "moe_core.data.config",
-                "moe_core.schedules", "sweeps.spec", "sweeps.space", "sweeps.expr",
-                "sweeps.trials", "sweeps.law.config", "sweeps.prune")
+                "moe_core.schedules", "sweeps.spec.sweep", "sweeps.spec.space", "sweeps.spec.space",
+                "sweeps.spec.trials", "sweeps.law.config", "sweeps.run.prune")
 
 
 def _class_docstrings(cls: type) -> dict[str, str]:
@@ -215,7 +215,7 @@ def render() -> str:
     sys.path.insert(0, str(ROOT))
     from moe_core.config import ModelConfig
     from moe_core.train.config import TrainConfig
-    from sweeps import spec as spec_mod
+    from sweeps.spec.sweep import sweep as spec_mod
 
     messages = _messages()
     seen: dict[type, str] = {}

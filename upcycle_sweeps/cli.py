@@ -32,8 +32,8 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "run": Command("sweeps.run", "main", "run (or --dry-run) a sweep from a spec YAML"),
-    "compare": Command("sweeps.compare", "main", "compare sweeps: knobs, two-way tables, plots"),
-    "best": Command("sweeps.best", "main", "the best trial of a sweep; --export DIR as HF"),
+    "compare": Command("analysis.compare", "main", "compare sweeps: knobs, two-way tables, plots"),
+    "best": Command("analysis.best", "main", "the best trial of a sweep; --export DIR as HF"),
     "cluster": Command("sweeps.cluster.__main__", "main",
                        "a local fake autoscaling cluster: local up|down"),
     "report": Command("analysis.report", "main", "the Markdown report of a sweep's results"),

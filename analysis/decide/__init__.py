@@ -41,7 +41,7 @@ from scaling.crossing import sign_changes
 from scaling.fit import fit_shared
 from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
-from sweeps.cost import sustained_tflops
+from sweeps.plan.cost import sustained_tflops
 
 D_RANGE = (1e3, 1e17)
 """Tokens over which D* is searched (000 Eq. 13)."""
@@ -53,7 +53,7 @@ DEFAULT_GPU = "h100"
 def _rate(gpu_tflops: float | None, gpu: str) -> tuple[float, str]:
     """Sustained TFLOP/s of one GPU and where it comes from: the caller's ``--gpu-tflops``, else
     the throughput table's measured entries for ``gpu`` or its stated MFU assumption
-    (``sweeps.cost.sustained_tflops``, the same table ``--dry-run``'s forecast uses)."""
+    (``sweeps.plan.cost.sustained_tflops``, the same table ``--dry-run``'s forecast uses)."""
     if gpu_tflops is not None:
         return float(gpu_tflops), "given (--gpu-tflops)"
     return sustained_tflops(gpu)

@@ -37,7 +37,7 @@ from moe_core.hf_config import DENSE_ARCHS, architecture, read_config
 from moe_core.hf_config import model_config as hf_model_config
 from moe_core.params import count_params
 from moe_core.presets import model_config
-from sweeps.cost import sustained_tflops
+from sweeps.plan.cost import sustained_tflops
 
 LADDER = ("15M", "44M", "0.1B", "0.2B", "0.5B", "1B")
 """000 Table 3's dense sizes, the proxies' ladder (CPU presets below them: tiny, debug)."""
@@ -47,7 +47,7 @@ DECAY_FRAC = 0.1
 shared stable run."""
 THROUGHPUT_SOURCE = "given"
 """Where the GPU-hours' TFLOP/s came from when ``plan`` is called with a number; the command
-line takes it from ``sweeps.cost.sustained_tflops`` (the shipped throughput table: measured
+line takes it from ``sweeps.plan.cost.sustained_tflops`` (the shipped throughput table: measured
 entries for ``--gpu``, else a stated MFU of its peak) and says which."""
 
 

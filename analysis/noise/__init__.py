@@ -3,7 +3,8 @@ stable run share? Measured from a sweep run with several seeds.
 
 A scaling-law interval is only as honest as its noise model. Every bootstrap here resamples
 trials, which treats the trials of one WSD stable run (and one parent) as independent draws;
-``sweeps.simulate`` draws them independently unless ``sigma_group`` says otherwise. Branches of
+``sweeps.testing.simulate`` draws them independently unless ``sigma_group`` says otherwise.
+Branches of
 one stable run share its initialisation, data order and trajectory up to their decay, so their
 errors may be correlated. This module measures that from seed replicates:
 
@@ -20,7 +21,7 @@ errors may be correlated. This module measures that from seed replicates:
 - ``by_distance``: that correlation by the distance of the two points along ``axis`` (octaves
   of D2 by default): nearby budgets decay off nearly the same stable checkpoint;
 - ``length`` and ``share``: the fading of that correlation fitted as share·exp(−d²/2ℓ²) (the
-  kernel ``sweeps.simulate`` draws a group's effect from, and ``law.length`` /
+  kernel ``sweeps.testing.simulate`` draws a group's effect from, and ``law.length`` /
   ``analysis.decide --noise fading`` bootstrap with), weighted least squares over the
   distances, each weighted by its pairs (:func:`fading_fit`);
 - ``group_fixed``: every replicated point has the same group in all its seeds (e.g. a sweep with
@@ -47,7 +48,7 @@ import numpy as np
 
 from analysis.data import final_evals, read_table
 from moe_core.errors import FitError
-from sweeps.results import json_safe
+from sweeps.store.results import json_safe
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,8 @@ def fading_fit(by_distance: Sequence[dict[str, float]], share: float | None = No
                ) -> tuple[float, float] | None:
     """(share, ℓ) minimising Σ pairs_d·(corr_d − share·exp(−d²/2ℓ²))² over the measured
     distances d (share in [0, 1], or held at ``share``): the squared-exponential kernel of a
-    group's fading effect (sweeps.simulate; Rahimi & Recht's features draw it). None when fewer
-    than two distances (one with ``share`` given) have a positive correlation."""
+    group's fading effect (sweeps.testing.simulate; Rahimi & Recht's features draw it). None when
+    fewer than two distances (one with ``share`` given) have a positive correlation."""
     from scipy.optimize import least_squares
 
     rows = [r for r in by_distance if r["distance"] > 0 and math.isfinite(r["corr"])]
@@ -213,7 +214,7 @@ def format_noise(n: NoiseStructure) -> list[str]:
                        f"at d octaves of {n.axis} (law: {{noise: groups, icc: {n.share:.2f}, "
                        f"length: {n.length:.2f}}}; analysis.decide --noise fading --icc "
                        f"{n.share:.2f} --length {n.length:.2f})")
-        out.append("for sweeps.simulate / studies/law_search.py: "
+        out.append("for sweeps.testing.simulate / studies/law_search.py: "
                    f"sigma = {n.sigma_own:.4g}, sigma_group = {n.sigma_group:.4g}"
                    if n.icc > 0 else
                    f"no shared component: given the {n.group}, trials are independent evidence"

@@ -1,5 +1,5 @@
 """One of this project's training checkpoints → a Hugging Face folder with its tokenizer
-(``python -m moe_core.hf export``, ``python -m sweeps.best --export``)."""
+(``python -m moe_core.hf export``, ``python -m analysis.best --export``)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from sweeps.cluster.local import (
     LocalCluster,
     LocalClusterConfig,
 )
-from sweeps.devices import ALLOW_CPU_ENV
+from sweeps.plan.devices import ALLOW_CPU_ENV
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / f"upcycle-local-cluster-{os.getuid()}"
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except UpcycleError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-    # the worker nodes' GPUs are logical: trials train on the CPU (sweeps.devices)
+    # the worker nodes' GPUs are logical: trials train on the CPU (sweeps.plan.devices)
     env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ENV, ALLOW_CPU_ENV: "1"}.items())
     print(f"local cluster up at {c.address} (autoscaler {'v2' if args.v2 else 'v1'}, head "
           f"only; up to {args.max_workers} worker nodes of 1 CPU + 1 logical GPU)\n"

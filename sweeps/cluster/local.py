@@ -57,7 +57,7 @@ class LocalClusterConfig:
     """CPUs of the head (it drives the sweep; trials reserving a GPU never land there)."""
     worker_cpus: int = 1
     worker_gpus: int = 1
-    """Logical GPUs per worker node (there is no CUDA behind them: see ``sweeps.devices``)."""
+    """Logical GPUs per worker node (there is no CUDA behind them: see ``sweeps.plan.devices``)."""
     max_workers: int = 3
     object_store_bytes: int = 100 * 2**20
     """Object store of every node (the head's too); Ray's floor is 75 MiB."""

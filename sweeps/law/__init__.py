@@ -19,8 +19,8 @@ only Ray import) and ``report`` (progress and closing lines). The loop:
    parameters; a batch is chosen a package at a time (``LawDesign._best_package``), conditioning
    the ensemble covariance on each pick. Gains are divided by marginal costs in FLOPs (6·N·D):
    the parent's 6·N1·D1 unless a chosen trial already trains that parent, and the trial's
-   6·N2·D2 less the WSD stable phase its branch group already trains (sweeps.plan); a package is
-   a candidate that pays such a shared cost plus the branches that payment serves;
+   6·N2·D2 less the WSD stable phase its branch group already trains (sweeps.plan.build); a package
+   is a candidate that pays such a shared cost plus the branches that payment serves;
 4. stop when the interval's width relative to the estimate is at most ``law.ci_width`` on two
    refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
    left.

@@ -9,16 +9,16 @@ import itertools
 import numpy as np
 
 from moe_core.params import count_params
-from sweeps.expr import get_dotted
 from sweeps.law.design import Candidate
-from sweeps.plan import extends_stable
-from sweeps.trials import iter_grid
+from sweeps.plan.build import extends_stable
+from sweeps.spec.space import get_dotted
+from sweeps.spec.trials import iter_grid
 
 
 def candidates_from_plan(spec, plan) -> list[Candidate]:
     """The spec's candidates (its grid points, or a log-spaced grid over ``law.candidates.box``
     × seeds) with the law's variables and costs from the sweep plan: parents are shared, and a
-    trial that branches (``sweeps.plan.extends_stable``) shares its group's WSD stable run,
+    trial that branches (``sweeps.plan.build.extends_stable``) shares its group's WSD stable run,
     which is trained on demand only to the longest chosen member's decay start (its
     ``stable_flops``: 6·N2·tokens up to its own decay start)."""
     cfg = spec.law

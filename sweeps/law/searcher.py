@@ -17,10 +17,10 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from sweeps import console
 from sweeps.law.design import Candidate, LawDesign
 from sweeps.law.report import describe_refit
-from sweeps.storage import Location
+from sweeps.run import console
+from sweeps.store.storage import Location
 
 STATE_FILE = "law_search.json"
 
@@ -35,7 +35,7 @@ class LawSearcher(Searcher):
         super().__init__(metric=metric, mode=mode)
         self.design = LawDesign(cfg, candidates, seed=seed)
         self.trials: dict[str, int] = {}
-        # a local folder or object storage (``sweeps.storage``): the state is one small JSON
+        # a local folder or object storage (``sweeps.store.storage``): the state is one small JSON
         self.state_dir = Location.of(state_dir) if state_dir else None
         if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
             self._load_json(self.state_dir / STATE_FILE)

@@ -1,6 +1,6 @@
 """The cost forecast of ``--dry-run``: GPU-hours, wall time and money, from a throughput table.
 
-``sweeps/throughput.json`` (shipped in the package) holds one entry per preset × MoE shape ×
+``sweeps/plan/throughput.json`` (shipped in the package) holds one entry per preset × MoE shape ×
 device: tokens/s, peak memory and, for a measured entry, where and when it was measured
 (``bench/update_throughput.py`` writes them from ``bench/gpu_session.sh``'s JSON; nobody edits
 measured figures by hand). A trial's throughput is, in this order of preference:
@@ -190,7 +190,7 @@ class Forecast:
         src = ", ".join(f"{n} {k}" for k, n in sorted(self.sources.items()))
         return [f"cost forecast ({self.device}): {self.gpu_hours:,.3g} {unit}   wall "
                 f"{_hours(self.wall_h)} at {self.concurrency} concurrent trials{cost}",
-                f"  throughput per job: {src} (sweeps/throughput.json)",
+                f"  throughput per job: {src} (sweeps/plan/throughput.json)",
                 *(f"  {n}" for n in self.notes)]
 
 

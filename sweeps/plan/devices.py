@@ -4,7 +4,7 @@ A task that holds a GPU reservation trains on CUDA. Where CUDA is absent (the lo
 the local fake cluster, ``sweeps.cluster.local``, or a node whose driver is broken), training on
 the CPU instead would hide the problem behind a run 100x slower, so it is a one-line error
 before training starts, unless ``UPCYCLE_SWEEPS_ALLOW_CPU_FOR_GPU=1`` is set in the driver's
-environment (the driver passes it to every trial, see ``sweeps.driver.PASS_ENV``): then the
+environment (the driver passes it to every trial, see ``sweeps.run.driver.PASS_ENV``): then the
 trial trains on the CPU while holding the GPU reservation, which is what a laptop or CI run of
 the GPU path needs.
 """

@@ -34,16 +34,16 @@ from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
 from moe_core.hf_config import weight_files
 from moe_core.params import count_params
-from sweeps import resources
-from sweeps.console import human_bytes
-from sweeps.cost import DEVICES
-from sweeps.plan import SweepPlan, _bf16, disk_estimate
-from sweeps.spec import SweepSpec
+from sweeps.plan import resources
+from sweeps.plan.build import SweepPlan, _bf16, disk_estimate
+from sweeps.plan.cost import DEVICES
+from sweeps.run.console import human_bytes
+from sweeps.spec.sweep import SweepSpec
 
 
 def _resolved(spec: SweepSpec, nodes: Iterable[Mapping[str, float]] | None = None) -> SweepSpec:
     """``spec`` with ``resources.gpus: auto`` as it will resolve: on ``nodes`` (a cluster's),
-    else on this machine (``sweeps.resources``)."""
+    else on this machine (``sweeps.plan.resources``)."""
     if spec.resources.gpus != resources.AUTO:
         return spec
     nodes = list(nodes or [])
@@ -307,7 +307,7 @@ def custom_resources(spec: SweepSpec) -> dict[str, float]:
 
 
 def trial_bundle(spec: SweepSpec) -> dict[str, float]:
-    """The resources each Tune trial (its driver) asks Ray for (``sweeps.driver``'s bundle)."""
+    """The resources each Tune trial (its driver) asks Ray for (``sweeps.run.driver``'s bundle)."""
     r = _resolved(spec).resources
     b = {"CPU": r.cpus, "GPU": r.gpus} if r.ranks == 1 else {"CPU": 0.0}
     return {**b, **custom_resources(spec)}
@@ -360,7 +360,7 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``local``: the
     sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
     no custom resources; neither: a launch on a cluster, checked once connected
-    (``sweeps.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
+    (``sweeps.run.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
     else on this machine."""
     spec = _resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)

@@ -28,7 +28,7 @@ from typing import Any
 
 from moe_core.fsio import atomic_write_text
 from moe_core.train.callbacks import Callback
-from sweeps.spec import Resources, SweepSpec
+from sweeps.spec.sweep import Resources, SweepSpec
 
 AUTO = "auto"
 ON_ZERO_ENV = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
@@ -93,7 +93,7 @@ def local_cluster() -> dict[str, float]:
 
 def _gpus(r: Resources) -> float:
     if r.gpus == AUTO:
-        raise ValueError("resources.gpus=auto is not resolved: call sweeps.resources.resolve "
+        raise ValueError("resources.gpus=auto is not resolved: call sweeps.plan.resources.resolve "
                          "with the cluster's resources first")
     return float(r.gpus)
 

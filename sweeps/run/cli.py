@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from moe_core.errors import SearchSpaceError, UpcycleError, cli_boundary, one_line
-from sweeps import console, guard, preflight, resources, signals
-from sweeps.plan import build_plan
-from sweeps.spec import load_spec
+from sweeps.plan import preflight, resources
+from sweeps.plan.build import build_plan
+from sweeps.run import _signals as signals
+from sweeps.run import console, guard
+from sweeps.spec.sweep import load_spec
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +52,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
     if address is None:
         return None
-    from sweeps.driver import cluster_nodes  # imports Ray: only with --address
+    from sweeps.run.driver import cluster_nodes  # imports Ray: only with --address
 
     return cluster_nodes(address)
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return 0
         guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
-        from sweeps.driver import run_sweep  # imports Ray: not for --dry-run
+        from sweeps.run.driver import run_sweep  # imports Ray: not for --dry-run
 
         with guard.held(spec.results_uri, console.progress):  # one run per results folder
             if args.resume:
@@ -113,7 +114,3 @@ def main(argv: list[str] | None = None) -> int:
         return signals.exit_code()
     return 0 if summary.get("failed", 0) == 0 else 1
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("WANDB_MODE", "offline")
-    sys.exit(main())

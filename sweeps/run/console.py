@@ -1,6 +1,7 @@
 """Everything the sweep prints: the plan (``--dry-run``), progress lines and the ranked table.
 
-Progress goes to stderr, tables to stdout (rich); nothing here decides anything.
+Progress goes to stderr (a line per running trial every ``PROGRESS_EVERY_S`` seconds,
+:class:`Ticker`), tables to stdout (rich); nothing here decides anything.
 """
 
 from __future__ import annotations
@@ -9,17 +10,17 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from sweeps.cost import forecast, jobs_from_plan
-from sweeps.plan import SweepPlan, disk_estimate
-from sweeps.resources import describe, local_cluster, resolve
-from sweeps.results import KNOB_PREFIX, format_knob
-from sweeps.spec import SweepSpec
+from sweeps.plan.build import SweepPlan, disk_estimate
+from sweeps.plan.cost import forecast, jobs_from_plan
+from sweeps.plan.resources import describe, local_cluster, resolve
+from sweeps.spec.sweep import SweepSpec
+from sweeps.store.results import KNOB_PREFIX, format_knob
 
 WIDE = 1000
 """Columns of a table printed when stdout is not a terminal (a log file, a pipe): wide enough
@@ -151,7 +152,7 @@ def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],
 
 def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                    price: float | None = None, max_concurrent: int | None = None) -> None:
-    """The cost forecast of ``--dry-run`` (``sweeps.cost``): GPU-hours (CPU trials: trial-hours
+    """The cost forecast of ``--dry-run`` (``sweeps.plan.cost``): GPU-hours (CPU trials: trial-hours
     on this machine's measured CPU), wall time at the concurrency the sweep would run with, the
     cost at ``price`` per GPU-hour, and where each throughput figure comes from."""
     r = spec.resources
@@ -175,3 +176,71 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     lines[0] += f" ({why})"
     for line in lines:
         con.print(line, markup=False, highlight=False)
+
+
+# ---- a progress line per running trial, at least every ``PROGRESS_EVERY_S`` seconds (the
+# driver's Tune callback calls it at every step; ``UPCYCLE_SWEEPS_PROGRESS_S`` sets the period,
+# 0 turns the lines off) ------------------------------------------------------------------------
+
+PROGRESS_EVERY_S = 30.0
+PROGRESS_ENV = "UPCYCLE_SWEEPS_PROGRESS_S"
+
+
+def period() -> float:
+    try:
+        return float(os.environ.get(PROGRESS_ENV, PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
+def tokens_per_s(rows: Mapping[int, Mapping[str, Any]]) -> float | None:
+    """Tokens/s between the trial's last two rows (tokens and wall_s), or its average."""
+    pts = sorted((r["tokens"], r["wall_s"]) for r in rows.values()
+                 if isinstance(r.get("tokens"), (int, float)) and
+                 isinstance(r.get("wall_s"), (int, float)))
+    if len(pts) >= 2 and pts[-1][1] > pts[-2][1]:
+        return (pts[-1][0] - pts[-2][0]) / (pts[-1][1] - pts[-2][1])
+    if pts and pts[-1][1] > 0:
+        return pts[-1][0] / pts[-1][1]
+    return None
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def line(trial_id: str, rows: Mapping[int, Mapping[str, Any]], total_steps: int | None,
+         now: float, seen: float | None) -> str:
+    """One trial's progress line (``seen``: when its latest row arrived)."""
+    if not rows:
+        return f"trial {trial_id}: running, no eval reported yet"
+    step = max(rows)
+    r = rows[step]
+    tps = tokens_per_s(rows)
+    ago = f", {now - seen:.0f} s ago" if seen is not None else ""
+    return (f"trial {trial_id}: step {step}{f'/{total_steps}' if total_steps else ''}  "
+            f"train_loss {_num(r.get('train_loss'))}  val_loss {_num(r.get('val_loss'))}  "
+            f"{f'{tps:,.0f}' if tps else '-'} tok/s  (last eval{ago})")
+
+
+class Ticker:
+    """Remembers when each trial last reported and when the last lines went out."""
+
+    def __init__(self, every_s: float | None = None, clock: Callable[[], float] = time.time):
+        self.every_s = period() if every_s is None else every_s
+        self.clock = clock
+        self.last_print = clock()
+        self.seen: dict[str, float] = {}
+
+    def reported(self, trial_id: str) -> None:
+        self.seen[trial_id] = self.clock()
+
+    def due(self) -> bool:
+        return self.every_s > 0 and self.clock() - self.last_print >= self.every_s
+
+    def lines(self, running: Iterable[tuple[str, Mapping[int, Mapping[str, Any]],
+                                            int | None]]) -> list[str]:
+        """The lines for ``(trial_id, its rows by step, its planned steps)`` of each running
+        trial; marks the time."""
+        now = self.last_print = self.clock()
+        return [line(t, rows, total, now, self.seen.get(t)) for t, rows, total in running]

@@ -16,7 +16,7 @@ from typing import Any
 from moe_core.errors import ConfigError
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig, lr_schedule, run_schedule
 from scaling.predict import Calibration, Curve, calibrate
-from sweeps.results import read_rows
+from sweeps.store.results import read_rows
 
 
 def schedule_of(row: Mapping[str, Any], peak: float) -> tuple[tuple[float, ...], int]:

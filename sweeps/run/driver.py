@@ -1,9 +1,9 @@
 """The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
 
 Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared first (``sweeps.parents``; under ``algorithm: law`` the trials train
+stable runs are prepared first (``sweeps.run.parents``; under ``algorithm: law`` the trials train
 them on demand instead), then Ray Tune runs the trials
-(``sweeps.trainable``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.results``).
+(``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
 """
 
 from __future__ import annotations
@@ -23,19 +23,23 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps import console, faults, progress, resources, signals
-from sweeps.curves import load_calibration
-from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
-from sweeps.guard import SPEC_FILE, ray_address, record_spec
-from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
-from sweeps.naming import trial_dirname
-from sweeps.parents import cache_paths, train_parents, train_stables
-from sweeps.plan import SweepPlan, build_plan, extends_stable, on_demand_starts
-from sweeps.preflight import check_cluster, custom_resources, enforce, max_trial_memory
-from sweeps.results import (
+from sweeps.plan import resources
+from sweeps.plan.build import SweepPlan, build_plan, extends_stable, on_demand_starts
+from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
+from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
+from sweeps.run import _signals as signals
+from sweeps.run import console
+from sweeps.run.curves import load_calibration
+from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
+from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
+from sweeps.run.parents import cache_paths, train_parents, train_stables
+from sweeps.run.trial import TrialContext, run_trial
+from sweeps.spec.naming import trial_dirname
+from sweeps.spec.sweep import SweepSpec
+from sweeps.store.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
     config_columns,
@@ -45,15 +49,14 @@ from sweeps.results import (
     summarize,
     write_summary,
 )
-from sweeps.signing import KEY_FILE_ENV, verify_tree
-from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
-from sweeps.spec import SweepSpec
-from sweeps.storage import STAGING_ENV, Location, join_uri, staging_dir
-from sweeps.trainable import TrialContext, run_trial
-from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
+from sweeps.store.signing import KEY_FILE_ENV, verify_tree
+from sweeps.store.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
+from sweeps.store.storage import STAGING_ENV, Location, join_uri, staging_dir
+from sweeps.store.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
+from sweeps.testing import faults
 
 # Passed to every worker through runtime_env (Ray writes these into its session logs: never a
-# secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.trust).
+# secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.store.trust).
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
@@ -121,15 +124,15 @@ class ResultsCallback(tune.Callback):
             row.update(verdict.columns())
         self.sink.add(row)
         self._track_best(row)
-        if row.get("status") == "failed":  # sweeps.not_retried: a configuration error
+        if row.get("status") == "failed":  # sweeps.run.not_retried: a configuration error
             console.progress(f"trial {trial.trial_id} failed: {row.get('reason')}")
         self._ticker().reported(trial.trial_id)
 
-    def _ticker(self) -> progress.Ticker:
+    def _ticker(self) -> console.Ticker:
         """A progress line per running trial every 30 s (made on first use: a callback
         unpickled from an older sweep's state has none)."""
         if getattr(self, "ticker", None) is None:
-            self.ticker = progress.Ticker()
+            self.ticker = console.Ticker()
         return self.ticker
 
     def on_step_end(self, iteration, trials, **info):
@@ -284,7 +287,8 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:
     """Each alive node's resources of the running cluster at ``address`` (``--dry-run
-    --address`` checks them, ``sweeps.preflight.check_cluster``): connects, reads, disconnects."""
+    --address`` checks them, ``sweeps.plan.preflight.check_cluster``): connects, reads,
+    disconnects."""
     check_address(address)
     ray.init(address=address, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
@@ -366,7 +370,7 @@ def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> An
     # Ray builds its logging actor with max_restarts=-1 and the key in runtime_env env_vars;
     # ours is built here, on this node, without restarts (which also spares the console Ray's
     # warning about restarting an actor whose arguments live in the object store) and without
-    # env vars (wandb reads the key from the private netrc, see sweeps.trust).
+    # env vars (wandb reads the key from the private netrc, see sweeps.store.trust).
     from ray.air.util.node import _force_on_current_node
 
     cb._remote_logger_class = ray.remote(num_cpus=0, max_restarts=0,
@@ -401,7 +405,7 @@ def pending_trials(conc: int) -> Iterator[None]:
 
 OLDER_STATE = (AttributeError, ImportError, TypeError)
 """What unpickling Tune's experiment state raises when a class it names moved or changed
-(``sweeps.spec.Param`` became ``sweeps.space``'s distributions, see CHANGELOG.md)."""
+(``sweeps.spec.Param`` became ``sweeps.spec.space``'s distributions, see CHANGELOG.md)."""
 
 
 def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:
@@ -422,7 +426,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
            health: HealthStopper | None = None) -> tune.Tuner:
     exp_dir = results_dir / "tune"
     # object storage: Tune writes and reads through the HMAC-signing filesystem, so each file
-    # of its experiment state and each trial checkpoint is signed as written (sweeps.signing)
+    # of its experiment state and each trial checkpoint is signed as written (sweeps.store.signing)
     fs = results_dir.signed().fs if isinstance(results_dir, Location) else None
     where = exp_dir.path if fs is not None else str(exp_dir)
     if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
@@ -502,7 +506,8 @@ def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, A
 def results_location(spec: SweepSpec, resume: bool) -> Results:
     """The sweep's results folder (a resolved local Path, or a Location on object storage),
     its Tune state checked before anything unpickles it: locally its owners and modes
-    (``sweeps.trust``), on object storage every file's HMAC digest (``sweeps.signing``)."""
+    (``sweeps.store.trust``), on object storage every file's HMAC digest
+    (``sweeps.store.signing``)."""
     loc = Location.of(spec.results_uri)
     if loc.is_local:
         results_dir = loc.local_path

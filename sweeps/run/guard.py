@@ -31,8 +31,8 @@ from moe_core.errors import SearchSpaceError, UpcycleError, shown
 from moe_core.fsio import atomic_write_text
 from moe_core.hf_config import check_checkpoint
 from moe_core.outdir import confined
-from sweeps.curves import load_calibration
-from sweeps.storage import Location
+from sweeps.run.curves import load_calibration
+from sweeps.store.storage import Location
 
 LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"

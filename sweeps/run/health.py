@@ -4,7 +4,7 @@ survive ``--resume`` (``ResumableASHA``), on a rung metric of its own where the 
 
 ``HealthStopper`` is a ``ray.tune.Stopper`` (``RunConfig(stop=...)``): Tune asks it about every
 reported row before the scheduler, so it composes with ``scheduler: asha``. It remembers each
-pruned trial's ``Verdict``; ``sweeps.driver.ResultsCallback`` reads it to write the trial's rows
+pruned trial's ``Verdict``; ``sweeps.run.driver.ResultsCallback`` reads it to write the trial's rows
 with ``status: pruned`` and the rule and values that fired.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 from ray.tune import Stopper
 from ray.tune.schedulers import ASHAScheduler
 
-from sweeps.prune import PruneConfig, Verdict, check
-from sweeps.sink import tune_results
+from sweeps.run.prune import PruneConfig, Verdict, check
+from sweeps.store.sink import tune_results
 
 
 class HealthStopper(Stopper):

@@ -5,11 +5,11 @@ has no per-exception opt-out. A ``ConfigError`` (a missing data file, a tokenize
 fit, a checkpoint that does not match its config: every retry would fail the same way, after
 the same minutes) is therefore caught here and becomes the trial's last row, ``status="failed"``
 with the error's one line as ``reason``; the trial then ends without raising, so Tune neither
-retries it nor prints a traceback, and the driver prints that line (``sweeps.driver``) and
+retries it nor prints a traceback, and the driver prints that line (``sweeps.run.driver``) and
 counts the trial as failed (the sweep exits 1). Anything else (a node lost, out of memory) is
 raised as before and retried.
 
-Multi-rank trials: each Ray Train worker catches it the same way (``sweeps.trainable.
+Multi-rank trials: each Ray Train worker catches it the same way (``sweeps.run.trial.
 _train_worker``) and reports the failed row instead of raising, so Ray Train ends normally and
 nothing is retried.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from moe_core.errors import ConfigError, one_line
-from sweeps.results import json_safe
+from sweeps.store.results import json_safe
 
 DETERMINISTIC = (ConfigError,)
 """Exception types a retry cannot fix."""
@@ -45,7 +45,7 @@ def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any
 
 def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[..., None]]:
     """Decorate a Tune function trainable ``fn(config, ctx)``, ``ctx`` a frozen dataclass with
-    ``spec``, ``plan`` and ``report`` (``sweeps.trainable.TrialContext``): a ``DETERMINISTIC``
+    ``spec``, ``plan`` and ``report`` (``sweeps.run.trial.TrialContext``): a ``DETERMINISTIC``
     error becomes a final failed row sent through ``ctx.report`` instead of an exception Tune
     would retry. ``static(spec, trial_plan, parent, trial_id)`` gives the row's columns when
     the trial reported nothing yet."""

@@ -10,9 +10,9 @@ run, in the trial that first needs it, only as far as that trial's decay start, 
 furthest checkpoint earlier trials left (under the group's file lock; the manifest is rewritten
 atomically at each new checkpoint).
 
-On object storage (``storage.parent_cache`` or ``results`` a URL; ``sweeps.storage``) every
+On object storage (``storage.parent_cache`` or ``results`` a URL; ``sweeps.store.storage``) every
 parent and stable run is trained in a node-local staging folder and then published to the
-bucket file by file through the HMAC-signing filesystem (``sweeps.signing``), its manifest
+bucket file by file through the HMAC-signing filesystem (``sweeps.store.signing``), its manifest
 (``meta.json``, ``stable.json``) last; a node that lacks one fetches it (verified) into its own
 staging folder. The file lock is node-local there: parents and stable runs are trained by the
 driver's tasks, and a trial trains one only when its object is lost and the bucket lacks it
@@ -41,11 +41,12 @@ from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
 from moe_core.train.runner import cached_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
-from sweeps import console, resources
-from sweeps.devices import check_reserved_device
-from sweeps.plan import BranchGroup, SweepPlan, TrialPlan
-from sweeps.spec import SweepSpec
-from sweeps.storage import Location, is_url, join_uri, staging_dir
+from sweeps.plan import resources
+from sweeps.plan.build import BranchGroup, SweepPlan, TrialPlan
+from sweeps.plan.devices import check_reserved_device
+from sweeps.run import console
+from sweeps.spec.sweep import SweepSpec
+from sweeps.store.storage import Location, is_url, join_uri, staging_dir
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ rule                   reported column                 fires on
 ``drop_rate``          ``router.drop_rate``            tokens dropped by the capacity factor
 =====================  ==============================  ======================================
 
-``sweeps.health.HealthStopper`` applies the rules to every reported row (a Ray Tune ``Stopper``,
+``sweeps.run.health.HealthStopper`` applies the rules to every reported row (a Ray Tune ``Stopper``,
 so it composes with any scheduler). This module has no Ray import.
 """
 
@@ -39,7 +39,7 @@ RULE_METRICS = {
 FLOORS = {"max_load_fraction": 0.0, "dead_experts": 0.0, "expert_similarity": -1.0,
           "drop_rate": 0.0}
 """The least value each statistic can take: a threshold below it fires on every eval
-(``max_load_fraction`` is also at least 1/E, checked against the plan by ``sweeps.guard``)."""
+(``max_load_fraction`` is also at least 1/E, checked against the plan by ``sweeps.run.guard``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class Verdict:
                 f"{f' for {n} evals' if n > 1 else ''} (step {self.step})")
 
     def columns(self) -> dict[str, Any]:
-        """The results columns of a pruned trial (``sweeps.results``)."""
+        """The results columns of a pruned trial (``sweeps.store.results``)."""
         return {"status": "pruned", "reason": self.reason, "prune_rule": self.rule,
                 "prune_metric": self.metric, "prune_value": self.values[-1],
                 "prune_threshold": self.threshold, "prune_step": self.step}

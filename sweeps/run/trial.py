@@ -3,8 +3,8 @@ engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, sev
 
 The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
 parent from the object store or the disk cache, its WSD stable run from the driver or, under
-``algorithm: law``, from extending the group's on demand (``sweeps.parents``). Every evaluation is
-reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
+``algorithm: law``, from extending the group's on demand (``sweeps.run.parents``). Every evaluation
+is reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
 (``CheckpointCadence``: every n-th eval, every m minutes, the last step), so a failed trial
 restarts from its last checkpoint and replays the evals after it, and a resumed sweep reruns
 nothing finished. A diverged trial, single- or multi-rank, reports a final row with
@@ -36,10 +36,12 @@ from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
-from sweeps import compile_stats, faults, resources
-from sweeps.devices import check_reserved_device
-from sweeps.not_retried import DETERMINISTIC, fail_once, failed_row
-from sweeps.parents import (
+from sweeps.plan import resources
+from sweeps.plan.build import SweepPlan, TrialPlan, extends_stable
+from sweeps.plan.devices import check_reserved_device
+from sweeps.run import compile_stats
+from sweeps.run.not_retried import DETERMINISTIC, fail_once, failed_row
+from sweeps.run.parents import (
     MANIFEST,
     StableRun,
     cache_paths,
@@ -49,10 +51,10 @@ from sweeps.parents import (
     get_parent,
     publish,
 )
-from sweeps.plan import SweepPlan, TrialPlan, extends_stable
-from sweeps.results import config_columns, json_safe, knob_columns
-from sweeps.spec import CheckpointSpec, SweepSpec
-from sweeps.storage import Location, join_uri, publishing, staging_dir
+from sweeps.spec.sweep import CheckpointSpec, SweepSpec
+from sweeps.store.results import config_columns, json_safe, knob_columns
+from sweeps.store.storage import Location, join_uri, publishing, staging_dir
+from sweeps.testing import faults
 
 
 class TrialReporter(Callback):
@@ -155,7 +157,7 @@ class PostDecayPredictor:
 
 def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
                    trial_id: str) -> dict[str, Any]:
-    """The columns every row of the trial carries (see ``sweeps.results``)."""
+    """The columns every row of the trial carries (see ``sweeps.store.results``)."""
     cfg = t.config
     pc = count_params(cfg.model_config())
     kind = "dense" if cfg.moe is None else "moe"
@@ -275,7 +277,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     the sweep's trials share (:class:`TrialContext`). With ``ctx.export_dir`` the final model
     is written there as a Hugging Face checkpoint; with ``ctx.stable_dir`` (``algorithm:
     law``) a trial that branches first trains its group's stable run on to its own decay start
-    where no earlier trial did (``sweeps.parents.extend_stable``, in
+    where no earlier trial did (``sweeps.run.parents.extend_stable``, in
     ``stable_dir/<stable_key>``, with a checkpoint at each start of
     ``stable_starts[stable_key]`` it passes); its ``wall_s`` then counts that stable run's
     seconds, as a grid branch's does."""
@@ -340,7 +342,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 
 def _train_worker(box: dict[str, Any]) -> None:
     """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train). A
-    deterministic configuration error (``sweeps.not_retried``) fails alike on every rank: each
+    deterministic configuration error (``sweeps.run.not_retried``) fails alike on every rank: each
     reports the trial's failed row once and returns, so neither Ray Train nor Tune retries it."""
     import ray.train
 

@@ -3,7 +3,7 @@
 Ray's default folder name rounds small values (``peak=0.0000``) and runs long; this one keeps
 three significant digits (``3e-05``), names each knob by the shortest unambiguous tail of its
 key, and stays unique through the trial id it starts with. Used as Tune's
-``trial_dirname_creator`` (``sweeps.driver``), so a trial's checkpoints sit under
+``trial_dirname_creator`` (``sweeps.run.driver``), so a trial's checkpoints sit under
 ``results/<sweep>/tune/<this name>/checkpoint_…``.
 """
 

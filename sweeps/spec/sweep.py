@@ -1,10 +1,10 @@
 """Sweep specs: YAML → validated frozen dataclasses, before Ray starts.
 
 A spec has a ``base`` trial config (the ``moe_core.train`` format), a ``search`` space over dotted
-keys of it (:mod:`sweeps.space`), and how to search (algorithm, scheduler, samples, resources,
+keys of it (:mod:`sweeps.spec.space`), and how to search (algorithm, scheduler, samples, resources,
 logging, results). The YAML is decoded in one ``moe_core.configio.decode`` call into
 ``_SpecFile``, which mirrors it key for key, then the :class:`SweepSpec` is built from it and
-validated (:mod:`sweeps.trials`). Every rule raises ``SearchSpaceError`` naming the YAML key
+validated (:mod:`sweeps.spec.trials`). Every rule raises ``SearchSpaceError`` naming the YAML key
 and the fix.
 """
 
@@ -27,10 +27,10 @@ from moe_core.errors import ConfigError, SearchSpaceError, shown
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from scaling.predict import METHODS as PREDICTORS
 from sweeps.law.config import LawSearchConfig, parse_law_block
-from sweeps.prune import PruneConfig, parse_prune
-from sweeps.space import DISTRIBUTIONS, Distribution, SearchSpace
-from sweeps.storage import check_uri, is_url, join_uri
-from sweeps.trials import validate
+from sweeps.run.prune import PruneConfig, parse_prune
+from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
+from sweeps.spec.trials import validate
+from sweeps.store.storage import check_uri, is_url, join_uri
 
 ALGORITHMS = ("grid", "random", "optuna", "law")
 SCHEDULERS = ("fifo", "asha")
@@ -99,14 +99,14 @@ class Resources:
     """CPUs each trial (each rank of a multi-rank trial) reserves."""
     gpus: float | Literal["auto"] = "auto"
     """GPUs each trial rank, parent task and stable-run task reserves; ``auto``: 1 when the Ray
-    cluster has GPUs, else 0 (``sweeps.resources``); fractions share a GPU (0.5: two trials per
+    cluster has GPUs, else 0 (``sweeps.plan.resources``); fractions share a GPU (0.5: two trials per
     GPU)."""
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
     trial_driver: float = 0.0
     """> 0: each trial's driver bundle also asks for this much of the custom resource
     ``trial_driver`` (only on-demand nodes have it in sweeps/cluster/*.yaml), keeping trial
-    drivers off spot nodes (``sweeps.preflight.custom_resources``); 0: off."""
+    drivers off spot nodes (``sweeps.plan.preflight.custom_resources``); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +194,7 @@ class SweepSpec:
     is a dotted key into it."""
     search: tuple[Distribution, ...]
     """Knobs: dotted key into ``base`` → one distribution (``grid``, ``choice``, ``uniform``,
-    ``loguniform``, ``int``, ``expr``; :mod:`sweeps.space`), optionally with ``when: {key:
+    ``loguniform``, ``int``, ``expr``; :mod:`sweeps.spec.space`), optionally with ``when: {key:
     value}``."""
     algorithm: str = "grid"
     """``grid`` (every grid point), ``random``, ``optuna`` (TPE; GridSampler if every knob is a
@@ -238,14 +238,14 @@ class SweepSpec:
     """``hf``: each finished trial exports its final model next to the results
     (``export/<trial_id>/``, Mixtral / Qwen2-MoE / Llama; see ``moe_core.hf``). None = off."""
     prune: PruneConfig = field(default_factory=PruneConfig)
-    """Health rules (``sweeps.prune``): a trial is stopped and recorded as pruned when one
+    """Health rules (``sweeps.run.prune``): a trial is stopped and recorded as pruned when one
     fires."""
     law: LawSearchConfig | None = None
     """``algorithm: law``'s settings (:class:`sweeps.law.config.LawSearchConfig`)."""
     validated: dict[str, TrainConfig] = field(default_factory=dict, init=False, repr=False,
                                               compare=False)
-    """The trial configs validation built, by search point (``sweeps.trials.point_key``):
-    ``sweeps.plan.build_plan`` takes them instead of building them again (not a YAML key)."""
+    """The trial configs validation built, by search point (``sweeps.spec.trials.point_key``):
+    ``sweeps.plan.build.build_plan`` takes them instead of building them again (not a YAML key)."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -253,7 +253,8 @@ class SweepSpec:
 
     @property
     def results_uri(self) -> str:
-        """``<results>/<sweep>``: a local path or an object-storage URL (``sweeps.storage``)."""
+        """``<results>/<sweep>``: a local path or an object-storage URL
+        (``sweeps.store.storage``)."""
         return join_uri(self.results, self.name)
 
     @property
@@ -261,12 +262,12 @@ class SweepSpec:
         """The local results folder; object storage has none (use ``results_uri``)."""
         if is_url(self.results):
             raise ConfigError(f"results={self.results} is object storage, not a local folder: "
-                              "this code path must use spec.results_uri (sweeps.storage)")
+                              "this code path must use spec.results_uri (sweeps.store.storage)")
         return Path(self.results) / self.name
 
     @property
     def space(self) -> SearchSpace:
-        """The knobs and seeds as a :class:`sweeps.space.SearchSpace`."""
+        """The knobs and seeds as a :class:`sweeps.spec.space.SearchSpace`."""
         return SearchSpace(self.search, self.seeds)
 
     def grid_params(self) -> list[Distribution]:
@@ -391,7 +392,7 @@ def _decoded(tp: Any, data: Any, key: str) -> Any:
 
 def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     """Validate a spec mapping (after overrides) into a SweepSpec; see
-    :func:`sweeps.trials.validate`."""
+    :func:`sweeps.spec.trials.validate`."""
     unknown = sorted(set(raw) - TOP_KEYS, key=str)
     if unknown:
         raise _err(f"unknown top-level key {shown(unknown[0], 100)}; known: "

@@ -2,7 +2,7 @@
 
 ``validate`` refuses an impossible sweep before any work: every grid point (and the corners of
 every sampled range) must make a valid trial config. The configs it builds are kept on the spec
-and taken by ``sweeps.plan.build_plan``, so that each is built once.
+and taken by ``sweeps.plan.build.build_plan``, so that each is built once.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 from moe_core.configio import unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError
 from moe_core.train.config import TrainConfig, train_config_from_dict
-from sweeps.expr import eval_expr, get_dotted, set_dotted
+from sweeps.spec.space import eval_expr, get_dotted, set_dotted
 
 SweepSpec = Any
-"""A :class:`sweeps.spec.SweepSpec` (not imported: ``sweeps.spec`` imports this module)."""
+"""A :class:`sweeps.spec.sweep.SweepSpec` (not imported: ``sweeps.spec.sweep`` imports this
+module)."""
 
 MAX_TRIALS = 10_000
 """Most trials a spec may define (grid points × seeds × num_samples), and most trial configs

@@ -12,12 +12,12 @@ Columns, in this order:
   value the trial ran, so a conditional knob whose ``when`` did not hold shows the base value;
 - router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``);
 - compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
-  dynamo's recompile limit was hit, since the trial started (``sweeps.compile_stats``).
+  dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``).
 
 Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
 read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
 file's metadata carries ``SCHEMA_VERSION``. A path may be a URL (``s3://``, ``gs://``;
-``sweeps.storage``): there the file is written as one object (a PUT: atomic, no rename). Files
+``sweeps.store.storage``): there the file is written as one object (a PUT: atomic, no rename). Files
 written before version 2 (router config under ``router.*``, ``parent.num_experts``, Python
 ``str()`` of dicts) are upgraded on read; files before version 3 (no ``pruned`` status) get the
 version-3 columns as nulls.
@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_core.fsio import atomic_write
-from sweeps.storage import Location, is_url
+from sweeps.store.storage import Location, is_url
 
 RESULTS_FILE = "results.parquet"
 SCHEMA_VERSION = 3
@@ -102,7 +102,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("prune_step", pa.int64(), False, "pruned trial: the step at which the rule fired"),
 )
 PRUNE_COLUMNS = ("prune_rule", "prune_metric", "prune_value", "prune_threshold", "prune_step")
-"""Columns of a pruned trial (``sweeps.prune.Verdict.columns``); null in every other row."""
+"""Columns of a pruned trial (``sweeps.run.prune.Verdict.columns``); null in every other row."""
 CORE_COLUMNS = [c.name for c in COLUMNS]
 _TYPES = {c.name: c.type for c in COLUMNS}
 STATIC_COLUMNS = frozenset(c.name for c in COLUMNS if c.static)

@@ -2,7 +2,7 @@
 
 ``--resume`` unpickles Tune's experiment state, and a restarted trial loads its checkpoint
 (``torch.load``): code from the bucket, for anyone with write access to it. Locally
-``sweeps.trust`` checks owners and modes; object storage has neither. So Tune's storage
+``sweeps.store.trust`` checks owners and modes; object storage has neither. So Tune's storage
 filesystem is wrapped (:func:`signed_filesystem`, a ``pyarrow.fs.PyFileSystem``): every object
 written through it gets a sidecar ``<object>.upcycle-hmac`` holding HMAC-SHA256(key, path +
 content), written after the object; every read through it checks the sidecar and refuses, in
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from moe_core.errors import UpcycleError
-from sweeps.trust import UntrustedStateError
+from sweeps.store.trust import UntrustedStateError
 
 KEY_ENV = "UPCYCLE_SWEEPS_HMAC_KEY"
 KEY_FILE_ENV = "UPCYCLE_SWEEPS_HMAC_KEY_FILE"

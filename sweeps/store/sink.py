@@ -8,8 +8,8 @@ covers are deleted, so the log stays small. On ``--resume`` the rows are rebuilt
 order: ``results.parquet`` (if it is readable at all), the log, and Tune's own trial records
 (``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
 
-On object storage (``results: s3://...``; ``sweeps.storage``) there is no append or fsync: each
-log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when its
+On object storage (``results: s3://...``; ``sweeps.store.storage``) there is no append or fsync:
+each log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when its
 PUT returns; replay reads them in name order, and the rewrite of ``results.parquet`` (one
 object) deletes the ones it covers, as locally.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from moe_core.fsio import fsync_dir
-from sweeps.results import (
+from sweeps.store.results import (
     CORE_COLUMNS,
     PRUNE_COLUMNS,
     RESULTS_FILE,
@@ -38,7 +38,7 @@ from sweeps.results import (
     rows_table,
     write_table,
 )
-from sweeps.storage import Location, is_url
+from sweeps.store.storage import Location, is_url
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]

@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 
 from moe_core.errors import ConfigError, shown
 from moe_core.fsio import atomic_write
-from sweeps.signing import signed_filesystem
+from sweeps.store.signing import signed_filesystem
 
 SCHEMES = ("s3", "gs", "gcs", "file")
 """URL schemes a results/parents/export location may use (pyarrow.fs's)."""
@@ -120,9 +120,9 @@ class Location:
         return type(self)(self.fs, f"{self.path}/{rel}", f"{self.uri}/{rel}")
 
     def signed(self) -> Location:
-        """This location through the HMAC-signing filesystem (``sweeps.signing``): every file
+        """This location through the HMAC-signing filesystem (``sweeps.store.signing``): every file
         written is signed, every file read verified. Local locations stay as they are
-        (``sweeps.trust`` checks owners and modes there)."""
+        (``sweeps.store.trust`` checks owners and modes there)."""
         if self.is_local or self.fs.type_name.startswith("py::upcycle-signed"):
             return self
         return Location(signed_filesystem(self.fs), self.path, self.uri)

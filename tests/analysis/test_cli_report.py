@@ -1,5 +1,5 @@
 """analysis.fit and analysis.report command lines on CSV and on Parquet in the sweep's schema
-(written by the sweep's own writer, sweeps.results.write_rows, at schema 2)."""
+(written by the sweep's own writer, sweeps.store.results.write_rows, at schema 2)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from analysis.derived import upcycling_efficiency
 from scaling.laws import get_law
-from sweeps.results import RESULTS_FILE, write_rows
+from sweeps.store.results import RESULTS_FILE, write_rows
 
 TRUTH = {"A": 16.3, "alpha1": 0.043, "alpha2": 0.085, "alpha3": 2e-3, "E": 1.2}
 

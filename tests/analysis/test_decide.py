@@ -12,7 +12,7 @@ import pytest
 from analysis.cli import decide_main
 from analysis.decide import decide, load_decision_data
 from moe_core.errors import FitError
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 
@@ -92,7 +92,7 @@ def test_decision_on_sweep_parquet_and_in_the_report(tmp_path):
     import subprocess
     import sys
 
-    from sweeps.results import RESULTS_FILE, write_rows
+    from sweeps.store.results import RESULTS_FILE, write_rows
 
     df = _frame(SimulatedStudy(N1=1e9, sigma=0.003, seed=6))
     df["status"], df["step"], df["sweep"] = "ok", 10, "grid"

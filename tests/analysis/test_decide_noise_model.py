@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.cli import decide_main
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 

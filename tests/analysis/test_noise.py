@@ -1,5 +1,5 @@
 """``analysis.noise``: the seed-to-seed noise of ln L and its share common to a group, recovered
-from replicated sweeps drawn with a known split (``sweeps.simulate``'s own noise model)."""
+from replicated sweeps drawn with a known split (``sweeps.testing.simulate``'s own noise model)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from analysis.cli import noise_main
 from analysis.noise import format_noise, noise_structure
 from moe_core.errors import FitError
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.noise import fading_fit, format_noise, noise_structure
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 
 def test_one_distance_with_the_share_given_is_solved_by_hand():

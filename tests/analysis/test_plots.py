@@ -8,7 +8,7 @@ import pandas as pd
 from analysis.plots import curve_limits, finals_columns
 from analysis.report import D_STAR_CAPTION, _law_figure_lines
 from analysis.sweep import load_sweep
-from sweeps.results import RESULTS_FILE, write_rows
+from sweeps.store.results import RESULTS_FILE, write_rows
 
 
 def _rows(d1: float = 1000.0):

@@ -26,9 +26,9 @@ from analysis.claims import (
 from analysis.sections import efficiency_rows, transition_rows
 from analysis.sweep import Stat, load_sweep
 from moe_core.errors import SearchSpaceError
-from sweeps.results import RESULTS_FILE, write_rows
-from sweeps.spec import load_spec
-from sweeps.trials import iter_grid, knob_values
+from sweeps.spec.sweep import load_spec
+from sweeps.spec.trials import iter_grid, knob_values
+from sweeps.store.results import RESULTS_FILE, write_rows
 
 CONST, RESET5, RESET3 = {"policy": "constant"}, {"policy": "reset", "peak": 0.005}, \
     {"policy": "reset", "peak": 0.003}

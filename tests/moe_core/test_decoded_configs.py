@@ -17,8 +17,8 @@ import pytest
 from moe_core.configio import load_yaml
 from moe_core.errors import ConfigError
 from moe_core.train.config import train_config_from_dict
-from sweeps.spec import load_spec
-from sweeps.trials import trial_dict, validation_points
+from sweeps.spec.sweep import load_spec
+from sweeps.spec.trials import trial_dict, validation_points
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("data") / "decoded_configs.json"

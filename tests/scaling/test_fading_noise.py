@@ -1,5 +1,5 @@
 """The fading-kernel parametric bootstrap (issue #30): a group's shared noise with correlation
-exp(−d²/2ℓ²) between branches d octaves of D2 apart (the kernel sweeps.simulate draws from).
+exp(−d²/2ℓ²) between branches d octaves of D2 apart (the kernel sweeps.testing.simulate draws from).
 Its limits are the existing bootstraps: ℓ = inf the equicorrelated one, τ = 0 independent."""
 
 from __future__ import annotations

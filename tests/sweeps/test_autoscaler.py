@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from sweeps.cluster.local import LIGHT_ENV, LOOPBACK_ENV, LocalCluster, LocalClusterConfig
-from sweeps.devices import ALLOW_CPU_ENV
+from sweeps.plan.devices import ALLOW_CPU_ENV
 from tests import s3_server
 from tests.sweeps.test_sweep_e2e import SPEC
 

@@ -1,4 +1,4 @@
-"""``python -m sweeps.best``: the best trial's facts, ties / diverged trials / no checkpoint in
+"""``python -m analysis.best``: the best trial's facts, ties / diverged trials / no checkpoint in
 one line each, and ``--export`` writing a folder transformers loads with its tokenizer."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from analysis.best import best_trial, check_export_dir, main
 from moe_core.errors import UpcycleError
-from sweeps.best import best_trial, check_export_dir, main
 from tests.sweeps.tiny import run_sweep_cli, tiny_base
 
 
@@ -43,7 +43,7 @@ def test_a_non_empty_export_folder_is_refused_unless_overwrite_and_ours(tmp_path
         check_export_dir(tmp_path / "mine.txt", overwrite=True)
     ours = tmp_path / "ours"
     ours.mkdir()
-    mark_out_dir(ours, "sweeps.best")
+    mark_out_dir(ours, "analysis.best")
     assert "replacing" in check_export_dir(ours, overwrite=True)
     with pytest.raises(UpcycleError, match="is inside the source"):
         check_export_dir(tmp_path / "res" / "x", overwrite=False, results=tmp_path / "res")

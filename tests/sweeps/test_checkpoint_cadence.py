@@ -10,12 +10,12 @@ from ray._common.ray_option_utils import validate_task_options
 
 from moe_core.errors import SearchSpaceError
 from moe_core.params import count_params
-from sweeps import console
-from sweeps.parents import _train_parent_task, _train_stable_task, task_options
-from sweeps.plan import build_plan, disk_estimate
-from sweeps.run import main
-from sweeps.spec import CheckpointSpec, parse_spec
-from sweeps.trainable import CheckpointCadence, TrialReporter
+from sweeps.plan.build import build_plan, disk_estimate
+from sweeps.run import console
+from sweeps.run.cli import main
+from sweeps.run.parents import _train_parent_task, _train_stable_task, task_options
+from sweeps.run.trial import CheckpointCadence, TrialReporter
+from sweeps.spec.sweep import CheckpointSpec, parse_spec
 from tests.sweeps.tiny import tiny_base
 
 BASE = tiny_base(moe={"num_experts": 4, "top_k": 2},

@@ -1,7 +1,7 @@
-"""sweeps.compare on two synthetic result sets."""
+"""analysis.compare on two synthetic result sets."""
 
-from sweeps.compare import main, summarize
-from sweeps.results import write_rows
+from analysis.compare import main, summarize
+from sweeps.store.results import write_rows
 
 
 def _rows(sweep, offset):

@@ -1,5 +1,6 @@
 """Compile state per trial: a reused Tune actor runs several trials in one process, each starts
-with an empty dynamo cache, and every row carries what compilation did (``sweeps.compile_stats``).
+with an empty dynamo cache, and every row carries what compilation did
+(``sweeps.run.compile_stats``).
 """
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ import pytest
 import torch
 import torch._dynamo
 
-from sweeps import compile_stats
-from sweeps.plan import build_plan
-from sweeps.spec import parse_spec
-from sweeps.trainable import TrialContext, run_trial
+from sweeps.plan.build import build_plan
+from sweeps.run import compile_stats
+from sweeps.run.trial import TrialContext, run_trial
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.tiny import tiny_base
 
 

@@ -9,10 +9,10 @@ import shutil
 from analysis.sections import groups_section
 from analysis.sweep import ROUTER_METRICS, STATS, glossary_lines, load_sweep
 from moe_core.fsio import atomic_write_text, publish_dir, shared_mode
-from sweeps import console, progress
-from sweeps.results import RESULTS_FILE, write_rows
-from sweeps.spec import parse_spec
-from sweeps.trust import hide_wandb_key
+from sweeps.run import console
+from sweeps.spec.sweep import parse_spec
+from sweeps.store.results import RESULTS_FILE, write_rows
+from sweeps.store.trust import hide_wandb_key
 from tests.sweeps.tiny import tiny_base
 
 
@@ -33,7 +33,7 @@ def test_ranked_table_is_not_cut_when_stdout_is_not_a_terminal(capsys, monkeypat
 
 def test_progress_line_per_running_trial():
     now = [100.0]
-    t = progress.Ticker(every_s=30, clock=lambda: now[0])
+    t = console.Ticker(every_s=30, clock=lambda: now[0])
     assert not t.due()
     rows = {0: {"step": 0, "tokens": 0, "wall_s": 0.0, "train_loss": None, "val_loss": 4.0},
             4: {"step": 4, "tokens": 4096, "wall_s": 2.0, "train_loss": 3.5, "val_loss": 3.25}}
@@ -45,7 +45,7 @@ def test_progress_line_per_running_trial():
     assert lines == ["trial a: step 4/8  train_loss 3.5000  val_loss 3.2500  2,048 tok/s  "
                      "(last eval, 20 s ago)", "trial b: running, no eval reported yet"]
     assert not t.due()  # the next lines come 30 s later
-    assert progress.Ticker(every_s=0).due() is False  # 0 turns them off
+    assert console.Ticker(every_s=0).due() is False  # 0 turns them off
 
 
 def test_outputs_follow_the_umask_secrets_stay_private(tmp_path, monkeypatch):

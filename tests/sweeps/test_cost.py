@@ -1,4 +1,5 @@
-"""sweeps.cost: the --dry-run cost forecast and bench/update_throughput.py, against hand sums."""
+"""sweeps.plan.cost: the --dry-run cost forecast and bench/update_throughput.py, against hand
+sums."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import yaml
 
 from moe_core.presets import model_config
-from sweeps import cost
-from sweeps.run import main
+from sweeps.plan import cost
+from sweeps.run.cli import main
 from tests.sweeps.tiny import tiny_base
 
 SAMPLE = Path(__file__).parents[1] / "bench" / "data" / "throughput_sample.jsonl"

@@ -1,9 +1,9 @@
-"""The GPU-reservation-without-CUDA switch (``sweeps.devices``)."""
+"""The GPU-reservation-without-CUDA switch (``sweeps.plan.devices``)."""
 
 import pytest
 
 from moe_core.errors import ConfigError, UpcycleError
-from sweeps.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu, device_for
+from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu, device_for
 
 
 def test_gpu_reservation_without_cuda_is_an_error_unless_switched_on():
@@ -33,7 +33,7 @@ def test_a_ray_task_holding_a_logical_gpu_without_cuda(monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available: the reservation is honoured")
-    from sweeps.devices import check_reserved_device
+    from sweeps.plan.devices import check_reserved_device
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
@@ -53,8 +53,8 @@ def test_outside_ray_no_reservation_and_no_ray_started():
     checking must not start a local Ray instance in the process (``ray.get_gpu_ids`` would)."""
     import ray
 
-    from sweeps.devices import check_reserved_device
-    from sweeps.resources import placement
+    from sweeps.plan.devices import check_reserved_device
+    from sweeps.plan.resources import placement
 
     if ray.is_initialized():
         pytest.skip("Ray is running in this process")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from sweeps.run import main
+from sweeps.run.cli import main
 
 SPEC = """\
 sweep: t

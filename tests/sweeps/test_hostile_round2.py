@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
-from sweeps import guard, trainable
-from sweeps.run import main as run_main
-from sweeps.spec import load_spec
+from sweeps.run import guard
+from sweeps.run import trial as trainable
+from sweeps.run.cli import main as run_main
+from sweeps.spec.sweep import load_spec
 from tests.hf_util import tiny_dense
 
 SPEC = """\
@@ -197,7 +198,7 @@ def test_planted_symlink_out_of_the_results_folder_is_refused(tmp_path, capsys):
 
 HOLD = """
 import sys, time
-from sweeps.guard import held
+from sweeps.run.guard import held
 with held(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)
@@ -262,7 +263,7 @@ def test_resume_refuses_a_changed_search_space(tmp_path):
 
 def _sweep_csv(tmp: Path, edit: dict | None = None) -> Path:
     """A D1 × D2 table and from-scratch rows analysis.decide accepts, with ``edit`` applied."""
-    from sweeps.simulate import SimulatedStudy
+    from sweeps.testing.simulate import SimulatedStudy
 
     study = SimulatedStudy(N1=1e9, sigma=0.003, seed=1)
     rows = []
@@ -331,8 +332,8 @@ CLI_CASES = [
     ("derived_missing_file", ["analysis.derived", "dstar", "--n1", "1e9", "--upcycled",
                               "/nonexistent.json"], r"No such file or directory at /nonexistent"),
     ("derived_n1_inf", ["analysis.derived", "dstar", "--n1", "inf"], r"--n1 inf: not finite"),
-    ("compare_garbage", ["sweeps.compare", "RESDIR"], r"Parquet magic bytes"),
-    ("compare_out_foreign", ["sweeps.compare", "RESDIR", "--out", "FOREIGN"],
+    ("compare_garbage", ["analysis.compare", "RESDIR"], r"Parquet magic bytes"),
+    ("compare_out_foreign", ["analysis.compare", "RESDIR", "--out", "FOREIGN"],
      r"exists and holds files this command did not write"),
     ("train_bad_yaml", ["moe_core.train", "BADJSON"], r"not valid YAML"),
     ("train_missing", ["moe_core.train", "/nonexistent.yaml"], r"nonexistent\.yaml"),

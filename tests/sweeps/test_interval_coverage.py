@@ -76,7 +76,7 @@ def _replicated_grid(k: int):
     import numpy as np
     import pandas as pd
 
-    from sweeps.simulate import SimulatedStudy
+    from sweeps.testing.simulate import SimulatedStudy
 
     grid, rows = np.geomspace(0.5e9, 8e9, 5), []
     for s in range(3):

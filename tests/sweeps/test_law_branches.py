@@ -1,5 +1,5 @@
 """``algorithm: law`` trials as WSD branches: each trial trains its branch group's stable run
-on demand, only as far as its own decay start (``sweeps.parents.extend_stable``), under the
+on demand, only as far as its own decay start (``sweeps.run.parents.extend_stable``), under the
 group's file lock, with a manifest that stays consistent through a crash; the searcher charges
 the stable run once per group; a law sweep's results equal the grid's with branches."""
 
@@ -11,14 +11,14 @@ import threading
 import pytest
 import torch
 
-import sweeps.parents as parents
+import sweeps.run.parents as parents
 from moe_core.errors import DivergenceError
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.wsd import train_stable
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.design import Ledger
-from sweeps.plan import build_plan, extends_stable, on_demand_starts
-from sweeps.spec import parse_spec
+from sweeps.plan.build import build_plan, extends_stable, on_demand_starts
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.test_wsd_branches import SPEC
 from tests.sweeps.tiny import run_sweep_cli
 

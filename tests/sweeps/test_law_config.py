@@ -48,7 +48,7 @@ def test_old_shape_is_read_with_one_deprecation_line(capsys):
 
 
 def test_the_held_form_is_what_the_run_record_hashes():
-    """``sweeps.guard.spec_record`` hashes ``dataclasses.asdict`` of the block: pairs and
+    """``sweeps.run.guard.spec_record`` hashes ``dataclasses.asdict`` of the block: pairs and
     triples of floats, as before the flat shape (``test_guard_fingerprint`` pins the hash)."""
     rec = dataclasses.asdict(parse_law_block(NEW))
     assert rec["loss_at"] == (("D1", 40000.0), ("D2", 300000.0))

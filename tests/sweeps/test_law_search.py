@@ -14,7 +14,7 @@ from scaling.bootstrap import NoiseComponents
 from sweeps.law.config import parse_law_block
 from sweeps.law.design import Candidate, LawDesign, Ledger, run_design
 from sweeps.law.searcher import LawSearcher
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
 
@@ -63,7 +63,7 @@ def test_law_block_parses_loss_at_and_a_box():
 
 
 def test_spec_with_algorithm_law(tmp_path):
-    from sweeps.spec import load_spec
+    from sweeps.spec.sweep import load_spec
 
     spec = load_spec("search_spaces/scaling_d1_d2_law.yaml")
     assert spec.algorithm == "law" and spec.law.target == "dstar"
@@ -71,7 +71,7 @@ def test_spec_with_algorithm_law(tmp_path):
         load_spec("search_spaces/scaling_d1_d2.yaml", ["algorithm=law"])
     # the plan has the grid's WSD branch groups; its trials train them on demand
     # (tests/sweeps/test_law_branches.py)
-    from sweeps.plan import build_plan
+    from sweeps.plan.build import build_plan
 
     law, grid = build_plan(spec), build_plan(load_spec("search_spaces/scaling_d1_d2.yaml"))
     assert law.branch_groups.keys() == grid.branch_groups.keys() and len(law.branch_groups) == 5
@@ -82,10 +82,10 @@ def test_progress_counts_at_most_max_trials(tmp_path, monkeypatch):
     against that cap ("3/≤4"), not against the 25 candidates of the grid."""
     from types import SimpleNamespace
 
-    from sweeps import console
-    from sweeps.driver import ResultsCallback
-    from sweeps.plan import build_plan
-    from sweeps.spec import load_spec
+    from sweeps.plan.build import build_plan
+    from sweeps.run import console
+    from sweeps.run.driver import ResultsCallback
+    from sweeps.spec.sweep import load_spec
 
     seen = []
     monkeypatch.setattr(console, "progress", seen.append)
@@ -254,8 +254,8 @@ def test_searcher_finishes_and_reports_failures():
 def test_searcher_announces_refits_and_its_outcome(monkeypatch):
     """A progress line per refit (in the sweep's driver), and the summary's ``law`` entry: why
     it stopped, its final interval, what it spent."""
-    from sweeps import console
     from sweeps.law.report import describe_outcome, outcome
+    from sweeps.run import console
 
     lines = []
     monkeypatch.setattr(console, "progress", lines.append)
@@ -294,7 +294,7 @@ def test_tuner_restore_gives_the_searcher_its_state(tmp_path):
     ray = pytest.importorskip("ray")
     from ray import tune
 
-    from sweeps.simulate import simulated_trainable
+    from sweeps.testing.simulate import simulated_trainable
 
     started_here = not ray.is_initialized()
     if started_here:

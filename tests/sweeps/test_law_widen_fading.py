@@ -14,8 +14,8 @@ from scaling.bootstrap import NoiseComponents
 from scaling.interval import widen
 from sweeps.law.design import Candidate, LawDesign, run_design
 from sweeps.law.report import describe_outcome, describe_refit, outcome
-from sweeps.simulate import SimulatedStudy
-from sweeps.spec import parse_law_block
+from sweeps.spec.sweep import parse_law_block
+from sweeps.testing.simulate import SimulatedStudy
 
 
 def test_widen_by_hand():

@@ -10,11 +10,11 @@ import tempfile
 
 import pytest
 
-from sweeps.guard import local_only_ray
+from sweeps.run.guard import local_only_ray
 
 CODE = """
 import psutil
-from sweeps.guard import local_only_ray
+from sweeps.run.guard import local_only_ray
 assert local_only_ray(None)
 import ray
 ray.init(include_dashboard=False, configure_logging=False, _temp_dir=TMP)
@@ -52,8 +52,8 @@ def test_without_an_address_the_sweep_starts_a_ray_of_its_own(monkeypatch):
     dry run checked the sweep against. ``RAY_ADDRESS`` (a Ray job's driver) still decides."""
     import types
 
-    import sweeps.driver as driver
-    from sweeps.guard import LOCAL_RAY_ENV, ray_address
+    import sweeps.run.driver as driver
+    from sweeps.run.guard import LOCAL_RAY_ENV, ray_address
 
     monkeypatch.setenv(LOCAL_RAY_ENV, "0")  # what local_only_ray sets, undone after the test
     seen = {}

@@ -55,7 +55,7 @@ def test_two_rank_checkpoint_shards_reach_the_bucket_and_restore_from_it(s3, wor
                          env=env, cwd=work, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
 
-    from sweeps.results import read_rows
+    from sweeps.store.results import read_rows
 
     for k, v in s3.env.items():
         monkeypatch.setenv(k, v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sweeps.naming import compact, trial_folder_name
+from sweeps.spec.naming import compact, trial_folder_name
 
 
 def test_small_values_keep_their_digits_and_keys_are_short():

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from moe_core.errors import ConfigError
-from sweeps.not_retried import failed_row
+from sweeps.run.not_retried import failed_row
 from tests.sweeps.tiny import tiny_base
 
 
@@ -63,7 +63,7 @@ def test_a_rank_of_a_multi_rank_trial_reports_the_failed_row_instead_of_raising(
     (Ray Train then ends normally, so neither it nor Tune retries); other errors still raise."""
     import ray.train
 
-    from sweeps import trainable
+    from sweeps.run import trial as trainable
 
     sent = []
     monkeypatch.setattr(ray.train, "report", lambda row, **_: sent.append(row))

@@ -1,4 +1,4 @@
-"""The node-local parent lock (``sweeps.parents``, a ``filelock.FileLock``): two processes that
+"""The node-local parent lock (``sweeps.run.parents``, a ``filelock.FileLock``): two processes that
 both miss a parent in the disk cache at once contend for its lock, and only one trains it; the
 other waits, then loads what the first cached."""
 
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from moe_core.train.runner import parent_key
-from sweeps.plan import build_plan
-from sweeps.spec import parse_spec
+from sweeps.plan.build import build_plan
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.tiny import tiny_base
 
 BASE = tiny_base(moe={"num_experts": 4, "top_k": 2},
@@ -24,9 +24,9 @@ BASE = tiny_base(moe={"num_experts": 4, "top_k": 2},
 CHILD = """
 import json, sys, time
 from pathlib import Path
-import sweeps.parents as parents
-from sweeps.plan import build_plan
-from sweeps.spec import parse_spec
+import sweeps.run.parents as parents
+from sweeps.plan.build import build_plan
+from sweeps.spec.sweep import parse_spec
 
 raw, cache, log, go = json.loads(sys.argv[1]), *map(Path, sys.argv[2:5])
 cfg = build_plan(parse_spec(raw)).trials[0].config

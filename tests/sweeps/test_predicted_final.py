@@ -1,6 +1,6 @@
-"""predicted_final: what a trial reports live (sweeps.trainable.PostDecayPredictor, from its own
+"""predicted_final: what a trial reports live (sweeps.run.trial.PostDecayPredictor, from its own
 run_schedule) equals what bench/ and the calibration rebuild from its result rows
-(sweeps.curves), for every LR policy; and the calibration refuses an unusable file."""
+(sweeps.run.curves), for every LR policy; and the calibration refuses an unusable file."""
 
 import math
 
@@ -12,11 +12,11 @@ from moe_core.train import Trainer
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from scaling.predict import Calibration, predict_final
-from sweeps.curves import curves_from_rows, load_calibration
-from sweeps.plan import build_plan
-from sweeps.results import config_columns, write_rows
-from sweeps.spec import parse_spec
-from sweeps.trainable import PostDecayPredictor, TrialReporter
+from sweeps.plan.build import build_plan
+from sweeps.run.curves import curves_from_rows, load_calibration
+from sweeps.run.trial import PostDecayPredictor, TrialReporter
+from sweeps.spec.sweep import parse_spec
+from sweeps.store.results import config_columns, write_rows
 from tests.sweeps.tiny import tiny_base
 
 SPEC = {

@@ -1,4 +1,5 @@
-"""sweeps.preflight: what --dry-run (and every launch) refuses before any work, one line each."""
+"""sweeps.plan.preflight: what --dry-run (and every launch) refuses before any work, one line
+each."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import os
 import pytest
 import yaml
 
-from sweeps import preflight
-from sweeps.plan import build_plan
-from sweeps.run import main
-from sweeps.spec import parse_spec
+from sweeps.plan import preflight
+from sweeps.plan.build import build_plan
+from sweeps.run.cli import main
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.tiny import tiny_base
 
 

@@ -1,4 +1,5 @@
-"""Health rules (sweeps.prune, sweeps.health): parsing, firing on synthetic router statistics,
+"""Health rules (sweeps.run.prune, sweeps.run.health): parsing, firing on synthetic router
+statistics,
 a pruned trial's rows, the summary, analysis leaving pruned trials out, ASHA's rung metric;
 the stopper's streaks and ASHA's rungs across a trial's restart and a sweep's resume."""
 
@@ -15,13 +16,13 @@ from ray.tune.schedulers import ASHAScheduler
 
 from analysis.data import load_points, ok_trials
 from moe_core.errors import SearchSpaceError
-from sweeps.driver import ResultsCallback, scheduler
-from sweeps.health import HealthStopper, ResumableASHA, RungMetricASHA
-from sweeps.plan import build_plan
-from sweeps.prune import PruneConfig, check, parse_prune
-from sweeps.results import PRUNE_COLUMNS, SCHEMA_VERSION, read_rows, read_table, summarize
-from sweeps.sink import ResultsSink
-from sweeps.spec import parse_spec
+from sweeps.plan.build import build_plan
+from sweeps.run.driver import ResultsCallback, scheduler
+from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
+from sweeps.run.prune import PruneConfig, check, parse_prune
+from sweeps.spec.sweep import parse_spec
+from sweeps.store.results import PRUNE_COLUMNS, SCHEMA_VERSION, read_rows, read_table, summarize
+from sweeps.store.sink import ResultsSink
 
 
 def _row(step, tokens=None, **stats):

@@ -21,10 +21,10 @@ import ray.cloudpickle
 import yaml
 
 from moe_core.errors import UpcycleError
-from sweeps.driver import ResultsCallback
-from sweeps.health import HealthStopper
-from sweeps.results import summarize
-from sweeps.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
+from sweeps.run.driver import ResultsCallback
+from sweeps.run.health import HealthStopper
+from sweeps.store.results import summarize
+from sweeps.store.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
 from tests.sweeps.tiny import tiny_base
 
 SENTINEL = "sentinel-wandb-key-7f3a9c0e5d"
@@ -64,7 +64,7 @@ def test_hide_wandb_key_moves_it_into_a_private_file(monkeypatch):
 def test_unreachable_address_fails_in_seconds():
     import socket
 
-    from sweeps.driver import check_address
+    from sweeps.run.driver import check_address
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -239,9 +239,9 @@ def test_kill_9_of_the_driver_loses_no_row(tmp_path, kill_after_rows):
 
 
 def test_wandb_run_config_holds_the_whole_trial_config(tmp_path):
-    from sweeps.driver import wandb_callback
-    from sweeps.plan import build_plan
-    from sweeps.spec import parse_spec
+    from sweeps.plan.build import build_plan
+    from sweeps.run.driver import wandb_callback
+    from sweeps.spec.sweep import parse_spec
 
     spec = parse_spec(dict(SPEC, results=str(tmp_path)))
     cb = wandb_callback(spec, build_plan(spec), tmp_path)

@@ -9,8 +9,8 @@ import os
 import pytest
 import yaml
 
-from sweeps import resources as R
-from sweeps.spec import parse_spec
+from sweeps.plan import resources as R
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.test_spec import spec
 from tests.sweeps.tiny import tiny_base
 
@@ -71,7 +71,7 @@ def test_dry_run_lines_say_what_each_task_reserves():
 
 
 def test_dry_run_prints_the_reservations(tmp_path, capsys):
-    from sweeps.run import main
+    from sweeps.run.cli import main
 
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"sweep": "r", "base": tiny_base(),
@@ -99,7 +99,7 @@ def test_the_driver_starts_ray_so_zero_gpu_tasks_see_no_gpu(monkeypatch):
     against that cluster."""
     import ray
 
-    from sweeps import driver
+    from sweeps.run import driver
 
     if ray.is_initialized():
         pytest.skip("a Ray session from another test is running in this process")

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pyarrow.dataset as ds
 
-from sweeps.results import (
+from sweeps.store.results import (
     CORE_COLUMNS,
     config_columns,
     decode_value,
@@ -81,8 +81,8 @@ def test_schema_1_files_are_upgraded_on_read(tmp_path):
 
 
 def test_fresh_run_archives_an_earlier_one(tmp_path):
-    from sweeps.driver import archive_previous
-    from sweeps.results import RESULTS_FILE, read_rows, write_rows
+    from sweeps.run.driver import archive_previous
+    from sweeps.store.results import RESULTS_FILE, read_rows, write_rows
 
     assert archive_previous(tmp_path) is None  # nothing there yet
     write_rows(tmp_path / RESULTS_FILE, [{"sweep": "s", "trial_id": "a", "step": 0}])
@@ -106,7 +106,7 @@ def test_columns_null_in_every_row_are_still_typed(tmp_path):
     import pyarrow.dataset as pds
 
     from moe_core.train.config import TrainConfig
-    from sweeps.results import config_types
+    from sweeps.store.results import config_types
 
     types = config_types(TrainConfig)
     assert types["moe.router.logit_norm_lambda"] == pa.float64()

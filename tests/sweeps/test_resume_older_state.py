@@ -9,7 +9,7 @@ import pytest
 from ray import tune
 
 from moe_core.errors import SearchSpaceError
-from sweeps import driver
+from sweeps.run import driver
 
 
 def _old_pickle() -> bytes:

@@ -1,5 +1,5 @@
-"""``sweeps.simulate``'s noise: the shared part of a group, constant over the group or fading
-along D2 with the stated correlation length (checked against the kernel over many groups)."""
+"""``sweeps.testing.simulate``'s noise: the shared part of a group, constant over the group or
+fading along D2 with the stated correlation length (checked against the kernel over many groups)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from sweeps.simulate import SimulatedStudy
+from sweeps.testing.simulate import SimulatedStudy
 
 D2 = [1e9 * 2 ** k for k in range(5)]  # 0 … 4 octaves
 

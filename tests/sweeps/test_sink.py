@@ -8,8 +8,8 @@ import pickle
 
 import pyarrow.parquet as pq
 
-from sweeps.results import RESULTS_FILE, read_rows
-from sweeps.sink import ResultsSink, error_reason, reconcile
+from sweeps.store.results import RESULTS_FILE, read_rows
+from sweeps.store.sink import ResultsSink, error_reason, reconcile
 
 
 def _row(t, step, **kw):
@@ -41,7 +41,7 @@ def test_flush_writes_in_the_background_and_compacts_the_log(tmp_path):
     sink.flush(wait=True)
     assert [r["step"] for r in read_rows(tmp_path)] == [0, 1, 2, 3]
     assert list((tmp_path / "rows").glob("wal-*.jsonl")) == []  # covered by the file
-    import sweeps.sink as sk
+    import sweeps.store.sink as sk
 
     real = sk.rows_table
     sk.rows_table = lambda rows, types=None: calls.append(rows[0]["trial_id"]) or real(rows, types)

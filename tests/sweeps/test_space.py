@@ -1,5 +1,5 @@
-"""The search-space family (``sweeps.space``): each distribution's YAML form, its Ray Tune form,
-its corners (what validation builds a trial config for), and the grid a space spans."""
+"""The search-space family (``sweeps.spec.space``): each distribution's YAML form, its Ray Tune
+form, its corners (what validation builds a trial config for), and the grid a space spans."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Unif
 
 from moe_core.errors import SearchSpaceError
 from moe_core.train.config import TrainConfig
-from sweeps.space import (
+from sweeps.spec.space import (
     Choice,
     Expr,
     Grid,
@@ -17,8 +17,8 @@ from sweeps.space import (
     SearchSpace,
     parse_param,
 )
-from sweeps.space import LogUniform as LogU
-from sweeps.space import Uniform as Uni
+from sweeps.spec.space import LogUniform as LogU
+from sweeps.spec.space import Uniform as Uni
 
 
 def _p(key, raw):

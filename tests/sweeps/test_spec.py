@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
-from sweeps.expr import eval_expr
-from sweeps.spec import load_spec, parse_spec
-from sweeps.trials import iter_grid, trial_config, trial_dict, validation_points
+from sweeps.spec.space import eval_expr
+from sweeps.spec.sweep import load_spec, parse_spec
+from sweeps.spec.trials import iter_grid, trial_config, trial_dict, validation_points
 
 BASE = {
     "model": {"preset": "debug"},
@@ -205,7 +205,7 @@ def test_set_override_of_a_search_knob(tmp_path):
 
 
 def test_knob_values_are_what_the_trial_ran():
-    from sweeps.trials import knob_values
+    from sweeps.spec.trials import knob_values
 
     spec = parse_spec({
         "sweep": "kv",
@@ -219,7 +219,7 @@ def test_knob_values_are_what_the_trial_ran():
         },
         "seeds": [3],
     })
-    from sweeps.trials import iter_grid
+    from sweeps.spec.trials import iter_grid
 
     got = {str(p.get("moe")): knob_values(spec, p) for p in iter_grid(spec)}
     dense = got["None"]
@@ -257,8 +257,8 @@ def test_spec_sections_decode_through_from_mapping():
 def test_validation_builds_each_trial_config_once_for_the_plan(monkeypatch):
     """A grid of N points: validation builds N trial configs and the plan takes them (N builds,
     not 2N); the plan's configs are the very ones validation checked."""
-    import sweeps.trials as trials
-    from sweeps.plan import build_plan
+    import sweeps.spec.trials as trials
+    from sweeps.plan.build import build_plan
 
     built = []
     real = trials.train_config_from_dict

@@ -1,6 +1,6 @@
-"""Resume compatibility: the record ``sweeps.guard.spec_record`` keeps of a spec (``--resume``
+"""Resume compatibility: the record ``sweeps.run.guard.spec_record`` keeps of a spec (``--resume``
 refuses a spec whose record changed) is the same for every existing spec as before the search
-space, the ``law:`` block and the spec's sections were re-housed (``sweeps.space``,
+space, the ``law:`` block and the spec's sections were re-housed (``sweeps.spec.space``,
 ``sweeps.law.config``, the typed ``_SpecFile``). The hashes were computed on the code before that
 change (commit 77a5da2). ``base`` is left out of the hash: it is ``TrainConfig.to_dict()``, which
 changes with the training config's own fields, not with the spec's parsing."""
@@ -14,8 +14,8 @@ import json
 import pytest
 
 from moe_core.train.config import load_yaml
-from sweeps.guard import spec_record
-from sweeps.spec import load_spec, parse_spec
+from sweeps.run.guard import spec_record
+from sweeps.spec.sweep import load_spec, parse_spec
 
 SHIPPED = {
     "aux_coef.yaml": "00d25145c9c1b7ff",

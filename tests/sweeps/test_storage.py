@@ -1,5 +1,5 @@
-"""The storage layer (sweeps.storage, sweeps.signing) on a local disk and on a real S3-protocol
-server (moto's, started by tests/s3_server.py): fast unit tests; the sweep itself is in
+"""The storage layer (sweeps.store.storage, sweeps.store.signing) on a local disk and on a real
+S3-protocol server (moto's, started by tests/s3_server.py): fast unit tests; the sweep itself is in
 test_storage_e2e.py."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pyarrow.fs as pafs
 import pytest
 
 from moe_core.errors import ConfigError, UpcycleError
-from sweeps import signing
-from sweeps.parents import fetch, publish
-from sweeps.results import read_rows, read_table, write_rows, write_summary
-from sweeps.sink import ResultsSink
-from sweeps.spec import parse_spec
-from sweeps.storage import Location, check_uri, join_uri, publishing, staging_dir
-from sweeps.trust import UntrustedStateError
+from sweeps.run.parents import fetch, publish
+from sweeps.spec.sweep import parse_spec
+from sweeps.store import signing
+from sweeps.store.results import read_rows, read_table, write_rows, write_summary
+from sweeps.store.sink import ResultsSink
+from sweeps.store.storage import Location, check_uri, join_uri, publishing, staging_dir
+from sweeps.store.trust import UntrustedStateError
 from tests import s3_server
 from tests.s3_server import FAKE_SECRET
 from tests.sweeps.tiny import tiny_base
@@ -276,7 +276,7 @@ _COPY_MANY = """
 import os, sys, tempfile, pathlib
 import pyarrow as pa, pyarrow.fs as pafs
 pa.set_io_thread_count(2)
-from sweeps.storage import Location
+from sweeps.store.storage import Location
 d = pathlib.Path(tempfile.mkdtemp())
 for i in range(12):
     (d / f"f{i}.bin").write_bytes(os.urandom(2000))
@@ -303,7 +303,7 @@ def test_copy_files_into_the_signed_filesystem_does_not_deadlock(s3_env, tmp_pat
 def test_aws_keys_leave_the_environment_for_a_private_file(s3_env, monkeypatch):
     """Ray's runtime-env agent logs its environment: the driver moves the keys into a private
     credentials file first, and S3 still works through the SDK's profile provider."""
-    from sweeps.trust import hide_cloud_keys
+    from sweeps.store.trust import hide_cloud_keys
 
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")  # restored after
     monkeypatch.delenv("AWS_PROFILE", raising=False)
@@ -326,7 +326,7 @@ def test_driver_locations_on_s3(s3_env):
     state there and a new searcher reads it back."""
     import dataclasses
 
-    from sweeps.driver import archive_previous, results_location
+    from sweeps.run.driver import archive_previous, results_location
 
     b = s3_env.bucket()
     spec = parse_spec({"sweep": "s", "base": tiny_base(), "results": f"s3://{b}/r"})
@@ -363,7 +363,7 @@ def test_driver_locations_on_s3(s3_env):
 def test_one_run_per_results_location_on_s3(s3_env, monkeypatch):
     """The lease lock on object storage: a second run is refused naming the holder; a released
     lock is taken without a word; a lease that was not renewed is taken over with a message."""
-    from sweeps import guard
+    from sweeps.run import guard
 
     url = f"s3://{s3_env.bucket()}/r/s"
     monkeypatch.setattr(guard.ObjectRunLock, "CONFIRM", 0.05)

@@ -106,7 +106,7 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
         print(f"\nbytes in the bucket after the sweep: {sum(objs.values())} in {len(objs)} "
               f"objects; by folder: {_by_folder(objs, sweep)}")
 
-    from sweeps.results import read_rows
+    from sweeps.store.results import read_rows
 
     for k, v in s3.env.items():
         monkeypatch.setenv(k, v)
@@ -121,10 +121,10 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     assert sorted(r["step"] for r in read_rows(f"{url}/s3e2e")) == [0, 2, 4, 6, 8]
 
     # the analysis reads the bucket
+    from analysis import compare
     from analysis.decide import load_decision_data
     from analysis.report import report
     from moe_core.errors import FitError
-    from sweeps import compare
 
     md = report(f"{url}/s3e2e", work / "report", bootstrap=10)
     assert "s3e2e" in md.read_text()
@@ -191,7 +191,7 @@ def test_wsd_stable_run_and_hf_exports_go_to_the_bucket(s3, work, monkeypatch):
         assert [k for k in objs if k.startswith(e.rsplit("/", 1)[0] + "/")
                 and k.endswith(".safetensors")]
     assert not [p for p in work.rglob("*") if "s3:" in p.parts or bucket in p.name]
-    from sweeps.results import final_rows, read_rows
+    from sweeps.store.results import final_rows, read_rows
 
     for k, v in s3.env.items():
         monkeypatch.setenv(k, v)

@@ -10,12 +10,12 @@ import signal
 import yaml
 from ray.tune.experiment import Trial
 
-from sweeps.driver import ResultsCallback
-from sweeps.health import HealthStopper
-from sweeps.plan import build_plan
-from sweeps.results import final_rows, read_rows, summarize
-from sweeps.sink import ResultsSink, reconcile
-from sweeps.spec import load_spec
+from sweeps.plan.build import build_plan
+from sweeps.run.driver import ResultsCallback
+from sweeps.run.health import HealthStopper
+from sweeps.spec.sweep import load_spec
+from sweeps.store.results import final_rows, read_rows, summarize
+from sweeps.store.sink import ResultsSink, reconcile
 from tests.sweeps.tiny import tiny_base
 
 SPEC = {
@@ -124,11 +124,11 @@ def test_netrc_left_by_a_killed_driver_is_cleaned_by_the_next(tmp_path, monkeypa
     import sys
     import tempfile
 
-    from sweeps import trust
+    from sweeps.store import trust
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = ("import os, sys; os.environ['WANDB_API_KEY'] = 'k-123'; import tempfile; "
-            f"tempfile.tempdir = {str(tmp_path)!r}; from sweeps.trust import hide_wandb_key; "
+            f"tempfile.tempdir = {str(tmp_path)!r}; from sweeps.store.trust import hide_wandb_key; "
             "print(hide_wandb_key(), flush=True); os.kill(os.getpid(), 9)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)

@@ -7,9 +7,9 @@ import colorsys
 
 import pytest
 
-from sweeps.compare import knob_columns, main
-from sweeps.results import write_rows
-from sweeps.twoway import colors, joint_table, knob_pairs, markdown, shared_cells, varied_knobs
+from analysis.compare import knob_columns, main
+from analysis.twoway import colors, joint_table, knob_pairs, markdown, shared_cells, varied_knobs
+from sweeps.store.results import write_rows
 
 # the aux × top-K sweep (one seed): at top-2, aux 0.1 beats aux 0.001
 CELLS = {("0.001", 1): 1.5402, ("0.1", 1): 1.5517, ("0.001", 2): 1.5142, ("0.1", 2): 1.5126}

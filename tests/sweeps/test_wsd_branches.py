@@ -4,8 +4,8 @@
 
 import pytest
 
-from sweeps.plan import build_plan
-from sweeps.spec import parse_spec
+from sweeps.plan.build import build_plan
+from sweeps.spec.sweep import parse_spec
 from tests.sweeps.tiny import run_sweep_cli
 
 SPEC = {
