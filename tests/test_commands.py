@@ -35,6 +35,16 @@ def test_every_command_resolves_to_a_main_function():
         assert callable(getattr(importlib.import_module(c.module), c.function))
 
 
+def test_the_old_sweeps_best_and_compare_names_forward_to_analysis():
+    """``python -m sweeps.best`` / ``sweeps.compare`` (the names before the stage folders) still
+    run the commands, now ``analysis.best`` / ``analysis.compare``, for one release."""
+    for old, new in (("sweeps.best", "analysis.best"), ("sweeps.compare", "analysis.compare")):
+        out = subprocess.run([sys.executable, "-m", old, "--help"], capture_output=True,
+                             text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert f"python -m {new}" in out.stdout, out.stdout[:200]
+
+
 def test_unknown_command_and_no_command_are_refused(capsys):
     assert main(["nope"]) == 2
     assert "unknown command 'nope'" in capsys.readouterr().err

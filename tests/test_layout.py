@@ -124,3 +124,16 @@ def test_functions_are_short_in_every_package():
                 if n > MAX_LINES:
                     long.append(f"{f.relative_to(ROOT)}:{node.name} ({n} lines)")
     assert long == []
+
+
+def test_sweeps_is_folders_by_stage_and_design_md_names_every_module():
+    """No module flat in ``sweeps/`` (each lives in its stage's folder), and docs/design.md names
+    every module of ``sweeps/`` by its dotted path (``__init__``/``__main__`` aside)."""
+    flat = sorted(f.name for f in (ROOT / "sweeps").glob("*.py") if f.name != "__init__.py")
+    assert flat == []
+    design = (ROOT / "docs" / "design.md").read_text()
+    mods = sorted(".".join(f.relative_to(ROOT).with_suffix("").parts)
+                  for f in (ROOT / "sweeps").rglob("*.py")
+                  if f.stem not in ("__init__", "__main__"))
+    assert len(mods) > 20
+    assert [m for m in mods if f"`{m}`" not in design and f"{m} " not in design] == []

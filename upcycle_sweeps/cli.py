@@ -31,7 +31,8 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("sweeps.run", "main", "run (or --dry-run) a sweep from a spec YAML"),
+    "run": Command("sweeps.run.cli", "main", "run (or --dry-run) a sweep from a spec YAML",
+                   m="sweeps.run"),
     "compare": Command("analysis.compare", "main", "compare sweeps: knobs, two-way tables, plots"),
     "best": Command("analysis.best", "main", "the best trial of a sweep; --export DIR as HF"),
     "cluster": Command("sweeps.cluster.__main__", "main",
