@@ -405,7 +405,8 @@ def pending_trials(conc: int) -> Iterator[None]:
 
 OLDER_STATE = (AttributeError, ImportError, TypeError)
 """What unpickling Tune's experiment state raises when a class it names moved or changed
-(``sweeps.spec.Param`` became ``sweeps.spec.space``'s distributions, see CHANGELOG.md)."""
+(``sweeps.spec.Param`` became ``sweeps.spec.space``'s distributions; the flat modules such as
+``sweeps.health`` moved into stage folders; see CHANGELOG.md)."""
 
 
 def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:
