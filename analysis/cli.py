@@ -33,7 +33,7 @@ from analysis.noise import format_noise, read_noise
 from moe_core.errors import FitError, cli_boundary
 from scaling.fit import DEFAULT_DELTA, FitResult, fit
 from scaling.laws import TABLE2, get_law
-from sweeps.law.config import MAX_BOOTSTRAP
+from sweeps.law.limits import MAX_BOOTSTRAP
 
 ERROR_EXIT = 2
 

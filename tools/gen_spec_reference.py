@@ -215,7 +215,7 @@ def render() -> str:
     sys.path.insert(0, str(ROOT))
     from moe_core.config import ModelConfig
     from moe_core.train.config import TrainConfig
-    from sweeps.spec.sweep import sweep as spec_mod
+    from sweeps.spec import sweep as spec_mod
 
     messages = _messages()
     seen: dict[type, str] = {}

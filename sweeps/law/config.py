@@ -12,9 +12,7 @@ Every setting is a plain key::
       points: 7
 
 The old shape (``target: {loss_at: {...}}``, ``candidates: {box: {...}, points: 7}``) is still
-read, with a one-line deprecation message on stderr. Bounds on what the block may ask for
-(:data:`MAX_LAW_CANDIDATES`, :data:`MAX_BOOTSTRAP`, finite ranges, known law parameters) are
-checked here before anything is planned.
+read, with a one-line deprecation message on stderr.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from pydantic import BeforeValidator
 
 from moe_core.configio import coerce_number, decode
 from moe_core.errors import ConfigError, SearchSpaceError, shown
-from scaling.laws import get_law
+from sweeps.law.limits import check_law, finite_range
 
 
 def _err(msg: str) -> SearchSpaceError:
@@ -36,7 +34,7 @@ def _err(msg: str) -> SearchSpaceError:
 
 
 def _finite_range(v: Any) -> Any:
-    """``law.dstar_range`` refused in the words of :func:`sweeps.law.config.finite_range` before
+    """``law.dstar_range`` refused in the words of :func:`sweeps.law.limits.finite_range` before
     the decoder's generic 'not finite' (its bounds shown as written)."""
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
@@ -209,13 +207,15 @@ class LawSearchConfig:
         if not self.widen >= 1:
             raise _err(f"law.widen={self.widen} must be >= 1 (a calibrated widening of the "
                        "target's interval)")
-        check_law(self)  # values, names, finite bounds, caps (sweeps.law.config)
+        check_law(self)  # values, names, finite bounds, caps (sweeps.law.limits)
 
     def variable_keys(self) -> dict[str, str]:
         """Law variable → config key, defaults filled in."""
         keys = dict(self.variables)
         return {v: keys.get(v, DEFAULT_VARIABLE_KEYS.get(v, "")) for v in
                 LAW_VARIABLES[self.law]}
+
+
 
 
 OLD_SHAPE = ("warning: law.target: {loss_at: ...} and law.candidates: {box: ..., points: ...} "
@@ -263,57 +263,3 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
         raise
     except ConfigError as e:
         raise _err(str(e)) from None
-
-
-# ---- bounds on what a ``law:`` block may ask for, checked before anything is planned (each
-# refusal one line naming the ``law.`` key, the value and the cap or the fix) ----------------
-
-MAX_LAW_CANDIDATES = 2_000
-"""Candidates a law search may weigh (``points`` ** box axes, or the grid's points)."""
-MAX_BOOTSTRAP = 10_000
-"""Bootstrap resamples of one refit (``law.bootstrap``, ``--bootstrap`` of analysis)."""
-SCRATCH_NAMES = ("A", "alpha", "B", "beta", "E", "N1")
-"""``law.scratch``: the from-scratch law's parameters (000 Eq. 3) and the sweep's N1."""
-
-
-def check_bootstrap(n: Any, key: str) -> None:
-    if n is not None and not isinstance(n, bool) and isinstance(n, (int, float)) and \
-            n > MAX_BOOTSTRAP:
-        raise _err(f"{key}={shown(n)} is more than the cap of {MAX_BOOTSTRAP:,} resamples; "
-                   f"use at most {MAX_BOOTSTRAP:,} (200 to 1,000 give stable intervals)")
-
-
-def finite_range(lo: float, hi: float) -> None:
-    """``law.dstar_range``'s bounds must be finite."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise _err(f"law.dstar_range=[{lo:g}, {hi:g}] must be finite, e.g. [1e3, 1e17]")
-
-
-def check_law(cfg: Any) -> None:
-    """Values of a :class:`sweeps.law.config.LawSearchConfig` beyond its types: positive targets
-    and from-scratch parameters, known names, finite bounds, capped sizes."""
-    for k, v in cfg.loss_at:
-        if not v > 0:
-            raise _err(f"law.loss_at.{k}={v:g} must be > 0 (tokens or parameters)")
-    for k, v in cfg.scratch:
-        if k not in SCRATCH_NAMES:
-            raise _err(f"law.scratch.{k} is not known; give {', '.join(SCRATCH_NAMES)} (the "
-                       "from-scratch law A·D^−alpha [+ B·N^−beta] + E, 000 Eq. 3)")
-        if not (v >= 0 if k == "E" else v > 0):
-            raise _err(f"law.scratch.{k}={v:g} must be {'>= 0' if k == 'E' else '> 0'}")
-    names = get_law(cfg.law).param_names
-    for k, _ in cfg.fix:
-        if k not in names:
-            raise _err(f"law.fix.{k} is not a parameter of law {cfg.law}; fix one of "
-                       f"{', '.join(names)}")
-    finite_range(*cfg.dstar_range)
-    for k, lo, hi in cfg.box:
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise _err(f"law.box.{k}=[{lo:g}, {hi:g}] must be finite")
-    check_bootstrap(cfg.bootstrap, "law.bootstrap")
-    if cfg.candidates == "box" and isinstance(cfg.points, int) and cfg.box:
-        n = cfg.points ** len(cfg.box) if cfg.points <= MAX_LAW_CANDIDATES else math.inf
-        if n > MAX_LAW_CANDIDATES:
-            raise _err(f"law.points={cfg.points} over {len(cfg.box)} box axes "
-                       f"makes {shown(n)} candidates, more than the cap of "
-                       f"{MAX_LAW_CANDIDATES:,}; lower points")
