@@ -137,3 +137,21 @@ def test_sweeps_is_folders_by_stage_and_design_md_names_every_module():
                   if f.stem not in ("__init__", "__main__"))
     assert len(mods) > 20
     assert [m for m in mods if f"`{m}`" not in design and f"{m} " not in design] == []
+
+
+def test_each_stage_names_its_public_api_and_where_each_name_lives():
+    """Every stage folder's ``__init__`` has an ``__all__`` whose names are all in its lazy
+    export table (``moe_core.lazy``), so importing a stage loads no submodule (no Ray, no torch
+    for ``--dry-run``); ``sweeps/best`` and ``sweeps/compare`` only forward the old commands."""
+    for init in sorted((ROOT / "sweeps").glob("*/__init__.py")):
+        if init.parent.name in ("best", "compare"):
+            continue
+        tree = ast.parse(init.read_text())
+        names = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "__all__" for t in n.targets)]
+        tables = [ast.literal_eval(c.args[1]) for c in ast.walk(tree)
+                  if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "lazy_exports"]
+        assert names and tables, init
+        assert set(names[0]) <= set(tables[0]), init
+        assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                    and getattr(n, "module", "") != "moe_core.lazy"], init

@@ -25,3 +25,10 @@ only Ray import) and ``report`` (progress and closing lines). The loop:
    refits in a row (``CONFIRM``), or after ``law.max_trials`` trials, or when no candidate is
    left.
 """
+
+from moe_core.lazy import lazy_exports
+
+__all__ = ["LawSearchConfig", "LawDesign", "LawSearcher"]
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "LawSearchConfig": "sweeps.law.config", "LawDesign": "sweeps.law.design",
+    "LawSearcher": "sweeps.law.searcher"})
