@@ -54,7 +54,7 @@ S3_REQUEST_TIMEOUT_ENV = "UPCYCLE_S3_REQUEST_TIMEOUT_S"
 S3_ATTEMPTS_ENV = "UPCYCLE_S3_MAX_ATTEMPTS"
 PROBE_TIMEOUT_ENV = "UPCYCLE_S3_PROBE_TIMEOUT_S"
 S3_DEFAULTS = {S3_CONNECT_TIMEOUT_ENV: 5.0, S3_REQUEST_TIMEOUT_ENV: 60.0, S3_ATTEMPTS_ENV: 5,
-               PROBE_TIMEOUT_ENV: 1.5}
+               PROBE_TIMEOUT_ENV: 1.0}
 """How object storage is reached (each overridable by its environment variable, on every node):
 seconds to connect, seconds a request may go without data (the AWS SDK's request timeout),
 attempts per request (``pyarrow.fs.AwsStandardS3RetryStrategy``: exponential back-off), and the
@@ -334,22 +334,25 @@ def publishing(target: str | os.PathLike, manifest: str) -> Iterator[Path]:
 def _fix(message: str, loc: Location) -> str:
     """The way out for a provider's error ``message`` on ``loc``."""
     m = message.lower()
-    bucket = loc.path.split("/", 1)[0]
-    if any(k in m for k in ("network_connection", "curlcode", "timeout", "timed out",
-                            "couldn't connect", "could not connect", "connection refused",
-                            "resolve host", "unavailable")):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL") or "unset"
+    scheme, bucket = loc.uri.split("://", 1)[0], loc.path.split("/", 1)[0]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "unset"
+    if any(k in m for k in ("could not connect", "couldn't connect", "connection refused",
+                            "resolve host", "curlcode: 6,", "curlcode: 7,")):
+        return (f"nothing answers at the endpoint: check the network and AWS_ENDPOINT_URL "
+                f"(now {endpoint})")
+    if any(k in m for k in ("timeout", "timed out", "too slow", "unavailable")):
         return (f"the endpoint did not answer within {setting(PROBE_TIMEOUT_ENV):g} s: check "
                 f"the network and AWS_ENDPOINT_URL (now {endpoint}), or raise "
                 f"{PROBE_TIMEOUT_ENV}")
     if any(k in m for k in ("access_denied", "accessdenied", "forbidden", "403", "invalidaccess",
                             "signaturedoesnotmatch", "credentials", "permission")):
-        return (f"give the credentials the nodes use (instance profile / service account, "
-                f"AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) list, read, write and delete on "
-                f"{loc.uri} (docs/storage.md)")
-    if "nosuchbucket" in m or "not found" in m or "does not exist" in m:
-        return f"create the bucket (aws s3 mb s3://{bucket}; gcloud storage buckets create " \
-               f"gs://{bucket}) or fix its name"
+        return ("give the credentials the nodes use (the instance profile or service account "
+                "of sweeps/cluster/*.yaml, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) list, "
+                f"read, write and delete on {loc.uri} (docs/storage.md)")
+    if "does not exist" in m or "nosuchbucket" in m or "not found" in m:
+        make = (f"gcloud storage buckets create gs://{bucket}" if scheme in ("gs", "gcs")
+                else f"aws s3 mb s3://{bucket}")
+        return f"create the bucket ({make}) or fix its name"
     return "check the location, the credentials and the network (docs/storage.md)"
 
 
