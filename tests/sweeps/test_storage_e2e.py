@@ -137,7 +137,9 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     assert compare.main([f"{url}/s3e2e", "--out", str(work / "cmp")]) == 0
     with pytest.raises(FitError, match="found 1 trials"):  # read, then too few for a decision
         load_decision_data(f"{url}/s3e2e")
-    _best_out_of_the_bucket(s3, bucket, f"{url}/s3e2e", work, capsys)
+    # the sweep's HMAC key (signed checkpoints are verified as they are downloaded)
+    monkeypatch.setenv("UPCYCLE_SWEEPS_HMAC_KEY_FILE", env["UPCYCLE_SWEEPS_HMAC_KEY_FILE"])
+    _best_out_of_the_bucket(bucket, f"{url}/s3e2e", work, capsys)
 
     # the fake secret is in no file the sweep wrote: bucket, staging, Ray's logs, the report
     for key in _objects(fs, bucket):
@@ -157,7 +159,7 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
         print(f"after --resume: {sum(objs.values())} bytes in {len(objs)} objects")
 
 
-def _best_out_of_the_bucket(s3, bucket: str, sweep_url: str, work: Path, capsys) -> None:
+def _best_out_of_the_bucket(bucket: str, sweep_url: str, work: Path, capsys) -> None:
     """``sweeps.best URL --export URL``, ``moe_core.hf export CKPT_URL DIR``; transformers loads
     and generates from the export fetched back from the bucket."""
     import json
