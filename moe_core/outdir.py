@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moe_core.errors import ConfigError, OutputError
+from moe_core.location import Location, is_url
 
 MARKER = ".written-by-upcycle-sweeps"
 """A small JSON file (command, host, pid, time) in every folder a writer created."""
@@ -132,8 +133,6 @@ def guard_output(out: str | Path, *, sources: tuple[str | Path, ...] = (),
     """:func:`guard_output_dir` for a local folder; for a URL (``s3://…``, ``gs://…``) the same
     rule on the objects under it: a prefix holding objects is replaced only with ``flag`` and
     only when it holds :data:`MARKER` (an earlier export of ours)."""
-    from moe_core.location import Location, is_url  # noqa: PLC0415 (pyarrow: only for URLs)
-
     if not is_url(str(out)):
         return guard_output_dir(out, sources=sources, overwrite=overwrite, flag=flag)
     loc = Location.of(str(out))

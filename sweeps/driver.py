@@ -48,7 +48,7 @@ from sweeps.results import (
 from sweeps.signing import KEY_FILE_ENV, verify_tree
 from sweeps.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.spec import SweepSpec
-from sweeps.storage import STAGING_ENV, Location, join_uri, staging_dir
+from sweeps.storage import S3_SETTINGS, STAGING_ENV, Location, join_uri, staging_dir
 from sweeps.trainable import TrialContext, run_trial
 from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 
@@ -58,7 +58,7 @@ from sweeps.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_stat
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
             "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
-            "AWS_SHARED_CREDENTIALS_FILE")
+            "AWS_SHARED_CREDENTIALS_FILE", *S3_SETTINGS)
 Results = Path | Location
 """A sweep's results folder: a local Path, or a Location on object storage."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from moe_core import location as _location
 from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one storage API)
     PROBE_TIMEOUT_ENV,
+    S3_DEFAULTS,
     SCHEMES,
     STAGING_ENV,
     check_uri,
@@ -19,6 +20,9 @@ from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one stor
     tuned,
 )
 from sweeps.signing import signed_filesystem
+
+S3_SETTINGS = tuple(S3_DEFAULTS)
+"""The ``UPCYCLE_S3_*`` variables (timeouts, attempts): passed to every worker (no secret)."""
 
 
 class Location(_location.Location):

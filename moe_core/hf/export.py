@@ -14,6 +14,7 @@ from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
 from moe_core.location import Location, is_url
 from moe_core.model import build_model
+from moe_core.outdir import MARKER
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import train_config_from_dict
 
@@ -55,8 +56,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, **kw: Any) -> dic
                     dst.write_bytes((src / rel).read_bytes())
             return dict(export_checkpoint(tmp, out, **kw), checkpoint=str(checkpoint))
     if is_url(str(out)):
-        from moe_core.outdir import MARKER  # noqa: PLC0415
-
         dst = Location.of(str(out))
         with tempfile.TemporaryDirectory(prefix="upcycle-export-") as tmp:
             res = export_local(checkpoint, Path(tmp, "hf"), **kw)

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from moe_core.errors import UpcycleError, one_line
+from sweeps.cluster.constraints import render
 from sweeps.cluster.local import (
     LOOPBACK_ENV,
     STATE_FILE,
@@ -42,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"where the cluster keeps its state and Ray's logs ({DEFAULT_DIR})")
     args = ap.parse_args(argv)
     if args.what == "constraints":
-        from sweeps.cluster.constraints import render  # noqa: PLC0415
-
         sys.stdout.write(render())
         return 0
     if args.action is None:
