@@ -172,3 +172,24 @@ def test_the_run_stops_before_ray_on_a_stalled_endpoint(tmp_path, stalled):
         assert err[0].startswith("error: results: s3://bucket/sweeps: HEAD of bucket bucket")
         assert "Timeout was reached" in err[0]
         assert not (tmp_path / "ray").exists()  # Ray never started
+
+
+def test_analysis_fit_reads_a_sweep_in_the_bucket(iam_s3, monkeypatch, capsys):
+    """``analysis.fit s3://…`` (the other readers are run on a real sweep's bucket in
+    test_storage_e2e): six final rows on L = 1.7 + 400·D^−0.5, written to the bucket, fitted
+    back."""
+    from analysis.cli import fit_main
+    from sweeps.results import write_rows
+
+    s3, bucket, keys = iam_s3
+    _use(monkeypatch, s3, key=keys["writer"])
+    rows = [{"trial_id": f"t{i}", "step": 10, "status": "ok", "sweep": "f", "tokens": d,
+             "val_loss": 1.7 + 400.0 / d ** 0.5} for i, d in enumerate(
+                 [1e6, 2e6, 4e6, 8e6, 16e6, 32e6])]
+    write_rows(f"s3://{bucket}/r/f/results.parquet", rows)
+    capsys.readouterr()
+    assert fit_main([f"s3://{bucket}/r/f", "--law", "chinchilla_d", "--columns",
+                     "D=tokens,L=val_loss", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["n"] == 6
+    assert got["params"] == pytest.approx({"A": 400.0, "alpha": 0.5, "E": 1.7}, rel=1e-4)
