@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -139,7 +140,11 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
         load_decision_data(f"{url}/s3e2e")
     # the sweep's HMAC key (signed checkpoints are verified as they are downloaded)
     monkeypatch.setenv("UPCYCLE_SWEEPS_HMAC_KEY_FILE", env["UPCYCLE_SWEEPS_HMAC_KEY_FILE"])
+    t0 = time.monotonic()
     _best_out_of_the_bucket(bucket, f"{url}/s3e2e", work, capsys)
+    with capsys.disabled():
+        print(f"sweeps.best --export to the bucket, transformers' load and generate, "
+              f"moe_core.hf export: {time.monotonic() - t0:.1f} s")
 
     # the fake secret is in no file the sweep wrote: bucket, staging, Ray's logs, the report
     for key in _objects(fs, bucket):
@@ -156,7 +161,8 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     assert len(err) == 1 and "refusing to load" in err[0] and "tuner.pkl" in err[0], err
     with capsys.disabled():
         objs = _objects(fs, bucket)
-        print(f"after --resume: {sum(objs.values())} bytes in {len(objs)} objects")
+        print(f"at the end (after --resume and the export to s3://…/best): "
+              f"{sum(objs.values())} bytes in {len(objs)} objects")
 
 
 def _best_out_of_the_bucket(bucket: str, sweep_url: str, work: Path, capsys) -> None:
