@@ -15,6 +15,11 @@ its final step) in ``RESULTS/tune/<trial folder>/checkpoint_<n>/``, the trial fo
 ``RESULTS/train/<sweep>-<trial_id>/checkpoint_<n>/`` and its ranks' local copy in
 ``RESULTS/train/rank_checkpoints/<trial_id>/step_<n>/``; ``export: hf`` writes
 ``RESULTS/export/<trial_id>/``.
+
+RESULTS and ``--export`` may each be a folder or a URL (``s3://BUCKET/PATH``, ``gs://…``;
+``moe_core.location``): a checkpoint in a bucket is downloaded through the signed view
+(``sweeps.store.signing``: every file verified) into a temporary folder, and an export to a
+bucket is written locally, then uploaded with its manifest last.
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moe_core.errors import UpcycleError, one_line
-from moe_core.outdir import guard_output_dir
+from moe_core.location import is_url
+from moe_core.outdir import guard_output
 from sweeps.store.results import (
     CONFIG_SECTIONS,
     KNOB_PREFIX,
@@ -38,6 +45,7 @@ from sweeps.store.results import (
     format_knob,
     read_rows,
 )
+from sweeps.store.storage import Location
 
 METRIC_COLUMNS = ("val_loss", "train_loss", "aux_loss", "tokens", "step", "wall_s", "flops")
 
@@ -119,27 +127,79 @@ def trial_checkpoints(results_dir: Path, trial_id: str, sweep: str | None = None
     return sorted(found, key=lambda p: (_step(p), str(p)))
 
 
-def check_export_dir(out: Path, overwrite: bool, results: Path | None = None) -> str | None:
+def check_export_dir(out: str | Path, overwrite: bool, results: Path | None = None
+                     ) -> str | None:
     """Refuse a file, a symlink, a non-empty folder (unless ``overwrite`` and this project wrote
-    it: ``moe_core.outdir.guard_output_dir``) and the results folder or one inside it; returns the
-    line to print when an export of ours is replaced."""
-    return guard_output_dir(out, sources=(results,) if results else (), overwrite=overwrite)
+    it: ``moe_core.outdir.guard_output``) and the results folder or one inside it; returns the
+    line to print when an export of ours is replaced. ``out`` may be a URL."""
+    return guard_output(out, sources=(results,) if results else (), overwrite=overwrite)
 
 
-def _results_dir(path: str) -> tuple[Path, list[dict[str, Any]]]:
-    p = Path(path)
-    d = p if p.is_dir() else p.parent
-    f = d / RESULTS_FILE
+def _results_dir(path: str) -> tuple[Location, list[dict[str, Any]]]:
+    """The sweep's folder (a local one, or a bucket's through the signed view) and its rows."""
+    loc = Location.of(path)
+    if loc.name == RESULTS_FILE and not loc.is_dir():
+        loc = Location.of(str(Path(loc.path).parent) if loc.is_local
+                          else loc.uri.rsplit("/", 1)[0])
+    f = loc / RESULTS_FILE
     if not f.is_file():
         raise UpcycleError(f"{path}: no {RESULTS_FILE} (run python -m sweeps.run first, or give "
                            "results/<sweep>)")
     rows = read_rows(f)
     if not rows:
         raise UpcycleError(f"{f} has no rows")
-    return d, rows
+    return loc if loc.is_local else loc.signed(), rows
 
 
-def describe(pick: Pick, d: Path, checkpoints: list[Path]) -> dict[str, Any]:
+def remote_checkpoints(d: Location, trial_id: str, sweep: str | None = None
+                       ) -> list[tuple[int, str]]:
+    """``trial_checkpoints`` for a sweep in a bucket: (step, URL) of each checkpoint folder of
+    ``trial_id``, the latest step last."""
+    found = []
+    for sub in ("tune", "train"):
+        for rel in (d / sub).files():
+            if not rel.endswith("/meta.json"):
+                continue
+            parts = rel.split("/")[:-1]
+            if sub == "tune":
+                ok = len(parts) == 2 and parts[1].startswith("checkpoint_") and (
+                    parts[0].startswith(f"{trial_id}_") or parts[0] == trial_id)
+            else:
+                ok = (len(parts) == 2 and parts[0] == f"{sweep}-{trial_id}"
+                      and parts[1].startswith("checkpoint_")) or (
+                    parts[:2] == ["rank_checkpoints", trial_id] and len(parts) == 3)
+            if ok:
+                ck = d / sub / "/".join(parts)
+                try:
+                    step = int(json.loads((ck / "meta.json").read_text()).get("step", -1))
+                except ValueError:
+                    step = -1
+                found.append((step, ck.uri))
+    return sorted(found)
+
+
+def _checkpoints(d: Location, tid: str, sweep: str | None) -> list[tuple[int, str]]:
+    if d.is_local:
+        return [(_step(p), str(p)) for p in trial_checkpoints(d.local_path, tid, sweep)]
+    return remote_checkpoints(d, tid, sweep)
+
+
+def _export(d: Location, info: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Export the picked checkpoint (downloaded, every file verified, when in a bucket)."""
+    from moe_core.hf.export import export_checkpoint  # torch: only to export
+
+    if d.is_local:
+        return export_checkpoint(info["checkpoint"], args.export, tokenizer=args.tokenizer,
+                                 verify=not args.no_verify)
+    with tempfile.TemporaryDirectory(prefix="upcycle-best-") as tmp:
+        Location.of(info["checkpoint"]).signed().download_dir(tmp)
+        res = export_checkpoint(tmp, args.export, tokenizer=args.tokenizer,
+                                verify=not args.no_verify)
+    res["checkpoint"] = info["checkpoint"]
+    return res
+
+
+def describe(pick: Pick, d: Location, checkpoints: list[tuple[int, str]]) -> dict[str, Any]:
     """The facts ``main`` prints (and ``--json`` gives)."""
     r = pick.row
     tid = str(r["trial_id"])
@@ -155,9 +215,8 @@ def describe(pick: Pick, d: Path, checkpoints: list[Path]) -> dict[str, Any]:
             "value": r.get(pick.metric), "knobs": knobs, "config": config,
             "metrics": metrics, "ties": list(pick.ties),
             "left_out": {k: list(v) for k, v in pick.left_out.items()},
-            "checkpoint": str(checkpoints[-1]) if checkpoints else None,
-            "checkpoint_step": (json.loads((checkpoints[-1] / "meta.json").read_text())
-                                .get("step") if checkpoints else None),
+            "checkpoint": checkpoints[-1][1] if checkpoints else None,
+            "checkpoint_step": checkpoints[-1][0] if checkpoints else None,
             "final_step": r.get("step"),
             "hf_export": str(exported) if (exported / "config.json").is_file() else None}
 
@@ -192,13 +251,15 @@ def _print(info: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.best", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="a sweep's results folder (results/<sweep>)")
+    ap.add_argument("results", help="a sweep's results folder (results/<sweep>) or its URL "
+                                    "(s3://BUCKET/PATH/<sweep>, gs://…)")
     ap.add_argument("--metric", default=None,
                     help="final-row column to rank by (default: the sweep's, from summary.json, "
                          "else val_loss)")
     ap.add_argument("--mode", choices=("min", "max"), default="min")
-    ap.add_argument("--export", default=None, metavar="DIR",
-                    help="write the best checkpoint here as a Hugging Face folder")
+    ap.add_argument("--export", default=None, metavar="DIR|URL",
+                    help="write the best checkpoint here as a Hugging Face folder (with its "
+                         "tokenizer), a local folder or s3://…, gs://…")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace a non-empty --export folder")
     ap.add_argument("--tokenizer", default=None, metavar="DIR",
@@ -211,25 +272,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         d, rows = _results_dir(args.results)
         metric = args.metric
         if metric is None:
-            summary = d / "summary.json"
+            summary = Location.of(d.uri) / "summary.json"  # not signed: read as written
             metric = (json.loads(summary.read_text()).get("metric") if summary.is_file()
                       else None) or "val_loss"
         if args.export is not None:
-            replacing = check_export_dir(Path(args.export), args.overwrite, d)
+            replacing = check_export_dir(args.export if is_url(args.export)
+                                         else Path(args.export), args.overwrite,
+                                         d.local_path if d.is_local else None)
             if replacing:
                 print(replacing)
         pick = best_trial(rows, metric, args.mode)
         tid = str(pick.row["trial_id"])
-        info = describe(pick, d, trial_checkpoints(d, tid, pick.row.get("sweep")))
+        info = describe(pick, d, _checkpoints(d, tid, pick.row.get("sweep")))
         if args.export is not None:
             if info["checkpoint"] is None:
                 raise UpcycleError(f"trial {tid} has no checkpoint on disk under {d}; nothing to "
                                    "export (set checkpoint.at_end: true and rerun it)")
-            from moe_core.hf.export import export_checkpoint  # torch: only to export
-
-            info["exported"] = export_checkpoint(info["checkpoint"], args.export,
-                                                 tokenizer=args.tokenizer,
-                                                 verify=not args.no_verify)
+            info["exported"] = _export(d, info, args)
     except (UpcycleError, OSError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2

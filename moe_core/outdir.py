@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moe_core.errors import ConfigError, OutputError
+from moe_core.location import Location, is_url
 
 MARKER = ".written-by-upcycle-sweeps"
 """A small JSON file (command, host, pid, time) in every folder a writer created."""
@@ -125,3 +126,24 @@ def confined(path: str | Path, root: str | Path, what: str) -> Path:
         raise ConfigError(f"{what}: {p} leads to {rp}, outside {r} (a symbolic link); remove "
                           "the link (nothing was written there)")
     return rp
+
+
+def guard_output(out: str | Path, *, sources: tuple[str | Path, ...] = (),
+                 overwrite: bool = False, flag: str = "--overwrite") -> str | None:
+    """:func:`guard_output_dir` for a local folder; for a URL (``s3://…``, ``gs://…``) the same
+    rule on the objects under it: a prefix holding objects is replaced only with ``flag`` and
+    only when it holds :data:`MARKER` (an earlier export of ours)."""
+    if not is_url(str(out)):
+        return guard_output_dir(out, sources=sources, overwrite=overwrite, flag=flag)
+    loc = Location.of(str(out))
+    files = loc.files()
+    if not files:
+        return None
+    if not overwrite:
+        raise OutputError(f"{out} holds {len(files)} object(s); give a new prefix, or {flag} to "
+                          "replace a folder this project wrote (nothing was written)")
+    if MARKER not in files:
+        raise OutputError(f"{flag}: {out} was not written by this project (no {MARKER}); it "
+                          "replaces only its own folders: give a new prefix (nothing was "
+                          "written)")
+    return f"replacing {out} ({flag})"

@@ -90,15 +90,18 @@ def _moto_server_cmd() -> list[str]:
 
 
 @contextlib.contextmanager
-def s3_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
+def s3_server(timeout_s: float = 60.0, auth_after: int | None = None) -> Iterator[S3Server]:
     """Start ``moto_server`` on 127.0.0.1 at a free port; stop that process (and only it) at
-    exit."""
+    exit. ``auth_after=N``: the server checks credentials and IAM policies after its first N
+    requests (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``), for access-denied cases."""
     pytest.importorskip("moto", reason="moto[server] (the dev extra) is not installed")
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([*_moto_server_cmd(), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True,
+                            env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(auth_after))
+                            if auth_after is not None else None)
     try:
         deadline = time.monotonic() + timeout_s
         while True:

@@ -74,7 +74,9 @@ OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.store.results", "sweeps.p
            # the two-way views' short knob names; best --export (torch, imported on use)
            "sweeps.spec.naming", "moe_core.hf.export",
            # --out never into a folder this project did not write; the bootstrap cap
-           "moe_core.outdir", "sweeps.law.limits"}
+           "moe_core.outdir", "sweeps.law.limits",
+           # a results folder or bucket URL (pyarrow.fs, no torch)
+           "moe_core.location"}
 
 
 ROOT = Path(__file__).resolve().parents[1]

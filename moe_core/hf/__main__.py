@@ -20,6 +20,9 @@ folder inside or around it are refused before any work, in one line.
 expert-parallel one's per-rank shards are joined, ``Checkpoint.full_model_state``) as a Hugging
 Face folder with the tokenizer the run used (``moe_core.hf.export``; ``--tokenizer DIR``
 overrides), and (unless --no-verify) prints transformers' logits error against ours.
+CHECKPOINT_DIR and OUT_DIR may each be a URL (``s3://BUCKET/PATH``, ``gs://…``;
+``moe_core.location``); ``python -m analysis.best URL --export`` also verifies the sweep's
+signatures of a checkpoint in a bucket, which this command cannot (it holds no key).
 
 Each ends with one JSON line. No network.
 """
@@ -40,8 +43,9 @@ from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import TOKENIZER_FILES
+from moe_core.location import is_url
 from moe_core.model import build_model
-from moe_core.outdir import guard_output_dir
+from moe_core.outdir import guard_output, guard_output_dir
 from moe_core.upcycle import dense_to_moe_state, expand_experts_state
 
 
@@ -117,7 +121,8 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def export(args: argparse.Namespace) -> dict[str, Any]:
-    replacing = guard_output_dir(args.out, sources=(args.checkpoint,), overwrite=args.overwrite)
+    replacing = guard_output(args.out, sources=() if is_url(args.checkpoint) else
+                             (args.checkpoint,), overwrite=args.overwrite)
     if replacing:
         print(replacing)
     res = export_checkpoint(args.checkpoint, args.out, arch=args.arch, tokenizer=args.tokenizer,
@@ -167,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     _common_args(up, seed_help="router init and batch seed")
     ex = sub.add_parser("export", help="a training checkpoint -> HF checkpoint")
     ex.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
-                    help="a checkpoint folder (meta.json and its model file or rank shards)")
-    ex.add_argument("out", metavar="OUT_DIR", help="where the HF checkpoint is written")
+                    help="a checkpoint folder (meta.json and its model file or rank shards), "
+                         "local or s3://…, gs://…")
+    ex.add_argument("out", metavar="OUT_DIR",
+                    help="where the HF checkpoint is written: a folder, s3://… or gs://…")
     ex.add_argument("--tokenizer", default=None, metavar="DIR",
                     help="the tokenizer to ship (a save_pretrained folder or tokenizer.json); "
                          "default: the one the run used, built from its data config")

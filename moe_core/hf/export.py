@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ import torch
 from moe_core.errors import UpcycleError
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
+from moe_core.location import Location, is_url
 from moe_core.model import build_model
+from moe_core.outdir import MARKER
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import train_config_from_dict
 
@@ -32,9 +35,39 @@ def logits_of(model: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
     return [model(b).logits for b in batches]  # ours and transformers' outputs both have .logits
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, *, arch: str | None = None,
-                      tokenizer: str | Path | None = None, verify: bool = True,
-                      batches: int = 4, seq_len: int = 64, seed: int = 0) -> dict[str, Any]:
+SIDECAR = ".upcycle-hmac"
+"""Suffix of the HMAC sidecars ``sweeps.store.signing`` writes beside a sweep's objects (not part of
+a checkpoint; ``analysis.best --export`` verifies them, this module cannot hold the key)."""
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, **kw: Any) -> dict[str, Any]:
+    """:func:`export_local` for a ``checkpoint`` and an ``out`` that may each be a folder or a
+    URL (``s3://…``, ``gs://…``; ``moe_core.location``): a checkpoint in a bucket is downloaded
+    into a temporary folder first (its HMAC sidecars left out); an export to a bucket is written
+    in a temporary folder, then uploaded, replacing what was under ``out``, with its marker
+    (``moe_core.outdir.MARKER``) last."""
+    if is_url(str(checkpoint)):
+        src = Location.of(str(checkpoint))
+        with tempfile.TemporaryDirectory(prefix="upcycle-ckpt-") as tmp:
+            for rel in src.files():
+                if not rel.endswith(SIDECAR):
+                    dst = Path(tmp, rel)
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_bytes((src / rel).read_bytes())
+            return dict(export_checkpoint(tmp, out, **kw), checkpoint=str(checkpoint))
+    if is_url(str(out)):
+        dst = Location.of(str(out))
+        with tempfile.TemporaryDirectory(prefix="upcycle-export-") as tmp:
+            res = export_local(checkpoint, Path(tmp, "hf"), **kw)
+            dst.delete()
+            dst.upload_dir(Path(tmp, "hf"), last=(MARKER,))
+        return dict(res, out=dst.uri)
+    return export_local(checkpoint, out, **kw)
+
+
+def export_local(checkpoint: str | Path, out: str | Path, *, arch: str | None = None,
+                 tokenizer: str | Path | None = None, verify: bool = True,
+                 batches: int = 4, seq_len: int = 64, seed: int = 0) -> dict[str, Any]:
     """Write the checkpoint folder ``checkpoint`` (a ``step_…`` folder, a Tune trial's
     ``checkpoint_…`` copy of one, or expert-parallel rank shards) as a Hugging Face model in
     ``out`` with the tokenizer its run used (``save_run_tokenizer``; ``tokenizer`` overrides);

@@ -1,10 +1,13 @@
 """python -m sweeps.cluster local up [--v2] [--max-workers N] [--dir DIR]
 python -m sweeps.cluster local down [--dir DIR]
+python -m sweeps.cluster constraints > constraints.txt
 
 ``up`` starts a fake multi-node cluster driven by Ray's real autoscaler on this machine (a head
 without GPUs; worker nodes of 1 CPU + 1 logical GPU, launched as trials queue and removed when
 idle) and prints how to run a sweep on it; ``down`` stops exactly the processes ``up`` started
-(recorded in DIR/cluster.json). See docs/cluster.md.
+(recorded in DIR/cluster.json). ``constraints`` prints the versions this environment runs as
+a pip constraints file, which the cloud configs (sweeps/cluster/aws.yaml, gcp.yaml,
+kuberay.yaml) install the package with. See docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from moe_core.errors import UpcycleError, one_line
+from sweeps.cluster.constraints import render
 from sweeps.cluster.local import (
     LOOPBACK_ENV,
     STATE_FILE,
@@ -30,14 +34,19 @@ DEFAULT_DIR = Path(tempfile.gettempdir()) / f"upcycle-local-cluster-{os.getuid()
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweeps.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["local"])
-    ap.add_argument("action", choices=["up", "down"])
+    ap.add_argument("what", choices=["local", "constraints"])
+    ap.add_argument("action", choices=["up", "down"], nargs="?")
     ap.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 (default: v1)")
     ap.add_argument("--max-workers", type=int, default=3)
     ap.add_argument("--idle-timeout-s", type=float, default=6.0)
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                     help=f"where the cluster keeps its state and Ray's logs ({DEFAULT_DIR})")
     args = ap.parse_args(argv)
+    if args.what == "constraints":
+        sys.stdout.write(render())
+        return 0
+    if args.action is None:
+        ap.error("local needs up or down")
     try:
         if args.action == "down":
             if not (args.dir / STATE_FILE).exists():

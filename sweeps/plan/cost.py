@@ -108,7 +108,7 @@ def rate(table: Iterable[Mapping[str, Any]], device: str, preset: str, shape: st
         if e["preset"] == preset and e["moe"] == shape and e.get("measured"):
             m = e["measured"]
             return Rate(float(e["tokens_per_s"]), "measured",
-                        f"measured on {m.get('where', '?')} ({m.get('when', '?')})",
+                        f"measured on {m.get('where', '?')} at {m.get('when', '?')}",
                         e.get("peak_mem_gb"))
     measured = [e for e in dev if e.get("measured") and _achieved(e)]
     if measured:
@@ -124,8 +124,8 @@ def rate(table: Iterable[Mapping[str, Any]], device: str, preset: str, shape: st
                           f"of {', '.join(k for k, v in DEVICES.items() if v.bf16_tflops)}, or "
                           "measure it (bench/update_throughput.py)")
     return Rate(ASSUMED_MFU * d.bf16_tflops * 1e12 / fpt, "assumed",
-                f"assumed {ASSUMED_MFU:.0%} MFU of the {d.name}'s {d.bf16_tflops:g} TFLOP/s "
-                "bf16 peak")
+                f"assumed ({ASSUMED_MFU * 100:g} % MFU of the {d.name}'s {d.bf16_tflops:g} "
+                "TFLOP/s bf16 peak)")
 
 
 def sustained_tflops(device: str, table: Iterable[Mapping[str, Any]] | None = None
@@ -233,13 +233,22 @@ def _preset(cfg: Any) -> str:
     return cfg.model.preset
 
 
+def trial_gpus(spec: Any, device: str) -> float:
+    """Accelerators one trial holds: ``resources.gpus`` (at least 1) × ``resources.ranks``
+    (a CPU trial: 1 slot)."""
+    r = spec.resources
+    return 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
+
+
 def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
     """What the plan trains: every trial (a WSD branch only its decay: its stable phase is the
     group's stable run), each trained parent once, each stable run once (per sample). A GPU
-    job holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a CPU job
+    trial holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a parent or
+    a stable run is one task with one rank's (``sweeps.plan.resources.task_options``); a CPU job
     counts as one trial slot."""
     r = spec.resources
-    acc = 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
+    acc = trial_gpus(spec, device)
+    task = 1.0 if device == "cpu" else max(1.0, r.gpus)  # a parent / stable run: one rank's
     jobs = []
     for t in plan.trials:
         tps = t.config.tokens_per_step
@@ -250,11 +259,11 @@ def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
     for g in plan.branch_groups.values():
         t = g.representative
         jobs += [Job("stable", max(g.starts.values()) * t.config.tokens_per_step,
-                     t.config.model_config(), _preset(t.config), t.config.seq_len, acc)
+                     t.config.model_config(), _preset(t.config), t.config.seq_len, task)
                  ] * plan.num_samples
     for p in plan.parents.values():
         if p.child.parent.from_pretrained is not None:
             continue  # loaded, not trained
         pc = p.child.parent_run()
-        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, acc))
+        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, task))
     return jobs

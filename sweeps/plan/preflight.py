@@ -39,6 +39,7 @@ from sweeps.plan.build import SweepPlan, _bf16, disk_estimate
 from sweeps.plan.cost import DEVICES
 from sweeps.run.console import human_bytes
 from sweeps.spec.sweep import SweepSpec
+from sweeps.store.storage import probe
 
 
 def _resolved(spec: SweepSpec, nodes: Iterable[Mapping[str, float]] | None = None) -> SweepSpec:
@@ -219,11 +220,19 @@ def _existing_parent(p: Path) -> Path:
 
 
 def check_results_dir(spec: SweepSpec) -> list[Problem]:
-    """The results folder and a shared parent cache (``storage.parent_cache``) can be written."""
+    """The results folder and a shared parent cache (``storage.parent_cache``) can be written;
+    on object storage a HEAD on the bucket and a probe write and delete with the credential
+    chain the nodes use (``moe_core.location.probe``: one attempt, a short timeout)."""
     out = []
     for key, path, fix in (("results", spec.results, "--results DIR"),
                            ("storage.parent_cache", spec.storage.parent_cache, "another folder")):
-        if path is None or "://" in str(path):  # object storage: its credentials decide
+        if path is None:
+            continue
+        if "://" in str(path):
+            try:
+                probe(str(path), key)
+            except ConfigError as e:
+                out.append(Problem(key, str(e).removeprefix(f"{key}=")))
             continue
         root = _existing_parent(Path(path))
         if not os.access(root, os.W_OK | os.X_OK):

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             console.print_plan(spec, plan)
             console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
-                                   max_concurrent=args.max_concurrent)
+                                   max_concurrent=args.max_concurrent,
+                                   cluster_gpus=sum(n.get("GPU", 0) for n in nodes)
+                                   if nodes else None)
             for line in checked:
                 console.progress(line)
         preflight.enforce(checks, console.progress)

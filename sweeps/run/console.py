@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweeps.plan.build import SweepPlan, disk_estimate
-from sweeps.plan.cost import forecast, jobs_from_plan
+from sweeps.plan.cost import forecast, jobs_from_plan, trial_gpus
 from sweeps.plan.resources import describe, local_cluster, resolve
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.results import KNOB_PREFIX, format_knob
@@ -151,10 +151,13 @@ def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],
 
 
 def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
-                   price: float | None = None, max_concurrent: int | None = None) -> None:
+                   price: float | None = None, max_concurrent: int | None = None,
+                   cluster_gpus: float | None = None) -> None:
     """The cost forecast of ``--dry-run`` (``sweeps.plan.cost``): GPU-hours (CPU trials: trial-hours
-    on this machine's measured CPU), wall time at the concurrency the sweep would run with, the
-    cost at ``price`` per GPU-hour, and where each throughput figure comes from."""
+    on this machine's measured CPU), wall time at the concurrency the sweep would run with (no
+    more trials at once than ``cluster_gpus``, a connected cluster's, hold: a multi-rank trial
+    holds gpus × ranks), the cost at ``price`` per GPU-hour, and where each throughput figure
+    comes from."""
     r = spec.resources
     device = gpu or ("cpu" if r.gpus == 0 else None)
     con = make_console()
@@ -170,6 +173,10 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     elif conc is None:
         conc, why = plan.num_trials, "no max_concurrent: every trial at once"
     conc = min(conc, plan.num_trials)
+    per_trial = trial_gpus(spec, device)
+    if cluster_gpus and device != "cpu" and conc * per_trial > cluster_gpus:
+        conc = max(1, int(cluster_gpus // per_trial))
+        why = f"{cluster_gpus:g} GPUs in the cluster / {per_trial:g} per trial"
     f = forecast(jobs_from_plan(spec, plan, device), device, concurrency=conc,
                  parents_parallel=max(1, conc), price=price)
     lines = f.lines()

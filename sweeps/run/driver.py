@@ -51,7 +51,7 @@ from sweeps.store.results import (
 )
 from sweeps.store.signing import KEY_FILE_ENV, verify_tree
 from sweeps.store.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
-from sweeps.store.storage import STAGING_ENV, Location, join_uri, staging_dir
+from sweeps.store.storage import S3_SETTINGS, STAGING_ENV, Location, join_uri, staging_dir
 from sweeps.store.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 from sweeps.testing import faults
 
@@ -61,7 +61,7 @@ from sweeps.testing import faults
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
             "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
-            "AWS_SHARED_CREDENTIALS_FILE")
+            "AWS_SHARED_CREDENTIALS_FILE", *S3_SETTINGS)
 Results = Path | Location
 """A sweep's results folder: a local Path, or a Location on object storage."""
 
@@ -405,8 +405,8 @@ def pending_trials(conc: int) -> Iterator[None]:
 
 OLDER_STATE = (AttributeError, ImportError, TypeError)
 """What unpickling Tune's experiment state raises when a class it names moved or changed
-(``sweeps.spec.Param`` became ``sweeps.spec.space``'s distributions; the flat modules such as
-``sweeps.health`` moved into stage folders; see CHANGELOG.md)."""
+(``sweeps.spec.sweep.Param`` became ``sweeps.spec.space``'s distributions; the flat modules such as
+``sweeps.run.health`` moved into stage folders; see CHANGELOG.md)."""
 
 
 def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:

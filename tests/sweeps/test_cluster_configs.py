@@ -81,3 +81,61 @@ def test_kuberay_pods_are_closed():
             assert env["RAY_AUTH_TOKEN_PATH"]["value"].startswith("/etc/ray-auth")
             assert "WANDB_API_KEY" not in env
             assert {m["name"] for m in c["volumeMounts"]} <= vols
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_launcher_configs_run_as_shipped(name):
+    """The sync leaves .venv, results and caches behind; every node installs the package with
+    its gpu extra under the head's versions (constraints.txt, one documented command); the GPU
+    nodes reach the bucket through an instance profile / a service account; the W&B key is a
+    netrc file."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = prepare_config(yaml.safe_load((CLUSTER / name).read_text()))
+    validate_config(cfg)
+    assert cfg["file_mounts_sync_continuously"] is False
+    excluded = set(cfg["rsync_exclude"])
+    assert {"**/.venv", "**/results", "**/__pycache__", "**/.cache", "**/.git"} <= excluded
+    setup = "\n".join(cfg["setup_commands"])
+    assert "pip install -q -c constraints.txt '.[gpu]'" in setup and " -e " not in setup
+    assert "python -m sweeps.cluster constraints > constraints.txt" in setup  # the way out
+    for t, spec in cfg["available_node_types"].items():
+        if t == "head":
+            continue  # Ray's own profile / service account (EC2/GCE and storage)
+        nc = spec["node_config"]
+        if name == "aws.yaml":
+            assert nc["IamInstanceProfile"]["Name"], t
+        else:
+            sa = nc["serviceAccounts"][0]
+            assert sa["email"].endswith(".iam.gserviceaccount.com") and sa["scopes"], t
+    assert cfg["file_mounts"]["/home/ubuntu/.netrc"].endswith("wandb.netrc")
+
+
+def test_kuberay_pods_install_the_pinned_package_as_the_service_account():
+    cr = yaml.safe_load((CLUSTER / "kuberay.yaml").read_text())
+    pods = [cr["spec"]["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in cr["spec"]["workerGroupSpecs"]]
+    for pod in pods:
+        assert pod["serviceAccountName"] == "upcycle-sweeps"
+        vols = {v["name"]: v for v in pod["volumes"]}
+        (init,) = pod["initContainers"]
+        cmd = init["command"][-1]
+        assert "-c /etc/upcycle-pkg/constraints.txt" in cmd and "[gpu]" in cmd
+        assert {m["name"] for m in init["volumeMounts"]} <= set(vols)
+        assert vols["upcycle-pkg"]["configMap"]["name"] == "upcycle-sweeps"
+        for c in pod["containers"]:
+            env = {e["name"]: e["value"] for e in c["env"]}
+            assert env["PYTHONPATH"] == "/opt/upcycle" and env["NETRC"] == "/etc/wandb/netrc"
+
+
+def test_constraints_pin_what_this_environment_runs(capsys):
+    import importlib.metadata as md
+
+    from sweeps.cluster.__main__ import main
+
+    assert main(["constraints"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    pins = dict(line.split("==") for line in lines if not line.startswith("#"))
+    assert pins["pyarrow"] == md.version("pyarrow")
+    assert pins["torch"] == md.version("torch").split("+")[0]  # no local label (+cpu)
+    assert "upcycle-sweeps" not in pins and "pip" not in pins

@@ -109,7 +109,77 @@ def test_dry_run_prints_gpu_hours_cost_and_sources(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("cost forecast (h100)"))
     assert "H100 GPU-hours" in line and "at 2 concurrent trials" in line and "$" in line
-    assert "assumed 35% MFU of the NVIDIA H100 SXM's 989 TFLOP/s" in out
+    assert "assumed (35 % MFU of the NVIDIA H100 SXM's 989 TFLOP/s" in out
     assert main([str(f), "--dry-run"]) == 0  # CPU trials: the measured CPU entry
     out = capsys.readouterr().out
     assert "cost forecast (cpu)" in out and "debug dense: measured on" in out
+
+
+def _multirank_spec(tmp_path, **over):
+    from sweeps.plan.build import build_plan
+    from sweeps.spec.sweep import load_spec
+
+    base = tiny_base(batch={"global_batch": 8, "micro_batch": 1},
+                     parent={"tokens": 4096, "seed": 0},
+                     moe={"num_experts": 4, "top_k": 2}, upcycle={"method": "dense_to_moe"})
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump({"sweep": "mr", "results": str(tmp_path / "r"), "base": base,
+                                 "resources": {"gpus": 1, "ranks": 8},
+                                 "search": {"optim.lr": {"grid": [1e-3, 3e-3, 1e-2]}},
+                                 "logging": {"wandb": {"enabled": False}}, **over}))
+    spec = load_spec(str(f))
+    return spec, build_plan(spec)
+
+
+def test_multirank_trials_and_their_parent_by_hand(tmp_path):
+    """8-rank trials hold 8 GPUs each; the parent trains as one task on one GPU: its wall time
+    is its GPU time (it was 1/8 of it: the parent counted at the trial's 8 GPUs)."""
+    spec, plan = _multirank_spec(tmp_path)
+    jobs = cost.jobs_from_plan(spec, plan, "h100")
+    # one parent per learning rate (the parent trains with the searched optimizer)
+    assert sorted((j.kind, j.accelerators) for j in jobs) == [("parent", 1.0)] * 3 + [
+        ("trial", 8.0)] * 3
+    f = cost.forecast(jobs, "h100", concurrency=3, parents_parallel=3, table=[])
+    trial = next(j for j in jobs if j.kind == "trial")
+    parent = next(j for j in jobs if j.kind == "parent")
+    tps_t = 0.35 * 989e12 / cost.flops_per_token(trial.cfg, 32)  # per GPU, assumed
+    tps_p = 0.35 * 989e12 / cost.flops_per_token(parent.cfg, 32)
+    # by hand: the 3 parents at once (4,096 tokens each on 1 GPU), then the 3 trials at once
+    # (2,048 tokens each on 8 GPUs)
+    assert f.wall_h * 3600 == pytest.approx(4096 / tps_p + 2048 / (8 * tps_t))
+    assert f.gpu_hours * 3600 == pytest.approx(3 * 4096 / tps_p + 3 * 2048 / tps_t)
+
+
+def test_forecast_runs_no_more_multirank_trials_than_the_cluster_holds(tmp_path, capsys):
+    from sweeps.run.console import print_forecast
+
+    spec, plan = _multirank_spec(tmp_path)
+    print_forecast(spec, plan, gpu="h100", cluster_gpus=16)  # two 8-GPU trials at once
+    out = capsys.readouterr().out
+    assert "at 2 concurrent trials (16 GPUs in the cluster / 8 per trial)" in out
+    print_forecast(spec, plan, gpu="h100")  # no cluster known: every trial at once
+    assert "at 3 concurrent trials" in capsys.readouterr().out
+
+
+def test_a_measured_entry_replaces_the_assumed_one_without_code_changes(tmp_path):
+    m = model_config("debug", vocab_size=512, max_seq_len=128)
+    fpt = cost.flops_per_token(m, 128)
+    entry = {"device": "h100", "preset": "debug", "moe": "dense", "tokens_per_s": None,
+             "measured": None}
+    table = tmp_path / "throughput.json"
+    table.write_text(json.dumps({"entries": [entry]}))
+    job = [cost.Job("trial", 10**9, m, "debug", 128, 1.0)]
+    f = cost.forecast(job, "h100", concurrency=1, parents_parallel=1,
+                      table=cost.load_table(table))
+    assert f.notes == ("debug dense: assumed (35 % MFU of the NVIDIA H100 SXM's 989 TFLOP/s "
+                       "bf16 peak)",)
+    assert f.wall_h * 3600 == pytest.approx(1e9 / (0.35 * 989e12 / fpt))
+    # what bench/update_throughput.py writes after a GPU session: the same entry, measured
+    entry.update(tokens_per_s=2.5e6, flops_per_token=fpt,
+                 measured={"where": "NVIDIA H100 80GB HBM3", "when": "2026-11-28"})
+    table.write_text(json.dumps({"entries": [entry]}))
+    f = cost.forecast(job, "h100", concurrency=1, parents_parallel=1,
+                      table=cost.load_table(table))
+    assert f.notes == ("debug dense: measured on NVIDIA H100 80GB HBM3 at 2026-11-28",)
+    assert f.wall_h * 3600 == pytest.approx(400.0)  # 1e9 tokens / 2.5e6 tokens/s
+    assert f.sources == {"measured": 1}

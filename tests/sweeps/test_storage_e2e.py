@@ -3,7 +3,10 @@
 folder named after the URL; a trial restarted after an injected failure resumes from its
 checkpoint read back (verified) from the bucket; ``--resume`` reads the sweep back; a tampered
 state file is refused in one line; the analysis reads the results from the bucket; the fake
-AWS secret appears in no written file."""
+AWS secret appears in no written file. Then the path docs/cluster.md walks, every command on the
+bucket's URL: ``analysis.report`` → ``analysis.best s3://… --export s3://…`` (and
+``moe_core.hf export`` of the checkpoint URL) → transformers' AutoModelForCausalLM and
+AutoTokenizer load the export and generate."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -26,6 +30,9 @@ s3 = s3_server.s3  # the moto server fixture
 SPEC = {
     "sweep": "s3e2e",
     "base": tiny_base(
+        # real bytes and a tokenizer transformers loads: the export at the end is generated from
+        data={"source": "stdlib", "tokenizer": "bytes", "seq_len": 32,
+              "max_corpus_bytes": 100_000},
         parent={"tokens": 2048, "seed": 0},
         moe={"num_experts": 4, "top_k": 2, "router": {"order": "topk_softmax"}},
         upcycle={"method": "dense_to_moe"}),
@@ -123,14 +130,21 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     # the analysis reads the bucket
     from analysis import compare
     from analysis.decide import load_decision_data
-    from analysis.report import report
+    from analysis.report import main as report_main
     from moe_core.errors import FitError
 
-    md = report(f"{url}/s3e2e", work / "report", bootstrap=10)
-    assert "s3e2e" in md.read_text()
+    assert report_main([f"{url}/s3e2e", "--out", str(work / "report"), "--bootstrap", "10"]) == 0
+    assert "s3e2e" in (work / "report" / "report.md").read_text()
     assert compare.main([f"{url}/s3e2e", "--out", str(work / "cmp")]) == 0
     with pytest.raises(FitError, match="found 1 trials"):  # read, then too few for a decision
         load_decision_data(f"{url}/s3e2e")
+    # the sweep's HMAC key (signed checkpoints are verified as they are downloaded)
+    monkeypatch.setenv("UPCYCLE_SWEEPS_HMAC_KEY_FILE", env["UPCYCLE_SWEEPS_HMAC_KEY_FILE"])
+    t0 = time.monotonic()
+    _best_out_of_the_bucket(bucket, f"{url}/s3e2e", work, capsys)
+    with capsys.disabled():
+        print(f"analysis.best --export to the bucket, transformers' load and generate, "
+              f"moe_core.hf export: {time.monotonic() - t0:.1f} s")
 
     # the fake secret is in no file the sweep wrote: bucket, staging, Ray's logs, the report
     for key in _objects(fs, bucket):
@@ -147,7 +161,47 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     assert len(err) == 1 and "refusing to load" in err[0] and "tuner.pkl" in err[0], err
     with capsys.disabled():
         objs = _objects(fs, bucket)
-        print(f"after --resume: {sum(objs.values())} bytes in {len(objs)} objects")
+        print(f"at the end (after --resume and the export to s3://…/best): "
+              f"{sum(objs.values())} bytes in {len(objs)} objects")
+
+
+def _best_out_of_the_bucket(bucket: str, sweep_url: str, work: Path, capsys) -> None:
+    """``analysis.best URL --export URL``, ``moe_core.hf export CKPT_URL DIR``; transformers loads
+    and generates from the export fetched back from the bucket."""
+    import json
+
+    import torch
+    import transformers
+
+    from analysis.best import main as best_main
+    from moe_core.hf.__main__ import main as hf_main
+    from sweeps.store.storage import Location
+
+    capsys.readouterr()
+    assert best_main([sweep_url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["checkpoint"].startswith(sweep_url + "/tune/") and info["checkpoint_step"] == 8
+    out = f"s3://{bucket}/best"
+    assert best_main([sweep_url, "--export", out]) == 0
+    printed = capsys.readouterr().out
+    assert f"to {out} with tokenizer: bytes" in printed and "transformers vs ours" in printed
+    names = Location.of(out).files()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names), names
+    assert best_main([sweep_url, "--export", out]) == 2  # not empty: refused without --overwrite
+    assert "holds" in capsys.readouterr().err
+    assert best_main([sweep_url, "--export", out, "--overwrite", "--no-verify"]) == 0
+    local = Location.of(out).download_dir(work / "best")
+    tok = transformers.AutoTokenizer.from_pretrained(str(local), local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(local), local_files_only=True,
+                                                              dtype=torch.float32)
+    ids = tok("import sys\n", return_tensors="pt").input_ids
+    assert ids[0].tolist() == list(b"import sys\n")
+    gen = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert gen.shape == (1, ids.shape[1] + 4)
+    # the low-level exporter reads the same checkpoint straight from its URL
+    assert hf_main(["export", info["checkpoint"], str(work / "hf"), "--no-verify"]) == 0
+    assert (work / "hf" / "tokenizer.json").is_file()
+    capsys.readouterr()
 
 
 WSD_SPEC = {
