@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
+from sweeps.address import check_address
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
@@ -266,23 +266,6 @@ def scheduler(spec: SweepSpec):
     if spec.asha.rung_metric is not None:  # rungs compare the prediction, not the metric
         return RungMetricASHA(metric=spec.asha.rung_metric, mode=spec.mode, **kw)
     return ResumableASHA(**kw)
-
-
-def check_address(address: str | None, timeout_s: float = 5.0) -> None:
-    """Fail in seconds when a cluster address (``HOST:PORT`` or ``ray://HOST:PORT``) does not
-    answer, instead of Ray's minutes of retries."""
-    if address is None or address == "auto":
-        return
-    hostport = address.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise UpcycleError(f"--address {address!r} must be auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise UpcycleError(
-            f"--address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
-            "start the head there (ray start --head) or fix the address") from None
 
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:
