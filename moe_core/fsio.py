@@ -123,7 +123,6 @@ def publish_dir(tmp: str | Path, path: str | Path, only_ours: bool = False) -> P
     return path
 
 
-
 def _keep_foreign(moved: Path, path: Path, tmp: Path) -> None:
     """``publish_dir(only_ours=True)``: put a folder this project did not write back where
     it was and refuse (its files are never deleted)."""
