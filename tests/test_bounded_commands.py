@@ -270,7 +270,7 @@ def test_hf_upcycle_refuses_a_hostile_config_json_in_one_line(what, llama, tmp_p
 def test_address_of_a_live_port_that_is_not_ray_fails_in_seconds(tmp_path, capsys,
                                                                   monkeypatch):
     """A TCP server that accepts and says nothing (``ray.init`` waited 150 s on it)."""
-    monkeypatch.setattr("sweeps.address.TIMEOUT_S", 1.0)  # 5 s in use; 1 s keeps the test short
+    monkeypatch.setattr("sweeps.run.address.TIMEOUT_S", 1.0)  # 5 s in use; 1 s keeps the test short
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
@@ -288,7 +288,7 @@ def test_address_of_an_http_server_is_not_ray(capsys):
     import threading
 
     from moe_core.errors import UpcycleError
-    from sweeps.address import check_address
+    from sweeps.run.address import check_address
 
     srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -13,11 +13,11 @@ import re
 import sys
 
 from moe_core.errors import SearchSpaceError, cli_boundary
-from sweeps.address import check_address, dry_run_address
 from sweeps.plan import preflight, resources
 from sweeps.plan.build import build_plan
 from sweeps.run import _signals as signals
 from sweeps.run import console, guard
+from sweeps.run.address import check_address, dry_run_address
 from sweeps.spec.sweep import load_spec
 from sweeps.spec.trials import check_kernels
 
@@ -54,7 +54,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
     """The nodes of the cluster ``--dry-run --address`` checks the plan against: probed in
-    bounded time first (``sweeps.address``); ``auto`` without ``RAY_ADDRESS`` joins nothing."""
+    bounded time first (``sweeps.run.address``); ``auto`` without ``RAY_ADDRESS`` joins nothing."""
     if address is None:
         return None
     resolved = dry_run_address(address)

@@ -22,7 +22,6 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps.address import check_address
 from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.law.searcher import LawSearcher, read_law_state
@@ -32,6 +31,7 @@ from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.run import _signals as signals
 from sweeps.run import console
+from sweeps.run.address import check_address
 from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
