@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_core.errors import UpcycleError, one_line
+from moe_core.errors import UpcycleError, cli_boundary, shown
+from moe_core.fsio import load_json
 from moe_core.location import is_url
 from moe_core.outdir import guard_output
 from sweeps.store.results import (
@@ -103,10 +104,33 @@ def _trial_of(folder: Path) -> str | None:
 
 
 def _step(ck: Path) -> int:
+    """A checkpoint's step from its ``meta.json`` (bounded read); -1 when it is damaged."""
     try:
-        return int(json.loads((ck / "meta.json").read_text()).get("step", -1))
-    except (OSError, ValueError):
+        meta = load_json(ck / "meta.json", 1 << 20, "checkpoint meta")
+        step = meta.get("step", -1) if isinstance(meta, dict) else -1
+        return int(step) if isinstance(step, int) and not isinstance(step, bool) else -1
+    except UpcycleError:
         return -1
+
+
+def _sweep_metric(loc: Location) -> str:
+    """The metric the sweep ranked by, from ``summary.json`` (refused in one line when it is
+    damaged), else ``val_loss``."""
+    if not loc.is_local:
+        summary = Location.of(loc.uri) / "summary.json"  # not signed: read as written
+        return (json.loads(summary.read_text()).get("metric") if summary.is_file()
+                else None) or "val_loss"
+    summary = loc.local_path / "summary.json"
+    if not summary.exists() and not summary.is_symlink():
+        return "val_loss"
+    s = load_json(summary, 16 << 20, "summary")  # a regular file: a named pipe never hangs
+    if not isinstance(s, dict):
+        raise UpcycleError(f"{summary} is not a JSON object (damaged); give --metric")
+    metric = s.get("metric")
+    if metric is not None and not isinstance(metric, str):
+        raise UpcycleError(f"{summary}: metric={shown(metric)} is not a column name; give "
+                           "--metric")
+    return metric or "val_loss"
 
 
 def trial_checkpoints(results_dir: Path, trial_id: str, sweep: str | None = None) -> list[Path]:
@@ -248,6 +272,7 @@ def _print(info: dict[str, Any]) -> None:
         print(f"hf export (export: hf): {info['hf_export']}")
 
 
+@cli_boundary(kept="the results are unchanged")
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.best", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,31 +292,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-verify", action="store_true",
                     help="skip comparing transformers' logits with ours")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
-    try:
-        d, rows = _results_dir(args.results)
-        metric = args.metric
-        if metric is None:
-            summary = Location.of(d.uri) / "summary.json"  # not signed: read as written
-            metric = (json.loads(summary.read_text()).get("metric") if summary.is_file()
-                      else None) or "val_loss"
-        if args.export is not None:
-            replacing = check_export_dir(args.export if is_url(args.export)
-                                         else Path(args.export), args.overwrite,
-                                         d.local_path if d.is_local else None)
-            if replacing:
-                print(replacing)
-        pick = best_trial(rows, metric, args.mode)
-        tid = str(pick.row["trial_id"])
-        info = describe(pick, d, _checkpoints(d, tid, pick.row.get("sweep")))
-        if args.export is not None:
-            if info["checkpoint"] is None:
-                raise UpcycleError(f"trial {tid} has no checkpoint on disk under {d}; nothing to "
-                                   "export (set checkpoint.at_end: true and rerun it)")
-            info["exported"] = _export(d, info, args)
-    except (UpcycleError, OSError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+    d, rows = _results_dir(args.results)
+    metric = args.metric if args.metric is not None else _sweep_metric(d)
+    if args.export is not None:
+        replacing = check_export_dir(args.export if is_url(args.export) else Path(args.export),
+                                     args.overwrite, d.local_path if d.is_local else None)
+        if replacing:
+            print(replacing)
+    pick = best_trial(rows, metric, args.mode)
+    tid = str(pick.row["trial_id"])
+    info = describe(pick, d, _checkpoints(d, tid, pick.row.get("sweep")))
+    if args.export is not None:
+        if info["checkpoint"] is None:
+            raise UpcycleError(f"trial {tid} has no checkpoint on disk under {d}; nothing to "
+                               "export (set checkpoint.at_end: true and rerun it)")
+        info["exported"] = _export(d, info, args)
     if args.json:
         print(json.dumps(info, default=str))
         return 0

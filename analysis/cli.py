@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from analysis.data import load_points
-from analysis.decide import DEFAULT_TFLOPS, decide, format_decision, load_decision_data
+from analysis.decide import (
+    DEFAULT_TFLOPS,
+    check_interval_args,
+    decide,
+    format_decision,
+    load_decision_data,
+)
 from analysis.decide.plan import add_plan_args, plan_main
 from analysis.derived import (
     compute_optimal,
@@ -328,6 +334,11 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
         raise FitError(f"--ci {args.ci}: must lie in (0, 1)")
     if args.icc is not None and (args.noise == "trials" or not 0 <= args.icc <= 1):
         raise FitError(f"--icc {args.icc}: give it with --noise groups or fading, in [0, 1]")
+    check_interval_args(args.noise, args.length, args.widen)  # before the data is read
+    if args.price is not None and args.price < 0:
+        raise FitError(f"--price {args.price}: must be >= 0 (per GPU-hour)")
+    if args.gpu_tflops is not None and not args.gpu_tflops > 0:
+        raise FitError(f"--gpu-tflops {args.gpu_tflops}: must be > 0")
     data = load_decision_data(args.results, args.baseline)
     r = decide(data, n1=args.n1, d1=args.d1, budget_tokens=args.budget_tokens,
                budget_flops=args.budget_flops, gpu_tflops=args.gpu_tflops, price=args.price,

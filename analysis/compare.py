@@ -136,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                             Path(args.results[0]).parent / "compare"))
     # never a folder it did not write, nor an input
     claim_out_dir(out, inputs=[p for p in args.results if not is_url(p)])
-    try:
-        sweeps = labelled((p, load(p)) for p in args.results)
-    except UpcycleError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sweeps = labelled((p, load(p)) for p in args.results)
     mark_out_dir(out, "analysis.compare")
     lines = summarize(sweeps, args.metric)
     from rich.console import Console

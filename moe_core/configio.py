@@ -23,6 +23,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from moe_core.errors import ConfigError, one_line, shown
+from moe_core.fsio import read_bounded
 
 # ---- reading YAML: bounded, strict ---------------------------------------------------------------
 
@@ -157,18 +158,8 @@ def parse_yaml(text: str, name: str, root: str = "", hint: str = "") -> Any:
 def load_yaml(path: str) -> dict[str, Any]:
     """Read a config or spec file: UTF-8, at most ``MAX_FILE_BYTES``, strict YAML
     (``parse_yaml``) with a mapping at the top level."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory; give a YAML file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_FILE_BYTES >> 20} MiB; "
-                          "a config is a few KB: check the path")
+    # a named pipe or a device is refused before it is read: never a hang
+    raw = read_bounded(path, MAX_FILE_BYTES, "config file", "a YAML file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -188,6 +179,19 @@ def parse_override_value(key: str, raw: str) -> Any:
                       hint=f"; quote a text value, e.g. --set '{key}=\"...\"'")
 
 
+def override_key(key: str) -> list[str]:
+    """The parts of ``--set KEY=...``'s dotted key, at most :data:`MAX_DEPTH` of them (a config
+    nests a few levels), each non-empty."""
+    parts = key.strip().split(".")
+    if len(parts) > MAX_DEPTH:
+        raise ConfigError(f"--set {shown(key, 60)}: the key has {len(parts):,} levels, more "
+                          f"than {MAX_DEPTH}; a config key nests a few (e.g. optim.lr)")
+    if not all(parts):
+        raise ConfigError(f"--set {shown(key, 60)}: the key has an empty part; write "
+                          "key.path=value, e.g. optim.lr=1e-3")
+    return parts
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides (values parsed as YAML) to a nested mapping.
 
@@ -199,8 +203,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"--set {item!r} must look like key.path=value")
         key, raw = item.split("=", 1)
+        parts = override_key(key)
         value = parse_override_value(key, raw)
-        parts = key.strip().split(".")
         node = out
         for p in parts[:-1]:
             if node.get(p) is None:

@@ -70,32 +70,63 @@ DEBUG_ENV = "UPCYCLE_DEBUG"
 ERROR_EXIT = 2
 
 
+CAUGHT: tuple[type[BaseException], ...] = (UpcycleError, ValueError, KeyError, OSError,
+                                          ArithmeticError, RecursionError)
+"""What :func:`cli_boundary` turns into one line: the project's errors, input parsing (JSON,
+YAML, Parquet, numbers: ``ValueError`` / ``KeyError``), the disk and storage (``OSError``), a
+number out of range (``OverflowError``) and input nested too deep (``RecursionError``)."""
+
+
+def _os_line(e: OSError) -> str:
+    """What failed on which file; the provider's own message when there is no errno (pyarrow's
+    S3/GCS errors are ``OSError`` with the cause in the text only)."""
+    import errno
+
+    what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+            errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+            errno.EROFS: "the file system is read-only"}.get(e.errno or 0)
+    where = f" at {e.filename}" if e.filename else ""
+    if e.errno is None:  # no errno: the message is all the cause there is
+        return f"{str(e) or type(e).__name__}{where} ({type(e).__name__})"
+    return f"{what or e.strerror or str(e)}{where} ({type(e).__name__} errno {e.errno})"
+
+
 def describe(e: BaseException) -> str:
     """One line for an input or environment error: the project's message as it is, an
-    ``OSError`` as what failed on which file, a ``KeyError`` as the missing key."""
+    ``OSError`` as what failed on which file, a ``KeyError`` as the missing key. A Ray task's
+    error is its cause; an error raised ``from`` another keeps that cause's text."""
+    cause = getattr(e, "cause", None)  # ray.exceptions.RayTaskError: not its remote traceback
+    if isinstance(cause, BaseException) and cause is not e:
+        return describe(cause)
     if isinstance(e, UpcycleError):
-        return one_line(e)
-    if isinstance(e, OSError):
-        import errno
+        line = str(e)
+    elif isinstance(e, OSError):
+        line = _os_line(e)
+    elif isinstance(e, KeyError):
+        line = f"missing key {shown(e.args[0]) if e.args else ''} in the input (KeyError)"
+    elif isinstance(e, RecursionError):
+        line = "the input is nested too deeply to read (RecursionError)"
+    else:
+        line = f"{e} ({type(e).__name__})"
+    inner = e.__cause__
+    if inner is not None and not isinstance(e, RecursionError):
+        why = describe(inner)
+        if one_line(str(inner), 120) not in one_line(line):
+            line += f" (cause: {why})"
+    return one_line(line)
 
-        what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-                errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-                errno.EROFS: "the file system is read-only"}.get(e.errno or 0)
-        where = f" at {e.filename}" if e.filename else ""
-        return one_line(f"{what or e.strerror or type(e).__name__}{where} "
-                        f"({type(e).__name__} errno {e.errno})")
-    if isinstance(e, KeyError):
-        return one_line(f"missing key {shown(e.args[0]) if e.args else ''} in the input "
-                        f"(KeyError)")
-    return one_line(f"{e} ({type(e).__name__})")
 
+def cli_boundary(kept: str = "nothing was deleted",
+                 interrupted: tuple[str, Any] | None = None) -> Any:
+    """Decorate a command's ``main(argv=None, ...)``: the one error boundary of every command.
 
-def cli_boundary(kept: str = "nothing was deleted") -> Any:
-    """Decorate a command's ``main(argv=None, ...)``: the project's errors, ``ValueError`` /
-    ``KeyError`` (input parsing: JSON, YAML, Parquet, numbers) and ``OSError`` (disk full,
-    permission) become one line ``error: ... ; <kept>`` on stderr and exit status 2 instead of
-    a traceback. ``--debug`` in argv (or ``UPCYCLE_DEBUG=1``) re-raises. Anything else is a bug
-    and keeps its traceback."""
+    The errors in :data:`CAUGHT` become one line ``error: ... ; <kept>`` on stderr and exit
+    status 2 instead of a traceback; the line keeps the cause (an ``OSError``'s provider
+    message, a Ray task's own error, the error a message was raised ``from``). ``interrupted``
+    is ``(message, exit_code_function)`` for a command that a signal may stop (Ctrl-C): the
+    message on stderr and that exit status, with or without ``--debug``. ``--debug`` in argv
+    (or ``UPCYCLE_DEBUG=1``) re-raises errors. Anything else is a bug and keeps its
+    traceback."""
     import functools
     import os
     import sys
@@ -108,11 +139,16 @@ def cli_boundary(kept: str = "nothing was deleted") -> Any:
             debug = "--debug" in (argv or ()) or os.environ.get(DEBUG_ENV) == "1"
             try:
                 return main(*args, **kwargs)
-            except (UpcycleError, ValueError, KeyError, OSError) as e:
+            except KeyboardInterrupt:
+                if interrupted is None:
+                    raise
+                print(interrupted[0], file=sys.stderr)
+                return int(interrupted[1]())
+            except CAUGHT as e:
                 if debug:
                     raise
                 line = describe(e)
-                if isinstance(e, OSError) or not isinstance(e, UpcycleError):
+                if not isinstance(e, UpcycleError) or isinstance(e, OSError):
                     line += f"; {kept} (--debug shows the traceback)"
                 print(f"error: {line}", file=sys.stderr)
                 return ERROR_EXIT

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import ConfigError, shown
+from moe_core.fsio import loads_json, read_bounded
 
 MAX_CONFIG_BYTES = 1 << 20
 """config.json larger than this (1 MiB; real ones are a few KiB) is refused unread."""
@@ -45,14 +45,20 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 def read_config_bounded(f: Path) -> dict[str, Any]:
     """config.json, refused in one line when larger than :data:`MAX_CONFIG_BYTES` (checked
     before reading) or not a JSON object."""
-    size = f.stat().st_size
+    try:
+        size = f.stat().st_size
+    except OSError:
+        size = 0  # read_bounded says why in one line
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{f} is {size:,} bytes, more than {MAX_CONFIG_BYTES:,}; a "
                           "config.json is a few KiB: give the right folder")
+    try:  # a regular file (a named pipe never hangs), size capped before it is read
+        raw = read_bounded(f, MAX_CONFIG_BYTES, "config.json", "a JSON file")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; a config.json is a few KiB: give the right folder") from None
     try:
-        with open(f, "rb") as fh:
-            cfg = json.loads(fh.read(MAX_CONFIG_BYTES + 1))
-    except (OSError, ValueError) as e:
+        cfg = loads_json(raw, str(f))
+    except ConfigError as e:
         raise ConfigError(f"{f} is not readable JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{f} must hold a JSON object")
@@ -143,13 +149,27 @@ def read_header(f: Path) -> tuple[dict[str, Any], int]:
                               f"{size - 8:,} after the length (cap {MAX_HEADER_BYTES:,}): a "
                               "truncated or corrupt safetensors file")
         try:
-            header = json.loads(fh.read(n))
-        except ValueError as e:
-            raise ConfigError(f"{f}: the safetensors header is not JSON ({e}); the file is "
-                              "corrupt") from None
+            header = loads_json(fh.read(n), f"{f}: the safetensors header")
+        except ConfigError as e:
+            raise ConfigError(f"{e}; the file is corrupt") from None
     if not isinstance(header, dict):
         raise ConfigError(f"{f}: the safetensors header is not a JSON object")
     return header, 8 + n
+
+
+def check_header(f: str | Path) -> int:
+    """A safetensors file's header, streamed and checked before any loader maps it: its length
+    against the file (a header bomb, a truncated, empty or garbage file) and every entry's
+    dtype and byte range (no shapes: for files without a config.json). Returns the tensors."""
+    f = Path(f)
+    if not f.is_file():
+        raise ConfigError(f"{f} is missing or not a regular file")
+    header, start = read_header(f)
+    data_len = f.stat().st_size - start
+    entries = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    for name, info in entries:
+        _check_entry(f, name, info, data_len, {})
+    return len(entries)
 
 
 def _check_entry(f: Path, name: str, info: Any, data_len: int, dims: dict[str, int]) -> int:
@@ -168,6 +188,8 @@ def _check_entry(f: Path, name: str, info: Any, data_len: int, dims: dict[str, i
     if name.endswith((".weight", ".bias")) and dt not in FLOAT_DTYPES:
         raise ConfigError(f"{f}: tensor {name!r} is {dt}; weights must be floating point "
                           f"({', '.join(FLOAT_DTYPES)})")
+    if not dims:  # a training checkpoint: no config.json to check shapes against
+        return n
     want = expected_shape(name, dims)
     if want is not None and tuple(shape) != want:
         raise ConfigError(f"{f}: tensor {name!r} has shape {tuple(shape)} but config.json "

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from moe_core.config import ModelConfig, MoEConfig, RopeScaling, RouterConfig
-from moe_core.errors import ConfigError
+from moe_core.errors import ConfigError, UpcycleError
+from moe_core.fsio import load_json
 from moe_core.hf_check import CheckReport, check_files, check_sizes, read_config_bounded
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -30,8 +30,12 @@ def weight_files(path: str | Path) -> list[Path]:
     p = Path(path)
     if (p / INDEX).is_file():
         try:
-            wmap = json.loads((p / INDEX).read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            wmap = load_json(p / INDEX, 16 << 20, "safetensors index")["weight_map"]
+            if not isinstance(wmap, dict) or not all(isinstance(v, str) and "/" not in v
+                                                     and v not in ("", ".", "..")
+                                                     for v in wmap.values()):
+                raise ValueError("weight_map must map names to file names in the folder")
+        except (UpcycleError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{p / INDEX} is not a safetensors index ({e})") from None
         files = [p / f for f in sorted(set(wmap.values()))]
     elif (p / SINGLE).is_file():

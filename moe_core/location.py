@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import shutil
 import time
 import uuid
@@ -114,7 +115,8 @@ def check_uri(target: str, key: str) -> None:
         raise ConfigError(f"{key}={shown(target)}: unknown storage scheme {scheme}://; use a "
                           f"local path or one of {', '.join(s + '://' for s in SCHEMES)}")
     rest = target.split("://", 1)[1]
-    if not rest.strip("/"):
+    bucket = rest.partition("?")[0].split("/", 1)[0]
+    if scheme != "file" and not bucket:
         raise ConfigError(f"{key}={shown(target)} names no bucket; write {scheme}://BUCKET/PATH")
     query = rest.partition("?")[2].lower()
     if "@" in rest.split("/", 1)[0] or any(k in query for k in ("secret", "access_key",
@@ -123,6 +125,22 @@ def check_uri(target: str, key: str) -> None:
                           "summary.json and Tune's state; drop them and set them in the "
                           "environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                           "GOOGLE_APPLICATION_CREDENTIALS; docs/storage.md)")
+    if scheme != "file" and not re.fullmatch(r"[a-z0-9]([a-z0-9._-]{0,220}[a-z0-9])?", bucket):
+        raise ConfigError(f"{key}={shown(target)}: {shown(bucket)} is not a bucket name "
+                          "(lower-case letters, digits, dots, hyphens or underscores); write "
+                          f"{scheme}://BUCKET/PATH")
+
+
+def local_form(target: str, key: str = "results") -> str:
+    """``file:///PATH`` (which docs/storage.md accepts) as the local path it names, so that it
+    is a local folder everywhere (its lock, its symbolic-link checks); anything else as is."""
+    if not (is_url(target) and target.split("://", 1)[0].lower() == "file"):
+        return target
+    host, _, path = target.split("://", 1)[1].partition("/")
+    if host not in ("", "localhost") or target.partition("?")[2] or not path.strip("/"):
+        raise ConfigError(f"{key}={shown(target)}: a file:// URL names a local folder, "
+                          "file:///PATH (no host, no query, not the root)")
+    return "/" + path
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -20,10 +20,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from moe_core.errors import ConfigError, OutputError
+from moe_core.fsio import MARKER
 from moe_core.location import Location, is_url
 
-MARKER = ".written-by-upcycle-sweeps"
-"""A small JSON file (command, host, pid, time) in every folder a writer created."""
+# MARKER (moe_core.fsio): a small JSON file (command, host, pid, time) in every folder a writer
+# created
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -13,6 +13,10 @@ import math
 
 from moe_core.errors import FitError
 
+MAX_WIDEN = 100.0
+"""Largest widening factor accepted: a calibrated factor is a few (docs/intervals.md); a larger
+one overflows ``(end/value)**F`` and means a typo."""
+
 
 def widen(value: float | None, lo: float | None, hi: float | None,
           factor: float) -> tuple[float | None, float | None]:
@@ -21,8 +25,9 @@ def widen(value: float | None, lo: float | None, hi: float | None,
     An end that is None (unbounded), ±inf or ≤ 0 (no crossing in that resample, on a scale of
     tokens) stays where it is; so does the whole interval when ``value`` is None or ≤ 0 (no
     estimate to widen about). F = 1 returns the interval unchanged."""
-    if not factor >= 1:
-        raise FitError(f"widen factor {factor} must be >= 1 (a calibrated widening)")
+    if not 1 <= factor <= MAX_WIDEN:
+        raise FitError(f"widen factor {factor} must be >= 1 and at most {MAX_WIDEN:g} (a "
+                       "calibrated widening)")
     if factor == 1 or value is None or not math.isfinite(value) or not value > 0:
         return lo, hi
 

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moe_core.errors import UpcycleError, cli_boundary
+
 
 @dataclass(frozen=True)
 class Command:
@@ -62,6 +64,12 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+@cli_boundary()
+def _unknown(name: str) -> int:
+    raise UpcycleError(f"unknown command {name!r}; one of {', '.join(COMMANDS)} "
+                       "(upcycle-sweeps --help)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -69,9 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     cmd = COMMANDS.get(args[0])
     if cmd is None:
-        print(f"error: unknown command {args[0]!r}; one of {', '.join(COMMANDS)} "
-              "(upcycle-sweeps --help)", file=sys.stderr)
-        return 2
+        return _unknown(args[0])
     if args[0] == "run":
         os.environ.setdefault("WANDB_MODE", "offline")  # as python -m sweeps.run does
     fn = getattr(importlib.import_module(cmd.module), cmd.function)

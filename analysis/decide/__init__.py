@@ -39,6 +39,7 @@ from moe_core.errors import FitError
 from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
 from scaling.crossing import sign_changes
 from scaling.fit import fit_shared
+from scaling.interval import MAX_WIDEN
 from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
 from sweeps.plan.cost import sustained_tflops
@@ -326,7 +327,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     the D* interval's ends moved that many times as far from D̂* in ln D*
     (:func:`scaling.interval.widen`; a calibrated factor, docs/intervals.md), said in
     ``widen``."""
-    _check_interval_args(noise, length, widen)
+    check_interval_args(noise, length, widen)
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -392,11 +393,14 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
 NOISE_MODELS = ("trials", "groups", "fading")
 
 
-def _check_interval_args(noise: str, length: float | None, widen: float) -> None:
+def check_interval_args(noise: str, length: float | None, widen: float) -> None:
     """The interval options, refused in one line each."""
     if isinstance(widen, bool) or not widen >= 1:
         raise FitError(f"--widen {widen}: must be >= 1 (a calibrated widening of the D* "
                        "interval; 1: none)")
+    if not widen <= MAX_WIDEN:
+        raise FitError(f"--widen {widen:g}: must be at most {MAX_WIDEN:g} (a calibrated "
+                       "widening is a few)")
     if noise not in NOISE_MODELS:
         raise FitError(f"--noise {noise}: use {', '.join(NOISE_MODELS)}")
     if (noise == "fading") != (length is not None) or (length is not None and not length > 0):

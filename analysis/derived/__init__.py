@@ -154,6 +154,11 @@ def expert_upcycling_cost(T: float, tau: float, s_E: float, s_mE: float,
                           gpus: int = 1) -> ExpertUpcyclingCost:
     """GPU-hours (or any unit of ``s``) of expert upcycling at step τ vs training the m·E model
     from scratch for T steps; ``s_*`` are seconds per step on ``gpus`` GPUs (003 Eq. 1–2)."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise FitError(f"--gpus {gpus}: must be an integer >= 1")
+    if not (T > 0 and s_E > 0 and s_mE > 0):
+        raise FitError(f"--T {T}, --s-e {s_E}, --s-me {s_mE}: steps and seconds per step must "
+                       "be > 0")
     if not 0 <= tau <= T:
         raise FitError(f"the transition step tau={tau} must lie in [0, T={T}]")
     scale = gpus / 3600.0

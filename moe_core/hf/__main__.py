@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from moe_core.config import MoEConfig, RouterConfig
-from moe_core.errors import UpcycleError, cli_boundary, one_line
+from moe_core.errors import UpcycleError, cli_boundary
 from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel_err
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
@@ -181,13 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                          "default: the one the run used, built from its data config")
     _common_args(ex, seed_help="batch seed of the check")
     args = ap.parse_args(argv)
-    try:
-        res = upcycle(args) if args.command == "upcycle" else export(args)
-    except UpcycleError as e:
-        if args.debug:
-            raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+    res = upcycle(args) if args.command == "upcycle" else export(args)
     print(json.dumps(res))
     return 0
 

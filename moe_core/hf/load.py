@@ -21,6 +21,7 @@ from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.hf.convert import attn_from_hf, dense_mlp_from_hf
 from moe_core.hf_check import (
+    check_files,
     check_tensor,
 )
 from moe_core.hf_config import (  # re-exported: config.json alone, without torch
@@ -37,8 +38,12 @@ from moe_core.model import Transformer
 
 
 def read_tensors(path: str | Path, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder, after the dry run's streamed check of its safetensors
+    headers against the files and config.json (``moe_core.hf_check.check_files``)."""
     out: dict[str, torch.Tensor] = {}
-    for f in weight_files(path):
+    files = weight_files(path)
+    check_files(files, read_config(path), finite=False)  # tensors are checked as they load
+    for f in files:
         with safe_open(str(f), framework="pt") as fh:
             for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 t = fh.get_tensor(k)

@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
-from moe_core.fsio import publish_dir
+from moe_core.fsio import publish_dir, removed_on_error
 from moe_core.hf.convert import attn_to_hf, dense_mlp_to_hf
 from moe_core.hf_config import INDEX, SINGLE
 from moe_core.outdir import mark_out_dir
@@ -301,10 +301,11 @@ def save_moe(model_or_state: Any, cfg: ModelConfig | None, path: str | Path, *,
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    hf_config(cfg, kind, dt).save_pretrained(str(tmp))
-    _write_weights(tensors, tmp, max_shard_bytes)
-    for name, src in (extra_files or {}).items():
-        (tmp / name).write_bytes(Path(src).read_bytes())
-    mark_out_dir(tmp, "moe_core.hf.save_moe")
-    publish_dir(tmp, out)
+    with removed_on_error(tmp):  # a full disk leaves no .tmp-* folder
+        hf_config(cfg, kind, dt).save_pretrained(str(tmp))
+        _write_weights(tensors, tmp, max_shard_bytes)
+        for name, src in (extra_files or {}).items():
+            (tmp / name).write_bytes(Path(src).read_bytes())
+        mark_out_dir(tmp, "moe_core.hf.save_moe")
+        publish_dir(tmp, out, only_ours=True)  # never a file a user saved into OUT meanwhile
     return ARCHS[kind]

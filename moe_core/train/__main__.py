@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from moe_core.errors import UpcycleError, cli_boundary, one_line
+from moe_core.errors import cli_boundary
 from moe_core.train.callbacks import FunctionCallback
 from moe_core.train.config import apply_overrides, load_yaml, train_config_from_dict
 from moe_core.train.runner import run
@@ -31,22 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    try:
-        cfg = train_config_from_dict(apply_overrides(load_yaml(args.config), args.overrides))
+    cfg = train_config_from_dict(apply_overrides(load_yaml(args.config), args.overrides))
 
-        def progress(m: dict) -> None:
-            if not args.quiet:
-                print(f"step {m['step']:>6}  tokens {m['tokens']:>10}  lr {m['lr']:.3g}  "
-                      f"train {m['train_loss']:.4f}  val {m['val_loss']:.4f}",
-                      file=sys.stderr, flush=True)
+    def progress(m: dict) -> None:
+        if not args.quiet:
+            print(f"step {m['step']:>6}  tokens {m['tokens']:>10}  lr {m['lr']:.3g}  "
+                  f"train {m['train_loss']:.4f}  val {m['val_loss']:.4f}",
+                  file=sys.stderr, flush=True)
 
-        res, ledger = run(cfg, cache_dir=Path(args.cache),
-                          callbacks=(FunctionCallback(on_eval=progress),))
-    except UpcycleError as e:
-        if args.debug:
-            raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+    res, ledger = run(cfg, cache_dir=Path(args.cache),
+                      callbacks=(FunctionCallback(on_eval=progress),))
     out = res.summary()
     out.update(ledger)
     print(json.dumps(out, default=float))

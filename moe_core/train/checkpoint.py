@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from moe_core.errors import CheckpointError
-from moe_core.fsio import publish_dir
+from moe_core.errors import CheckpointError, ConfigError
+from moe_core.fsio import load_json, publish_dir, removed_on_error
+from moe_core.hf_check import check_header
 from moe_core.upcycle.optim import is_expert_shard
 
 META = "meta.json"
@@ -64,6 +65,10 @@ class Checkpoint:
 
     def model_state(self, rank: int = 0) -> dict[str, torch.Tensor]:
         name = self.meta["files"].get(f"model_rank{rank}", self.meta["files"].get("model"))
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise CheckpointError(f"{self.path / 'meta.json'}: files.model={name!r} is not a "
+                                  "file name in the checkpoint folder")
+        check_header(self.path / name)  # the dry run's streamed header check, before mapping it
         return load_file(str(self.path / name))
 
     @property
@@ -177,45 +182,46 @@ def save_checkpoint(
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-    if barrier and not own:
-        barrier()
-    files: dict[str, str] = {}
-    if per_rank_model or rank == 0:
-        key = f"model_rank{rank}" if per_rank_model else "model"
-        files[key] = f"{key}.safetensors"
-        state = _unshared({k: v.detach().cpu().contiguous() for k, v in model_state.items()})
-        save_file(state, str(tmp / files[key]))
-    if optimizer_state is not None:
-        files[f"optim_rank{rank}"] = f"optim_rank{rank}.pt"
-        torch.save(optimizer_state, tmp / files[f"optim_rank{rank}"])
-    files[f"rng_rank{rank}"] = f"rng_rank{rank}.pt"
-    torch.save(torch.get_rng_state(), tmp / files[f"rng_rank{rank}"])
-    if torch.cuda.is_available():  # dropout, router jitter … on a GPU draw from these
-        files[f"cuda_rng_rank{rank}"] = f"cuda_rng_rank{rank}.pt"
-        torch.save(torch.cuda.get_rng_state_all(), tmp / files[f"cuda_rng_rank{rank}"])
-    # Each rank records its own files' checksums in a part file; rank 0 merges them.
-    part = {name: {"file": f, "sha256": _sha256(tmp / f)} for name, f in files.items()}
-    if own:  # no shared folder: the parts travel through the collective
-        parts = gather(part)
+    with removed_on_error(tmp, enabled=world_size == 1 or own):  # no .tmp-* left behind
+        if barrier and not own:
+            barrier()
+        files: dict[str, str] = {}
+        if per_rank_model or rank == 0:
+            key = f"model_rank{rank}" if per_rank_model else "model"
+            files[key] = f"{key}.safetensors"
+            state = _unshared({k: v.detach().cpu().contiguous() for k, v in model_state.items()})
+            save_file(state, str(tmp / files[key]))
+        if optimizer_state is not None:
+            files[f"optim_rank{rank}"] = f"optim_rank{rank}.pt"
+            torch.save(optimizer_state, tmp / files[f"optim_rank{rank}"])
+        files[f"rng_rank{rank}"] = f"rng_rank{rank}.pt"
+        torch.save(torch.get_rng_state(), tmp / files[f"rng_rank{rank}"])
+        if torch.cuda.is_available():  # dropout, router jitter … on a GPU draw from these
+            files[f"cuda_rng_rank{rank}"] = f"cuda_rng_rank{rank}.pt"
+            torch.save(torch.cuda.get_rng_state_all(), tmp / files[f"cuda_rng_rank{rank}"])
+        # Each rank records its own files' checksums in a part file; rank 0 merges them.
+        part = {name: {"file": f, "sha256": _sha256(tmp / f)} for name, f in files.items()}
+        if own:  # no shared folder: the parts travel through the collective
+            parts = gather(part)
+            if rank == 0:
+                _write_meta(tmp, meta, parts, world_size)
+            publish_dir(tmp, path)
+            if barrier:
+                barrier()
+            return path
+        (tmp / f"part_rank{rank}.json").write_text(json.dumps(part))
+        if barrier:
+            barrier()
         if rank == 0:
+            parts = []
+            for r in range(world_size):
+                parts.append(json.loads((tmp / f"part_rank{r}.json").read_text()))
+                (tmp / f"part_rank{r}.json").unlink()
             _write_meta(tmp, meta, parts, world_size)
-        publish_dir(tmp, path)
+            publish_dir(tmp, path)
         if barrier:
             barrier()
         return path
-    (tmp / f"part_rank{rank}.json").write_text(json.dumps(part))
-    if barrier:
-        barrier()
-    if rank == 0:
-        parts = []
-        for r in range(world_size):
-            parts.append(json.loads((tmp / f"part_rank{r}.json").read_text()))
-            (tmp / f"part_rank{r}.json").unlink()
-        _write_meta(tmp, meta, parts, world_size)
-        publish_dir(tmp, path)
-    if barrier:
-        barrier()
-    return path
 
 
 def _write_meta(folder: Path, meta: dict[str, Any], parts: list[dict[str, Any]],
@@ -250,9 +256,11 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     if not meta_path.exists():
         raise CheckpointError(f"{path} is not a checkpoint (no {META})")
     try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
+        meta = load_json(meta_path, 16 << 20, "checkpoint meta")
+    except ConfigError as e:
         raise CheckpointError(f"{meta_path} is corrupt: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files", {}), dict):
+        raise CheckpointError(f"{meta_path} is corrupt: not a checkpoint's meta object")
     if verify:
         for fname, digest in meta.get("sha256", {}).items():
             f = path / fname

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from moe_core.config import ModelConfig, MoEConfig, _check, from_mapping
-from moe_core.config import coerce_number as coerce_number  # re-exported (sweeps.spec.sweep uses it)
+from moe_core.config import (
+    coerce_number as coerce_number,  # re-exported (sweeps.spec.sweep uses it)
+)
 from moe_core.configio import (  # noqa: F401 (re-exported: the YAML front door's home)
     apply_overrides,
     load_yaml,

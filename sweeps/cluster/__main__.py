@@ -18,19 +18,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from moe_core.errors import UpcycleError, one_line
+from moe_core.errors import UpcycleError, cli_boundary
 from sweeps.cluster.constraints import render
 from sweeps.cluster.local import (
     LOOPBACK_ENV,
     STATE_FILE,
     LocalCluster,
     LocalClusterConfig,
+    check_owned,
 )
 from sweeps.plan.devices import ALLOW_CPU_ENV
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / f"upcycle-local-cluster-{os.getuid()}"
 
 
+@cli_boundary(kept="nothing was stopped or deleted")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweeps.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--v2", action="store_true", help="Ray's autoscaler v2 (default: v1)")
     ap.add_argument("--max-workers", type=int, default=3)
     ap.add_argument("--idle-timeout-s", type=float, default=6.0)
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                     help=f"where the cluster keeps its state and Ray's logs ({DEFAULT_DIR})")
     args = ap.parse_args(argv)
@@ -47,23 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.action is None:
         ap.error("local needs up or down")
-    try:
-        if args.action == "down":
-            if not (args.dir / STATE_FILE).exists():
-                raise UpcycleError(f"no local cluster recorded in {args.dir / STATE_FILE}")
-            LocalCluster.attach(args.dir).stop()
-            (args.dir / STATE_FILE).unlink()
-            print(f"stopped the local cluster of {args.dir}")
-            return 0
-        if (args.dir / STATE_FILE).exists():
-            raise UpcycleError(f"a local cluster is already recorded in {args.dir}; run "
-                               f"`python -m sweeps.cluster local down --dir {args.dir}` first")
-        cfg = LocalClusterConfig(max_workers=args.max_workers,
-                                 idle_timeout_s=args.idle_timeout_s, autoscaler_v2=args.v2)
-        c = LocalCluster(cfg, args.dir).start()
-    except UpcycleError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+    check_owned(args.dir, "--dir")  # only the user's own folder, before anything is read
+    if args.action == "down":
+        if not (args.dir / STATE_FILE).exists():
+            raise UpcycleError(f"no local cluster recorded in {args.dir / STATE_FILE}")
+        LocalCluster.attach(args.dir).stop()
+        (args.dir / STATE_FILE).unlink()
+        print(f"stopped the local cluster of {args.dir}")
+        return 0
+    if (args.dir / STATE_FILE).exists():
+        raise UpcycleError(f"a local cluster is already recorded in {args.dir}; run "
+                           f"`python -m sweeps.cluster local down --dir {args.dir}` first")
+    cfg = LocalClusterConfig(max_workers=args.max_workers,
+                             idle_timeout_s=args.idle_timeout_s, autoscaler_v2=args.v2)
+    c = LocalCluster(cfg, args.dir).start()
     # the worker nodes' GPUs are logical: trials train on the CPU (sweeps.plan.devices)
     env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ENV, ALLOW_CPU_ENV: "1"}.items())
     print(f"local cluster up at {c.address} (autoscaler {'v2' if args.v2 else 'v1'}, head "

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from typing import Any
 import psutil
 
 from moe_core.errors import ConfigError, UpcycleError
+from moe_core.fsio import load_json
 
 HEAD_TYPE = "ray.head.default"
 WORKER_TYPE = "ray.worker.gpu"
@@ -79,8 +81,12 @@ class LocalClusterConfig:
         if self.object_store_bytes < MIN_OBJECT_STORE:
             raise ConfigError(f"local cluster object_store_bytes={self.object_store_bytes} is "
                               f"below Ray's floor of {MIN_OBJECT_STORE} (75 MiB); raise it")
-        if self.idle_timeout_s <= 0:
-            raise ConfigError(f"local cluster idle_timeout_s={self.idle_timeout_s} must be > 0")
+        if not 0 < self.idle_timeout_s <= 86400:  # NaN too
+            raise ConfigError(f"local cluster idle_timeout_s={self.idle_timeout_s} (--idle-"
+                              "timeout-s) must lie in (0, 86400] seconds")
+        if self.max_workers > 64:
+            raise ConfigError(f"local cluster max_workers={self.max_workers} (--max-workers) "
+                              "must be at most 64: each is a Ray node on this machine")
 
 
 def autoscaling_config(cfg: LocalClusterConfig, gcs_address: str) -> dict[str, Any]:
@@ -148,20 +154,44 @@ def _environ(update: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def check_owned(path: Path, what: str) -> None:
+    """``path`` (a folder or file ``local up`` / ``down`` acts on) is this user's own: not a
+    symbolic link, owned by this user, not writable by others (who could plant a
+    ``cluster.json`` naming processes to kill). An absent path is fine (it will be ours)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{what} {path} is a symbolic link; give the real folder (nothing "
+                          "was started or stopped)")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{what} {path} belongs to another user (uid {st.st_uid}); local "
+                          "up/down act only on your own folders (nothing was started or "
+                          "stopped)")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"{what} {path} is writable by other users (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}); chmod go-w it or give another --dir")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _tree(roots: list[tuple[int, float]]) -> list[psutil.Process]:
+def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[psutil.Process]:
     """The recorded processes (pid, create time: a reused pid is not ours) and their
-    descendants, still alive."""
+    descendants, still alive; only processes of this user, and (``marks``) whose command line
+    names one of ``marks`` (the cluster's own Ray folder: a process another cluster.json lists
+    is never ours)."""
     out: dict[int, psutil.Process] = {}
     for pid, created in roots:
         try:
             p = psutil.Process(pid)
-            if abs(p.create_time() - created) > 1e-3:
+            if abs(p.create_time() - created) > 1e-3 or p.uids().real != os.getuid():
+                continue
+            if marks and not any(m in " ".join(p.cmdline()) for m in marks):
                 continue
             for q in [p, *p.children(recursive=True)]:
                 out[q.pid] = q
@@ -259,16 +289,29 @@ class LocalCluster:
 
     @classmethod
     def attach(cls, root: str | Path) -> LocalCluster:
-        """The cluster whose state ``start`` wrote under ``root`` (for ``local down``)."""
-        state = json.loads((Path(root) / STATE_FILE).read_text())
-        c = cls(LocalClusterConfig(**state["config"]), root)
-        c.address, c._roots = state["address"], [tuple(p) for p in state["pids"]]
+        """The cluster whose state ``start`` wrote under ``root`` (for ``local down``): the
+        folder and its ``cluster.json`` must be this user's own (:func:`check_owned`)."""
+        f = Path(root) / STATE_FILE
+        check_owned(Path(root), "--dir")
+        check_owned(f, "cluster state")
+        state = load_json(f, 1 << 20, "cluster state")
+        try:
+            pids = [(int(p), float(t)) for p, t in state["pids"]]
+            c = cls(LocalClusterConfig(**state["config"]), root)
+            c.address, c._roots = str(state["address"]), pids
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, KeyError) as e:
+            raise ConfigError(f"cluster state {f} is damaged ({e!r}); stop its processes by "
+                              "hand and remove it") from None
         return c
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: the head's and their descendants (the worker
-        nodes' processes are children of the head's autoscaler)."""
-        return _tree(self._roots)
+        nodes' processes are children of the head's autoscaler); only this user's, and only
+        head processes started for this folder (their command lines name its Ray folder)."""
+        ray_dir = self.root / "ray"
+        return _tree(self._roots, marks=(str(ray_dir), str(ray_dir.resolve())))
 
     def stop(self) -> None:
         """End this cluster's processes (by PID, the whole tree at once), nothing else; then

@@ -26,6 +26,7 @@ from pydantic import BeforeValidator
 
 from moe_core.configio import coerce_number, decode
 from moe_core.errors import ConfigError, SearchSpaceError, shown
+from scaling.interval import MAX_WIDEN
 from sweeps.law.limits import check_law, finite_range
 
 
@@ -169,6 +170,10 @@ class LawSearchConfig:
                        "parameters (A, alpha, E at this N1; fit them on baseline runs with "
                        "python -m analysis.fit BASELINE --law chinchilla_d)")
         keys = dict(self.variables)
+        unknown = [v for v in keys if v not in need]
+        if unknown:
+            raise _err(f"law.variables.{unknown[0]}: {self.law} has no variable {unknown[0]}; "
+                       f"its variables are {', '.join(need)}")
         missing = [v for v in need if v not in keys and v not in DEFAULT_VARIABLE_KEYS]
         if missing:
             raise _err(f"law.variables must say which config key sets {missing[0]}, e.g. "
@@ -207,6 +212,9 @@ class LawSearchConfig:
         if not self.widen >= 1:
             raise _err(f"law.widen={self.widen} must be >= 1 (a calibrated widening of the "
                        "target's interval)")
+        if not self.widen <= MAX_WIDEN:
+            raise _err(f"law.widen={self.widen:g} must be at most {MAX_WIDEN:g} (a calibrated "
+                       "widening is a few)")
         check_law(self)  # values, names, finite bounds, caps (sweeps.law.limits)
 
     def variable_keys(self) -> dict[str, str]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
-from moe_core.errors import SearchSpaceError, UpcycleError, cli_boundary, one_line
+from moe_core.errors import SearchSpaceError, cli_boundary
 from sweeps.plan import preflight, resources
 from sweeps.plan.build import build_plan
 from sweeps.run import _signals as signals
 from sweeps.run import console, guard
+from sweeps.run.address import check_address, dry_run_address
 from sweeps.spec.sweep import load_spec
+from sweeps.spec.trials import check_kernels
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -50,64 +53,78 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
+    """The nodes of the cluster ``--dry-run --address`` checks the plan against: probed in
+    bounded time first (``sweeps.run.address``); ``auto`` without ``RAY_ADDRESS`` joins nothing."""
     if address is None:
         return None
+    resolved = dry_run_address(address)
+    if resolved is None:
+        console.progress("--address auto: RAY_ADDRESS is not set, so the plan is checked "
+                         "against this machine, not a cluster (give HOST:PORT to check one)")
+        return None
+    check_address(resolved)  # a dead or non-Ray port fails here, in seconds, before Ray
     from sweeps.run.driver import cluster_nodes  # imports Ray: only with --address
 
-    return cluster_nodes(address)
+    return cluster_nodes(resolved)
+
+
+MAX_PRICE = 1e4
+"""Largest ``--price`` per GPU-hour accepted (list prices are a few dollars)."""
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The numeric and named flags, before the spec is read: one line naming the flag."""
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
+    if args.price is not None and not 0 <= args.price <= MAX_PRICE:
+        raise SearchSpaceError(f"--price {args.price}: must be a finite price per GPU-hour in "
+                               f"[0, {MAX_PRICE:g}]")
+    if args.gpu is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", args.gpu):
+        raise SearchSpaceError(f"--gpu {args.gpu!r}: give a GPU type such as h100, h200, a100 "
+                               "or l4")
 
 
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
-@cli_boundary(kept="finished trials, rows and checkpoints are kept (rerun with --resume)")
+@cli_boundary(kept="finished trials, rows and checkpoints are kept (rerun with --resume)",
+              interrupted=(RESUME_HINT, signals.exit_code))
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     signals.install()
-    try:
-        if args.max_concurrent is not None and args.max_concurrent < 1:
-            raise SearchSpaceError(f"--max-concurrent={args.max_concurrent} must be >= 1")
-        spec = load_spec(args.spec, args.overrides, results=args.results)
-        plan = build_plan(spec)
-        nodes = _cluster_nodes(args.address) if args.dry_run else None
-        # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
-        # driver resolves it again against the running cluster)
-        seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
-                                 else resources.local_cluster())
-        checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
-            seen, plan, gpu=args.gpu, concurrent=args.max_concurrent, nodes=nodes,
-            local=args.address is None)
-        checked = guard.preflight(spec, plan)  # before anything starts or moves
-        if args.dry_run:
-            console.print_plan(spec, plan)
-            console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
-                                   max_concurrent=args.max_concurrent,
-                                   cluster_gpus=sum(n.get("GPU", 0) for n in nodes)
-                                   if nodes else None)
-            for line in checked:
-                console.progress(line)
-        preflight.enforce(checks, console.progress)
-        if args.dry_run:
-            return 0
-        guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
-        from sweeps.run.driver import run_sweep  # imports Ray: not for --dry-run
+    check_flags(args)
+    spec = load_spec(args.spec, args.overrides, results=args.results)
+    plan = build_plan(spec)
+    nodes = _cluster_nodes(args.address) if args.dry_run else None
+    # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
+    # driver resolves it again against the running cluster)
+    seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
+                             else resources.local_cluster())
+    check_kernels(seen)  # liger asked for on trials that resolve to the CPU
+    checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
+        seen, plan, gpu=args.gpu, concurrent=args.max_concurrent, nodes=nodes,
+        local=args.address is None)
+    checked = guard.preflight(spec, plan)  # before anything starts or moves
+    if args.dry_run:
+        console.print_plan(spec, plan)
+        console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
+                               max_concurrent=args.max_concurrent,
+                               cluster_gpus=sum(n.get("GPU", 0) for n in nodes)
+                               if nodes else None)
+        for line in checked:
+            console.progress(line)
+    preflight.enforce(checks, console.progress)
+    if args.dry_run:
+        return 0
+    guard.local_only_ray(args.address)  # a local Ray listens on 127.0.0.1 only
+    from sweeps.run.driver import run_sweep  # imports Ray: not for --dry-run
 
-        with guard.held(spec.results_uri, console.progress):  # one run per results folder
-            if args.resume:
-                guard.check_resume_spec(spec, spec.results_uri, args.force_spec,
-                                        console.progress)
-            summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                                max_concurrent=args.max_concurrent, verbose=args.verbose)
-    except UpcycleError as e:
-        if args.debug:
-            raise
-        cause = getattr(e, "cause", None)  # a Ray task's error (a parent's): not its traceback
-        print(f"error: {one_line(cause if isinstance(cause, UpcycleError) else e)}",
-              file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(RESUME_HINT, file=sys.stderr)
-        return signals.exit_code()
+    with guard.held(spec.results_uri, console.progress):  # one run per results folder
+        if args.resume:
+            guard.check_resume_spec(spec, spec.results_uri, args.force_spec,
+                                    console.progress)
+        summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
+                            max_concurrent=args.max_concurrent, verbose=args.verbose)
     if args.json:
         print(json.dumps(summary, default=str))
     if not summary.get("complete", True):

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.run import _signals as signals
 from sweeps.run import console
+from sweeps.run.address import check_address
 from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
@@ -266,23 +266,6 @@ def scheduler(spec: SweepSpec):
     if spec.asha.rung_metric is not None:  # rungs compare the prediction, not the metric
         return RungMetricASHA(metric=spec.asha.rung_metric, mode=spec.mode, **kw)
     return ResumableASHA(**kw)
-
-
-def check_address(address: str | None, timeout_s: float = 5.0) -> None:
-    """Fail in seconds when a cluster address (``HOST:PORT`` or ``ray://HOST:PORT``) does not
-    answer, instead of Ray's minutes of retries."""
-    if address is None or address == "auto":
-        return
-    hostport = address.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise UpcycleError(f"--address {address!r} must be auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise UpcycleError(
-            f"--address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
-            "start the head there (ray start --head) or fix the address") from None
 
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:

@@ -36,7 +36,7 @@ from sweeps.store.storage import Location
 
 LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"
-WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous")
+WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
 """Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
 
 

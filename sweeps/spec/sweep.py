@@ -21,6 +21,7 @@ from moe_core.configio import (
     coerce_number,
     decode,
     load_yaml,
+    override_key,
     parse_override_value,
 )
 from moe_core.errors import ConfigError, SearchSpaceError, shown
@@ -30,7 +31,7 @@ from sweeps.law.config import LawSearchConfig, parse_law_block
 from sweeps.run.prune import PruneConfig, parse_prune
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
 from sweeps.spec.trials import validate
-from sweeps.store.storage import check_uri, is_url, join_uri
+from sweeps.store.storage import check_uri, is_url, join_uri, local_form
 
 ALGORITHMS = ("grid", "random", "optuna", "law")
 SCHEDULERS = ("fifo", "asha")
@@ -406,15 +407,20 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         name=f.sweep, base=f.base, search=SearchSpace.parse(f.search, TrainConfig).params,
         algorithm=f.algorithm, scheduler=f.scheduler_kind, asha=asha, num_samples=f.num_samples,
         metric=f.metric, mode=f.mode, resources=f.resources, max_concurrent=f.max_concurrent,
-        wandb=f.logging.wandb or WandbConfig(), results=f.results,
+        wandb=f.logging.wandb or WandbConfig(), results=_results_root(f.results),
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
         export=f.export, prune=parse_prune(f.prune),
         law=parse_law_block(f.law) if f.algorithm == "law" else None,
     )
-    check_uri(spec.results, "results")
     validate(spec)
     return spec
+
+
+def _results_root(results: str) -> str:
+    """``results:``, checked (``sweeps.storage.check_uri``); ``file:///PATH`` as ``/PATH``."""
+    check_uri(results, "results")
+    return local_form(results, "results")
 
 
 def _search_override(raw: dict[str, Any], key: str, value: str) -> None:
@@ -442,7 +448,10 @@ def load_spec(path: str, overrides: list[str] = (), results: str | None = None) 
     plain = []
     for item in overrides:
         key, _, value = item.partition("=")
-        parts = key.split(".")
+        try:
+            parts = override_key(key)
+        except ConfigError as e:
+            raise _err(str(e)) from None
         if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
             _search_override(raw, key, value)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -139,15 +140,39 @@ def validate(spec: SweepSpec) -> None:
         except ConfigError as e:
             shown = ", ".join(f"{k}={v}" for k, v in point.items())
             raise _err(f"{e} (at search point {shown})") from None
+    check_kernels(spec)
+
+
+def check_kernels(spec: SweepSpec) -> None:
+    """``moe.experts_kernel: liger`` (Triton, CUDA only) on trials that run on the CPU
+    (``resources.gpus`` 0, or ``auto`` resolved to 0 on a machine without GPUs): refused before
+    anything starts instead of in every trial."""
+    if spec.resources.gpus != 0 or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    for point in validation_points(spec):
+        moe = trial_config(spec, point).moe
+        if moe is not None and moe.experts_kernel == "liger":
+            raise _err("moe.experts_kernel=liger needs a CUDA device, and these trials run on "
+                       "the CPU (resources.gpus=0 or no GPU here); set moe.experts_kernel: auto")
+
+
+MAX_CPUS = 1024.0
+"""CPUs one trial rank may reserve (the largest machines have a few hundred)."""
+MAX_GPUS = 64.0
+"""GPUs one trial rank may reserve (a node has at most 16; fractions share one)."""
+MAX_RANKS = 4096
 
 
 def _check_resources(spec: SweepSpec) -> None:
-    if spec.resources.ranks < 1:
-        raise _err(f"resources.ranks={spec.resources.ranks} must be >= 1")
-    if spec.resources.cpus <= 0:
-        raise _err(f"resources.cpus={spec.resources.cpus} must be > 0")
-    if spec.resources.gpus != "auto" and spec.resources.gpus < 0:
-        raise _err(f"resources.gpus={spec.resources.gpus} must be >= 0")
+    r = spec.resources
+    if isinstance(r.ranks, bool) or not 1 <= r.ranks <= MAX_RANKS:
+        raise _err(f"resources.ranks={r.ranks} must be >= 1 (an integer, at most {MAX_RANKS:,})")
+    if not 0 < r.cpus <= MAX_CPUS:
+        raise _err(f"resources.cpus={r.cpus} must be > 0 and at most {MAX_CPUS:g} (CPUs each "
+                   "trial rank reserves)")
+    if r.gpus != "auto" and not 0 <= r.gpus <= MAX_GPUS:
+        raise _err(f"resources.gpus={r.gpus} must lie in [0, {MAX_GPUS:g}] (GPUs each trial "
+                   "rank reserves; fractions share one), or be auto")
     if not 0 <= spec.resources.trial_driver < math.inf:
         raise _err(f"resources.trial_driver={spec.resources.trial_driver} must be >= 0 (e.g. "
                    "0.01: a share of a node's trial_driver slots; 0 turns it off)")

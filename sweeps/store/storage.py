@@ -14,6 +14,7 @@ from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one stor
     check_uri,
     is_url,
     join_uri,
+    local_form,
     probe,
     publishing,
     staging_dir,

@@ -45,12 +45,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_netrc(tmp: str | Path | None = None) -> list[Path]:
-    """Remove the netrc folders (with the W&B key) that a driver killed with -9 left behind:
-    ours (same uid) whose owner pid is gone. Returns what was removed."""
+def clean_stale_netrc(tmp: str | Path | None = None, prefix: str = NETRC_PREFIX) -> list[Path]:
+    """Remove the secret folders (the W&B netrc; with ``prefix`` :data:`AWS_PREFIX`, the AWS
+    credentials) that a driver killed with -9 left behind: ours (same uid) whose owner pid is
+    gone. Returns what was removed."""
     gone = []
-    for d in Path(tmp or tempfile.gettempdir()).glob(f"{NETRC_PREFIX}*"):
-        pid = d.name[len(NETRC_PREFIX):].split("-", 1)[0]
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{prefix}*"):
+        pid = d.name[len(prefix):].split("-", 1)[0]
         try:
             st = d.lstat()
         except OSError:
@@ -81,6 +82,9 @@ def hide_wandb_key() -> Path | None:
 
 
 AWS_KEY_ENVS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+AWS_PREFIX = "upcycle-aws-"
+"""``<tmp>/upcycle-aws-<owner pid>-XXXX/credentials``: removed at exit, and by the next run
+when its owner was killed (:func:`clean_stale_netrc`)."""
 
 
 def hide_cloud_keys() -> Path | None:
@@ -88,11 +92,12 @@ def hide_cloud_keys() -> Path | None:
     ``$AWS_PROFILE``, default ``default``); returns its path. Call before any S3 filesystem is
     built (the SDK picks its providers then)."""
     keys = {k: os.environ.get(k) for k in AWS_KEY_ENVS}
+    clean_stale_netrc(prefix=AWS_PREFIX)  # a killed run's credentials: never left behind
     if not keys["AWS_ACCESS_KEY_ID"] or not keys["AWS_SECRET_ACCESS_KEY"]:
         return None
     for k in AWS_KEY_ENVS:
         os.environ.pop(k, None)
-    d = Path(tempfile.mkdtemp(prefix="upcycle-aws-"))  # 0700
+    d = Path(tempfile.mkdtemp(prefix=f"{AWS_PREFIX}{os.getpid()}-"))  # 0700
     atexit.register(shutil.rmtree, d, True)
     path = d / "credentials"
     lines = [f"[{os.environ.get('AWS_PROFILE') or 'default'}]",

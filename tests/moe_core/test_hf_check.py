@@ -120,9 +120,10 @@ def test_damaged_checkpoint_is_refused_in_one_line(good, tmp_path, name, damage,
                          ids=["nan_weights", "int32_embeddings", "huge_config", "layers_1e9"])
 def test_load_refuses_what_the_check_refuses(good, tmp_path, name, damage, match):
     """The loader itself (``moe_core.hf upcycle``, a pretrained parent) refuses them too: NaN
-    weights and integer embeddings are never upcycled and written."""
+    weights and integer embeddings are never upcycled and written. It runs the same streamed
+    check first (issue #43), so its message is the check's."""
     folder = damage(_copy(good, tmp_path / name))
-    with pytest.raises(ConfigError, match=match.replace("(I32|", "(")):
+    with pytest.raises(ConfigError, match=match):
         load_pretrained(folder)
 
 

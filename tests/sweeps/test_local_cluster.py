@@ -46,7 +46,8 @@ def test_config_is_validated():
         LocalClusterConfig(object_store_bytes=1000)
     with pytest.raises(ConfigError, match="max_workers=0 must be >= 1"):
         LocalClusterConfig(max_workers=0)
-    with pytest.raises(ConfigError, match="idle_timeout_s=0 must be > 0"):
+    with pytest.raises(ConfigError,
+                       match=r"idle_timeout_s=0 \(--idle-timeout-s\) must lie in \(0, 86400\]"):
         LocalClusterConfig(idle_timeout_s=0)
     with pytest.raises(ConfigError, match="longer than 38 characters"):
         LocalCluster(root="/tmp/" + "x" * 60)
