@@ -6,7 +6,8 @@ rich table and ``compare.md``), and PNG plots of the curves (metric vs tokens) c
 value; for every pair of varied knobs the joint table and an interaction plot
 (``analysis.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
 table and overlaid; each sweep's parameter importance (``analysis.importance``, also as
-``importance.json``). W&B shows the same comparison as one grouping: runs carry the sweep name as
+``importance.json``); and ``compare.html``, a self-contained interactive page of all of it
+(``analysis.html_page``). W&B shows the same comparison as one grouping: runs carry the sweep name as
 group and the knobs as config.
 """
 
@@ -22,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from analysis.html_page import compare_page
 from analysis.importance import EVALUATORS, importance
 from analysis.twoway import (
     SEED_KNOB,
@@ -173,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             more += [f"## {name}: parameter importance", "", *tab.markdown()]
             print(f"{name}: " + ", ".join(f"{k.knob} {k.importance:.3f}" for k in tab.knobs))
     atomic_write_text(out / "compare.md", "\n".join(md + more) + "\n")
+    atomic_write_text(out / "compare.html", compare_page(sweeps, metric=args.metric,
+                                                         importance=imp))
     atomic_write_text(out / "importance.json", json.dumps(
         {n: t.to_json() for n, t in imp.items()}, indent=1, default=str) + "\n")
-    print(f"wrote {out / 'compare.md'} and {len(pngs) + n_more} plot(s)")
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.html'} and {len(pngs) + n_more} plot(s)")
     return 0
 
 

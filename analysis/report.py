@@ -1,6 +1,7 @@
 """Markdown report with tables and PNG plots for a sweep's results directory.
 
     python -m analysis.report results/upcycle_lr            # → results/upcycle_lr/report.md
+                                                            #   (+ report.html, report.json)
     python -m analysis.report results/                      # every sweep below results/
     python -m analysis.report results/transition_tau --baseline results/expert_baselines
     python -m analysis.report results/upcycle_lr --out docs/findings/upcycle_lr
@@ -52,6 +53,7 @@ from analysis.twoway import plot_overlay, shared_cells, shared_markdown, twoway_
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
 from moe_core.outdir import claim_out_dir, mark_out_dir
+from analysis.html_page import sweep_page
 from analysis.importance import ImportanceTable, importance
 from sweeps.store.storage import is_url
 
@@ -79,7 +81,7 @@ def _twoway_lines(s: Sweep, out_dir: Path) -> list[str]:
 
 
 def _importance(s: Sweep, evaluator: str) -> ImportanceTable:
-    """Which knob matters most for the final val_loss (``sweeps.importance``)."""
+    """Which knob matters most for the final val_loss (``analysis.importance``)."""
     return importance(s.rows.to_dict("records"), "val_loss", "min", evaluator)
 
 
@@ -161,6 +163,9 @@ def report(results: str | Path, out: str | Path | None = None, *,
             "importance": imp.to_json()}
     atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1,
                                                           default=_json_default))
+    atomic_write_text(out_dir / "report.html", sweep_page(
+        s.name, s.rows.to_dict("records"), importance=imp, claims=data["claims"],
+        summary=s.summary))
     return md
 
 
