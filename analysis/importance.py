@@ -32,6 +32,7 @@ import numpy as np
 from moe_core.errors import FitError, UpcycleError, cli_boundary
 from sweeps.store import results as schema
 from sweeps.store.results import final_rows, format_knob
+from sweeps.store.storage import Location
 
 EVALUATORS = ("ped_anova", "fanova")
 
@@ -178,7 +179,6 @@ def importance(rows: Sequence[Mapping[str, Any]], metric: str = "val_loss", mode
 
 
 def _load(path: str) -> list[dict[str, Any]]:
-    from sweeps.store.storage import Location
     p = Location.of(path)
     f = p / schema.RESULTS_FILE if p.is_dir() else p
     if not f.exists():
