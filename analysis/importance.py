@@ -9,8 +9,10 @@ It reads the Parquet rows only (no torch, no Ray): ``analysis.report`` and ``ana
 call :func:`importance` on a sweep's rows.
 
 The finished trials' final evals become completed Optuna trials (each varied knob a
-distribution: numbers as a float/int range, on a log scale when they span a factor of 10 or
-more; anything else, dicts included, as a categorical of its label). ``importance`` is computed on
+distribution: a number with five or more distinct values as a float/int range, on a log scale
+when they span a factor of 10 or more; a short grid and anything else, dicts included, as a
+categorical of its label). PED-ANOVA's top set is Optuna's default top 10 % of the trials, but
+never fewer than two trials. ``importance`` is computed on
 every seed's trials together; the spread is **per seed**: the same evaluator on each seed's trials
 alone (one trial per configuration), then the mean and sample standard deviation over seeds.
 A seed with fewer than two trials is skipped. Importances are normalised to sum to 1.
@@ -79,10 +81,19 @@ class ImportanceTable:
         return out + [""]
 
 
+NUMERIC_LEAST = 5
+"""A numeric knob with at least this many distinct values is a range; fewer (a short grid) are
+categories: nothing is known between two grid points, and PED-ANOVA's density over a range
+of two or three points misranks (measured on a 2 × 2 sweep, docs/looking-at-a-sweep.md)."""
+TOP_LEAST = 2
+"""PED-ANOVA's top set holds at least this many trials: its quantile is
+``max(0.1, TOP_LEAST / trials)`` (0.1 is Optuna's default; one trial is not a distribution)."""
+
+
 def _distribution(values: Sequence[Any]) -> Any:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if numeric and all(math.isfinite(v) for v in values):
+    if numeric and all(math.isfinite(v) for v in values) and len(set(values)) >= NUMERIC_LEAST:
         lo, hi = min(values), max(values)
         log = lo > 0 and hi / lo >= 10
         if all(isinstance(v, int) for v in values):
@@ -115,7 +126,8 @@ def _evaluate(records: list[dict[str, Any]], knobs: Sequence[str], metric: str, 
         params={k: _param(r[k], d) for k, d in dists.items()}, distributions=dists,
         value=r[metric]) for r in records])
     ev = (FanovaImportanceEvaluator(seed=0) if evaluator == "fanova"
-          else PedAnovaImportanceEvaluator())
+          else PedAnovaImportanceEvaluator(
+              target_quantile=max(0.1, min(1.0, TOP_LEAST / len(records)))))
     try:
         got = get_param_importances(study, evaluator=ev, normalize=True)
     except ImportError as e:
