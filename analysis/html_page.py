@@ -71,6 +71,10 @@ def parallel_figure(sweeps: Mapping[str, Sequence[Mapping[str, Any]]], metric: s
     finals = [dict(r, _sweep=name) for name, rows in sweeps.items() for r in ok_finals(rows)
               if _num(r.get(metric)) is not None]
     cols = (["_sweep"] if len(sweeps) > 1 else []) + varied_knobs(finals)
+    for r in finals:  # a knob of another sweep: the value this trial ran (its config column)
+        for c in cols:
+            if r.get(c) is None and c.startswith(KNOB_PREFIX):
+                r[c] = r.get(_short(c))
     dims = []
     for c in cols:
         vals = [format_knob(r.get(c)) for r in finals]
