@@ -7,8 +7,8 @@ value; for every pair of varied knobs the joint table and an interaction plot
 (``analysis.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
 table and overlaid; each sweep's parameter importance (``analysis.importance``, also as
 ``importance.json``); and ``compare.html``, a self-contained interactive page of all of it
-(``analysis.html_page``). W&B shows the same comparison as one grouping: runs carry the sweep name as
-group and the knobs as config.
+(``analysis.html_page``). W&B shows the same comparison as one grouping: runs carry the sweep
+name as group and the knobs as config.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from analysis.importance import ImportanceTable
-from sweeps.store.results import KNOB_PREFIX, final_rows, format_knob
 from analysis.twoway import joint_table, knob_pairs, ok_finals, varied_knobs
+from sweeps.store.results import KNOB_PREFIX, final_rows, format_knob
 
 LAYER_COLUMN = re.compile(r"^router\.(?P<stat>[a-z0-9_]+)\.layer(?P<layer>\d+)$")
 """Per-MoE-layer health columns (``moe_core.train.evaluate.layer_health``)."""

@@ -36,6 +36,8 @@ import numpy as np
 from analysis.claims import Claim, evaluate_claims
 from analysis.cli import _kv, check_numbers, one_line_errors
 from analysis.data import is_sweep_dir, sweep_dirs
+from analysis.html_page import sweep_page
+from analysis.importance import ImportanceTable, importance
 from analysis.plots import plot_curves, plot_d_star, plot_finals, plot_law_fit
 from analysis.sections import (
     LawFigure,
@@ -53,8 +55,6 @@ from analysis.twoway import plot_overlay, shared_cells, shared_markdown, twoway_
 from moe_core.errors import FitError
 from moe_core.fsio import atomic_write_text
 from moe_core.outdir import claim_out_dir, mark_out_dir
-from analysis.html_page import sweep_page
-from analysis.importance import ImportanceTable, importance
 from sweeps.store.storage import is_url
 
 D_STAR_CAPTION = ("The paper's D* (000 Eq. 13) from 000 Table 2's **published** parameters, "

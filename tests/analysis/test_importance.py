@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from moe_core.errors import FitError
 from analysis.importance import importance, main
+from moe_core.errors import FitError
 from sweeps.store.results import RESULTS_FILE, read_rows, write_rows
 
 
