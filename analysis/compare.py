@@ -5,13 +5,16 @@ not a knob: it is pooled), the best and median final metric and the trial count 
 rich table and ``compare.md``), and PNG plots of the curves (metric vs tokens) coloured by knob
 value; for every pair of varied knobs the joint table and an interaction plot
 (``analysis.twoway``); and the cells two sweeps share (the same configuration, seeds aside) in a
-table and overlaid. W&B shows the same comparison as one grouping: runs carry the sweep name as
-group and the knobs as config.
+table and overlaid; each sweep's parameter importance (``analysis.importance``, also as
+``importance.json``); and ``compare.html``, a self-contained interactive page of all of it
+(``analysis.html_page``). W&B shows the same comparison as one grouping: runs carry the sweep
+name as group and the knobs as config.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -20,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from analysis.html_page import compare_page
+from analysis.importance import EVALUATORS, importance
 from analysis.twoway import (
     SEED_KNOB,
     plot_overlay,
@@ -129,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", nargs="+", help="results directories (results/<sweep>)")
     ap.add_argument("--metric", default="val_loss")
     ap.add_argument("--out", default=None, help="output directory (default results/compare)")
+    ap.add_argument("--mode", choices=("min", "max"), default="min")
+    ap.add_argument("--importance", choices=EVALUATORS, default="ped_anova",
+                    help="parameter importance evaluator (optuna.importance)")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     args = ap.parse_args(argv)
     # results on object storage: a local ./compare (never a folder named after a URL)
@@ -156,8 +164,18 @@ def main(argv: list[str] | None = None) -> int:
     pngs = plot(sweeps, args.metric, out)
     md += ["", *(f"![{p.stem}]({p.name})" for p in pngs), ""]
     more, n_more = _two_way(sweeps, args.metric, out)
+    imp = {name: importance(rows, args.metric, args.mode, args.importance)
+           for name, rows in sweeps.items()}
+    for name, tab in imp.items():
+        if tab.knobs:
+            more += [f"## {name}: parameter importance", "", *tab.markdown()]
+            print(f"{name}: " + ", ".join(f"{k.knob} {k.importance:.3f}" for k in tab.knobs))
     atomic_write_text(out / "compare.md", "\n".join(md + more) + "\n")
-    print(f"wrote {out / 'compare.md'} and {len(pngs) + n_more} plot(s)")
+    atomic_write_text(out / "compare.html", compare_page(sweeps, metric=args.metric,
+                                                         importance=imp))
+    atomic_write_text(out / "importance.json", json.dumps(
+        {n: t.to_json() for n, t in imp.items()}, indent=1, default=str) + "\n")
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.html'} and {len(pngs) + n_more} plot(s)")
     return 0
 
 

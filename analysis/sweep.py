@@ -53,6 +53,8 @@ ROUTER_METRICS: dict[str, str] = {
     "router.aux_switch": "Switch load-balancing loss, normalised to 1 at perfect balance "
                          "(000 App. A.3)",
     "router.aux_coef": "the coefficient the balancing loss is multiplied by",
+    "router.max_vio": "MaxVio, (largest expert load − mean load) / mean load (0: balanced, "
+                      "E − 1: one expert takes all; Wang et al. 2024, arXiv:2408.15664)",
     "aux_loss": "the auxiliary loss added to the LM loss (coefficient × balancing loss, plus "
                 "the z-loss if set)",
 }

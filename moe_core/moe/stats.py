@@ -53,3 +53,31 @@ def cosine_to_reference(vectors_EX: torch.Tensor, reference_X: torch.Tensor) -> 
     v = torch.nn.functional.normalize(vectors_EX.double(), dim=-1)
     r = torch.nn.functional.normalize(reference_X.double().reshape(1, -1), dim=-1)
     return float((v @ r.T).mean())
+
+
+def max_violation(load_E: torch.Tensor) -> float:
+    """MaxVio = (max_e load_e − mean load) / mean load: 0 at perfect balance, E − 1 when one
+    expert takes every assignment (Wang et al. 2024, arXiv:2408.15664 §4.1, Eq. 6: the
+    loss-free balancing paper, 003's [52]; not one of the seeds)."""
+    load = load_E.double()
+    mean = load.mean()
+    return float((load.max() - mean) / mean) if float(mean) > 0 else math.nan
+
+
+LAYER_HEALTH: dict[str, str] = {
+    "max_load": "max", "max_vio": "max", "dead_experts": "max", "drop_rate": "max",
+    "max1_max2": "min", "expert_similarity": "max",
+}
+"""Per-layer health statistic → how its worst layer is picked: ``max`` where a larger value is
+less healthy (collapse, imbalance, dead experts, dropped tokens, copies that never diverge),
+``min`` for Max1/Max2 (002 §4.1: a ratio near 1 is a router that cannot tell its experts
+apart)."""
+
+
+def worst_layer(stat: str, values_L: list[float]) -> float:
+    """The least healthy layer's value of ``stat`` (``LAYER_HEALTH``); NaN layers ignored, NaN
+    when every layer is."""
+    vals = [v for v in values_L if not math.isnan(v)]
+    if not vals:
+        return math.nan
+    return max(vals) if LAYER_HEALTH[stat] == "max" else min(vals)

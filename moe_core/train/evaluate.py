@@ -47,6 +47,8 @@ def evaluate(
         metrics["router.dead_experts"] = float((loads <= 0).sum())
         sims = [moe_stats.mean_pairwise_cosine(m.expert_vectors().float()) for m in moe_layers]
         metrics["router.expert_similarity"] = float(np.nanmean(sims))
+        layer_ids = [i for i, b in enumerate(model.blocks) if b.is_moe]
+        metrics.update(layer_health(layer_ids, loads, per_layer, sims))
         if reference_mlp:
             cos = []
             for i, m in enumerate(moe_layers):
@@ -57,6 +59,34 @@ def evaluate(
             if cos:
                 metrics["router.cos_to_parent"] = float(np.mean(cos))
     return metrics
+
+
+def layer_health(layer_ids: Sequence[int], loads_LE: np.ndarray,
+                 per_layer: Sequence[Sequence[dict[str, Any]]],
+                 sims_L: Sequence[float]) -> dict[str, float]:
+    """Per-MoE-layer health (``moe_stats.LAYER_HEALTH``) as ``router.<stat>.layer<block>``, the
+    least healthy layer as ``router.<stat>.worst``, and ``router.max_vio`` (mean over layers).
+
+    A layer that collapses is hidden by the means (``router.max_load`` averages over layers);
+    the worst-layer figure shows it. ``loads_LE``: each layer's load fractions averaged over the
+    eval's batches; ``per_layer``: each batch's per-layer statistics; ``sims_L``: each layer's
+    expert similarity."""
+    per = {
+        "max_load": [float(x) for x in loads_LE.max(-1)],
+        "max_vio": [moe_stats.max_violation(torch.from_numpy(row)) for row in loads_LE],
+        "dead_experts": [float(x) for x in (loads_LE <= 0).sum(-1)],
+        "drop_rate": [float(np.nanmean([b[j]["drop_rate"] for b in per_layer]))
+                      for j in range(len(layer_ids))],
+        "max1_max2": [float(np.nanmean([b[j]["max1_max2"] for b in per_layer]))
+                      for j in range(len(layer_ids))],
+        "expert_similarity": [float(x) for x in sims_L],
+    }
+    out = {"router.max_vio": float(np.nanmean(per["max_vio"]))}
+    for stat, vals in per.items():
+        for i, v in zip(layer_ids, vals, strict=True):
+            out[f"router.{stat}.layer{i}"] = v
+        out[f"router.{stat}.worst"] = moe_stats.worst_layer(stat, vals)
+    return out
 
 
 def parent_reference_mlp(parent: ParentState | None,

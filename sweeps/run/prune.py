@@ -12,7 +12,13 @@ rule                   reported column                 fires on
 ``expert_similarity``  ``router.expert_similarity``    upcycled copies that never diverge
 ``transition_jump``    ``transition_jump``             the cold start at the transition τ
 ``drop_rate``          ``router.drop_rate``            tokens dropped by the capacity factor
+``max_vio``            ``router.max_vio``              load imbalance (MaxVio, 0 = balanced)
 =====================  ==============================  ======================================
+
+Every rule but ``transition_jump`` reads the mean over the MoE layers (``dead_experts``: their
+sum) by default; ``layers: worst`` reads the least healthy layer instead
+(``router.<stat>.worst``, ``moe_core.train.evaluate.layer_health``), where one collapsed layer
+is not hidden by the others.
 
 ``sweeps.run.health.HealthStopper`` applies the rules to every reported row (a Ray Tune ``Stopper``,
 so it composes with any scheduler). This module has no Ray import.
@@ -34,10 +40,14 @@ RULE_METRICS = {
     "expert_similarity": "router.expert_similarity",
     "transition_jump": "transition_jump",
     "drop_rate": "router.drop_rate",
+    "max_vio": "router.max_vio",
 }
 """Rule name → the reported column it reads (a contract: the spec's keys)."""
+PER_LAYER = frozenset(RULE_METRICS) - {"transition_jump"}
+"""Rules whose statistic is also reported per MoE layer, so ``layers: worst`` applies."""
+WORST_SUFFIX = ".worst"
 FLOORS = {"max_load_fraction": 0.0, "dead_experts": 0.0, "expert_similarity": -1.0,
-          "drop_rate": 0.0}
+          "drop_rate": 0.0, "max_vio": 0.0}
 """The least value each statistic can take: a threshold below it fires on every eval
 (``max_load_fraction`` is also at least 1/E, checked against the plan by ``sweeps.run.guard``)."""
 
@@ -50,6 +60,8 @@ class PruneRule:
     """...for this many consecutive evals (counted from ``after_tokens``)."""
     after_tokens: float = 0
     """Evals before this many trained tokens are not checked."""
+    layers: str = "mean"
+    """``mean`` (over the MoE layers) or ``worst`` (the least healthy MoE layer)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.above, bool) or not isinstance(self.above, (int, float)) or \
@@ -61,6 +73,8 @@ class PruneRule:
         if isinstance(self.after_tokens, bool) or \
                 not isinstance(self.after_tokens, (int, float)) or not self.after_tokens >= 0:
             raise SearchSpaceError(f"after_tokens={self.after_tokens!r} must be a number >= 0")
+        if self.layers not in ("mean", "worst"):
+            raise SearchSpaceError(f"layers={self.layers!r} must be 'mean' or 'worst'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +109,20 @@ class PruneConfig:
 
     rules: tuple[tuple[str, PruneRule], ...] = field(default=())
     """YAML ``prune: {<rule>: {above: x, for_evals: n, after_tokens: t}}``, rules:
-    max_load_fraction, dead_experts, expert_similarity, transition_jump, drop_rate."""
+    max_load_fraction, dead_experts, expert_similarity, transition_jump, drop_rate, max_vio;
+    ``layers: worst`` reads the least healthy MoE layer instead of the mean."""
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        return tuple(RULE_METRICS[name] for name, _ in self.rules)
+        return tuple(rule_metric(name, rule) for name, rule in self.rules)
+
+
+def rule_metric(name: str, rule: PruneRule) -> str:
+    """The column rule ``name`` reads: its mean column, or ``<column>.worst``."""
+    return RULE_METRICS[name] + (WORST_SUFFIX if rule.layers == "worst" else "")
 
 
 def parse_prune(raw: Any) -> PruneConfig:
@@ -127,6 +147,9 @@ def parse_prune(raw: Any) -> PruneConfig:
             raise SearchSpaceError(f"prune.{name}.{e}") from None
         except ConfigError as e:
             raise SearchSpaceError(str(e)) from None
+        if rules[-1][1].layers == "worst" and name not in PER_LAYER:
+            raise SearchSpaceError(f"prune.{name}.layers=worst: {name} is not a per-layer "
+                                   "statistic; drop layers or use layers: mean")
         floor = FLOORS.get(name)
         if floor is not None and rules[-1][1].above < floor:
             raise SearchSpaceError(
@@ -135,11 +158,11 @@ def parse_prune(raw: Any) -> PruneConfig:
     return PruneConfig(tuple(rules))
 
 
-def rule_value(name: str, row: Mapping[str, Any]) -> float | None:
-    """The statistic ``name`` reads in one reported row (None when the row has none). A row
-    without ``transition_jump`` (written before it was reported) gives it at step 0 as
-    ``val_loss − parent_val_loss``."""
-    v = row.get(RULE_METRICS[name])
+def rule_value(name: str, row: Mapping[str, Any], rule: PruneRule | None = None) -> float | None:
+    """The statistic ``name`` (as ``rule`` reads it: mean or worst layer) in one reported row
+    (None when the row has none). A row without ``transition_jump`` (written before it was
+    reported) gives it at step 0 as ``val_loss − parent_val_loss``."""
+    v = row.get(rule_metric(name, rule) if rule is not None else RULE_METRICS[name])
     if v is None and name == "transition_jump" and row.get("step") == 0:
         lv, pv = row.get("val_loss"), row.get("parent_val_loss")
         if isinstance(lv, (int, float)) and isinstance(pv, (int, float)):
@@ -165,7 +188,7 @@ def check(prune: PruneConfig, state: dict[str, list[tuple[int, float]]],
     for name, rule in prune.rules:
         if tokens < rule.after_tokens:
             continue
-        v = rule_value(name, row)
+        v = rule_value(name, row, rule)
         if v is None:
             continue
         run = state.setdefault(name, [])
@@ -174,7 +197,7 @@ def check(prune: PruneConfig, state: dict[str, list[tuple[int, float]]],
         else:
             run.clear()
         if len(run) >= rule.for_evals:
-            return Verdict(name, RULE_METRICS[name],
+            return Verdict(name, rule_metric(name, rule),
                            tuple(x for _, x in run[-rule.for_evals:]),
                            float(rule.above), step, int(tokens))
     return None

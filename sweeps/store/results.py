@@ -10,7 +10,10 @@ Columns, in this order:
   ``upcycle.lr_policy.policy``, ``parent.moe.num_experts``, ...): what the trial ran;
 - knob columns ``knob.<YAML path>`` for every knob the sweep searches (``knob.seed`` too): the
   value the trial ran, so a conditional knob whose ``when`` did not hold shows the base value;
-- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``);
+- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``): means over the MoE
+  layers, and for the health statistics (``moe_core.moe.stats.LAYER_HEALTH``) each MoE layer's
+  ``router.<stat>.layer<i>`` (``i``: its block index) and the least healthy layer's
+  ``router.<stat>.worst``;
 - compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
   dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``).
 

@@ -159,6 +159,7 @@ def test_report_efficiency_against_baselines(tmp_path):
              str(tmp_path / "expert_baselines"), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [k["knob"] for k in data["importance"]["knobs"]] == ["parent.tokens"]
     etas = {r["tau"]: r["eta"] for r in data["efficiency"]}
     assert etas[250.0] == pytest.approx(upcycling_efficiency(2.10, 2.02, 2.00))  # 0.8
     assert etas[750.0] == pytest.approx(0.1)

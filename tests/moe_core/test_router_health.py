@@ -62,3 +62,32 @@ def test_transition_jump_is_reported_and_survives_a_resume(tmp_path):
     assert [m["transition_jump"] for m in again.curve] == [jump] * len(again.curve)
     fresh = Trainer(train_config_from_dict(d)).fit()  # no parent: no jump
     assert "transition_jump" not in fresh.curve[0]
+
+
+def test_one_collapsed_layer_shows_in_the_worst_layer_and_is_hidden_by_the_mean():
+    model = _model()
+    blocks = [i for i, b in enumerate(model.blocks) if b.is_moe]
+    assert len(blocks) >= 2
+    healthy = evaluate(model, _batches(), torch.device("cpu"))
+    with torch.no_grad():  # only the second MoE layer sends every token to expert 0
+        layer = model.moe_layers()[1]
+        layer.router.weight.zero_()
+        layer.expert_bias[0] = 1.0
+    m = evaluate(model, _batches(), torch.device("cpu"))
+    E, L = 4, len(blocks)
+    collapsed = f"layer{blocks[1]}"
+    assert m[f"router.max_load.{collapsed}"] == 1.0
+    assert m[f"router.max_vio.{collapsed}"] == E - 1  # MaxVio: one expert takes everything
+    assert m[f"router.dead_experts.{collapsed}"] == E - 1
+    assert m["router.max_load.worst"] == 1.0 and m["router.max_vio.worst"] == E - 1
+    assert m["router.dead_experts.worst"] == E - 1
+    # the other layers are as before, and the mean dilutes the collapse
+    assert m[f"router.max_load.layer{blocks[0]}"] == healthy[f"router.max_load.layer{blocks[0]}"]
+    other = m[f"router.max_load.layer{blocks[0]}"]
+    assert abs(m["router.max_load"] - (other * (L - 1) + 1.0) / L) < 1e-9  # the mean
+    assert m["router.max_load"] < 0.9 < m["router.max_load.worst"]
+    assert m["router.max_vio"] < m["router.max_vio.worst"]
+    assert healthy["router.max_load.worst"] < 0.9
+    for stat in ("drop_rate", "max1_max2", "expert_similarity"):
+        assert {f"router.{stat}.layer{i}" for i in blocks} <= m.keys()
+        assert f"router.{stat}.worst" in m

@@ -1,5 +1,7 @@
 """analysis.compare on two synthetic result sets."""
 
+import json
+
 from analysis.compare import main, summarize
 from sweeps.store.results import write_rows
 
@@ -26,6 +28,9 @@ def test_compare_tables_and_plots(tmp_path, capsys):
     md = (out / "compare.md").read_text()
     assert "| s2 | moe.top_k | b | 1 | 1.5000 | 1.5000 |" in md
     assert len(list(out.glob("*.png"))) == 2
+    imp = json.loads((out / "importance.json").read_text())  # one knob: all the importance
+    assert [(k["knob"], k["importance"]) for k in imp["s1"]["knobs"]] == [("moe.top_k", 1.0)]
+    assert "## s1: parameter importance" in md
     assert main([str(tmp_path / "missing")]) == 2
 
 

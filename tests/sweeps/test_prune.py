@@ -44,9 +44,32 @@ def test_parse_errors_name_the_key_and_the_fix():
         ({"drop_rate": {"above": 0.1, "for_evals": 0}}, r"prune\.drop_rate\.for_evals=0 must"),
         ({"drop_rate": {"above": 0.1, "after_tokens": -1}}, r"after_tokens=-1 must be"),
         ([1], r"prune must map rule names"),
+        ({"max_vio": {"above": 1, "layers": "all"}}, r"prune\.max_vio\.layers='all' must be "
+                                                     r"'mean' or 'worst'"),
+        ({"transition_jump": {"above": 0.1, "layers": "worst"}},
+         r"prune\.transition_jump\.layers=worst: transition_jump is not a per-layer"),
     ]:
         with pytest.raises(SearchSpaceError, match=match):
             parse_prune(raw)
+
+
+def test_a_worst_layer_rule_fires_where_the_mean_hides_one_collapsed_layer():
+    # two MoE layers: layer 1 sends every token to one expert (max load 1), layer 0 is healthy
+    rows = [_row(i, **{"router.max_load": 0.65, "router.max_load.worst": 1.0,
+                       "router.max_load.layer0": 0.3, "router.max_load.layer1": 1.0})
+            for i in range(3)]
+    mean = parse_prune({"max_load_fraction": {"above": 0.9}})
+    worst = parse_prune({"max_load_fraction": {"above": 0.9, "layers": "worst",
+                                               "for_evals": 2}})
+    assert worst.metrics == ("router.max_load.worst",)
+    state: dict = {}
+    assert [check(mean, state, r) for r in rows] == [None] * 3
+    state = {}
+    got = [check(worst, state, r) for r in rows]
+    assert got[0] is None and got[1] is not None
+    assert got[1].metric == "router.max_load.worst" and got[1].values == (1.0, 1.0)
+    assert got[1].reason == ("pruned by max_load_fraction: router.max_load.worst 1, 1 > 0.9 "
+                             "for 2 evals (step 1)")
 
 
 def test_rules_fire_on_synthetic_router_statistics():
