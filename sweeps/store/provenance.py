@@ -24,7 +24,7 @@ from typing import Any
 PACKAGES = ("torch", "deepspeed", "ray", "transformers", "pyarrow")
 """The libraries whose versions a result records (besides Python's)."""
 DISTRIBUTION = "upcycle-sweeps"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 """The folder the running code is imported from (a git checkout, or site-packages)."""
 KEYS = ("code", "python", "packages", "device")
 """The record's top-level keys."""
