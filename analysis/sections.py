@@ -17,6 +17,8 @@ from analysis.sweep import Sweep, glossary_lines
 from moe_core.errors import FitError
 from scaling.fit import FitResult, fit
 from scaling.laws import Points, get_law
+from sweeps.store.provenance import describe
+from sweeps.store.results import read_provenance
 
 UPCYCLED_FORMS = ("upcycled_mul", "upcycled_mul_noint", "upcycled_add", "upcycled_add_noint")
 CONFIG_FORMS = ("model_config_mul", "model_config_mul_noint", "model_config_add_int",
@@ -112,6 +114,13 @@ def ledger_section(s: Sweep) -> Section:
             ["parents and stable runs, wall (s)", led["parent_wall_s"]],
             ["sweep wall time (s)", led["sweep_wall_s"]]]
     return Section(["## Compute ledger", "", *md_table(["", "value"], rows)], led)
+
+
+def provenance_section(s: Sweep) -> Section:
+    """The code, library versions and device the results came from (``summary.json``'s
+    record, else the Parquet's; ``sweeps.store.provenance``)."""
+    rec = (s.summary or {}).get("provenance") or read_provenance(s.path)
+    return Section(["## Provenance", "", describe(rec), ""], rec or {})
 
 
 def groups_section(s: Sweep) -> Section:

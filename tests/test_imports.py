@@ -79,7 +79,9 @@ OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.store.results", "sweeps.p
            # --out never into a folder this project did not write; the bootstrap cap
            "moe_core.outdir", "sweeps.law.limits",
            # a results folder or bucket URL (pyarrow.fs, no torch)
-           "moe_core.location"}
+           "moe_core.location",
+           # the report's provenance line (no torch or Ray: importlib.metadata)
+           "sweeps.store.provenance"}
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,6 +23,7 @@ LAZY_OK = {
     ("sweeps.run.cli", "sweeps.run.driver"),  # Ray only when a sweep starts (not --dry-run)
     ("sweeps.plan.build", "moe_core.hf.save"),  # torch only for export: hf (not for a dry run)
     ("analysis.best", "moe_core.hf.export"),  # torch only for --export (analysis is torch-free)
+    ("sweeps.run.driver", "sweeps.run.wandb_logging"),  # wandb only when a sweep logs to W&B
 }
 MAX_LINES = 80
 

@@ -39,6 +39,8 @@ COMMANDS: dict[str, Command] = {
     "best": Command("analysis.best", "main", "the best trial of a sweep; --export DIR as HF"),
     "cluster": Command("sweeps.cluster.__main__", "main",
                        "a local fake autoscaling cluster: local up|down"),
+    "verify": Command("sweeps.run.verify", "main",
+                      "re-train sampled trials: bit-exact, or the difference"),
     "report": Command("analysis.report", "main", "the Markdown report of a sweep's results"),
     "decide": Command("analysis.cli", "decide_main", "should I upcycle? (and --plan)",
                        m="analysis.decide"),

@@ -45,6 +45,7 @@ from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import TOKENIZER_FILES
 from moe_core.location import is_url
 from moe_core.model import build_model
+from moe_core.moe.named_state import load_model_state
 from moe_core.outdir import guard_output, guard_output_dir
 from moe_core.upcycle import dense_to_moe_state, expand_experts_state
 
@@ -94,11 +95,11 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     batches = random_batches(cfg.vocab_size, min(args.seq_len, cfg.max_seq_len), args.batches,
                        args.seed)
     source = build_model(src_cfg)
-    source.load_state_dict(src_state)
+    load_model_state(source, src_state, resume=False)
     ref = logits_of(source, batches)
     del source
     ours = build_model(cfg)
-    ours.load_state_dict(state)
+    load_model_state(ours, state, resume=False)
     err = max(rel_err(a, b) for a, b in zip(logits_of(ours, batches), ref))
     del ours
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "experts": args.experts,

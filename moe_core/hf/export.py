@@ -14,6 +14,7 @@ from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
 from moe_core.location import Location, is_url
 from moe_core.model import build_model
+from moe_core.moe.named_state import load_model_state
 from moe_core.outdir import MARKER
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import train_config_from_dict
@@ -95,7 +96,7 @@ def export_local(checkpoint: str | Path, out: str | Path, *, arch: str | None = 
         transformers.utils.logging.disable_progress_bar()
         bs = random_batches(cfg.vocab_size, min(seq_len, cfg.max_seq_len), batches, seed)
         ours = build_model(cfg)
-        ours.load_state_dict({k: v.float() for k, v in state.items()})
+        load_model_state(ours, {k: v.float() for k, v in state.items()}, resume=True)
         ref = logits_of(ours, bs)
         del ours
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)

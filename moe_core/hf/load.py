@@ -166,8 +166,7 @@ def _moe_block(hf_t: _Tensors, cfg: ModelConfig, i: int, arch: str) -> dict[str,
     p = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     out = {b + "router.weight": hf_t[p + "gate.weight"],
-           b + "expert_bias": torch.zeros(E, dtype=hf_t[p + "gate.weight"].dtype),
-           b + "aux_coef": torch.tensor(cfg.moe.router.aux_coef)}
+           b + "expert_bias": torch.zeros(E, dtype=hf_t[p + "gate.weight"].dtype)}
     for n, w in zip(names, ("w_gate", "w_up", "w_down")):
         out[b + w] = torch.stack([hf_t[p + f"experts.{e}.{n}.weight"].t() for e in range(E)])
     if arch == "Qwen2MoeForCausalLM":

@@ -231,8 +231,11 @@ class MoELayer(FixedDtypeBuffers):
         # Loss-free balancing bias (003 §2) and the replica bias noise of expert upcycling
         # (003 Def. 3.1): changes which experts are selected, never the weights.
         self.register_buffer("expert_bias", torch.zeros(E))
-        # Per-layer aux coefficient α^(l) (002 §4.2); adaptive updates overwrite it.
-        self.register_buffer("aux_coef", torch.tensor(float(r.aux_coef)))
+        # Per-layer aux coefficient α^(l) (002 §4.2), set from router.aux_coef: training state
+        # (in the state dict) only where adaptive updates overwrite it, never configuration
+        # carried from a parent (moe_core.moe.named_state).
+        self.register_buffer("aux_coef", torch.tensor(float(r.aux_coef)),
+                             persistent=r.adaptive_aux)
         # Assignment counts and drop counts accumulated since the last balancing update.
         self.register_buffer("load_accum", torch.zeros(E, dtype=torch.float64), persistent=False)
         self.register_buffer("drop_accum", torch.zeros(2, dtype=torch.float64), persistent=False)

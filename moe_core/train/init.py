@@ -19,6 +19,7 @@ from moe_core import upcycle
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer, build_model
+from moe_core.moe.named_state import load_model_state
 from moe_core.train.callbacks import ParentState
 from moe_core.train.checkpoint import state_from_numpy
 from moe_core.train.config import TrainConfig, UpcycleConfig
@@ -93,7 +94,7 @@ def build_initial_model(
     new_state, new_cfg, expansion = UPCYCLERS[cfg.upcycle.method](state, parent.model_config,
                                                                   cfg, calib)
     model = build_model(dataclasses.replace(new_cfg, moe=mcfg.moe), **kw)
-    model.load_state_dict(new_state)
+    load_model_state(model, new_state, resume=False)  # its own config sets α^(l)
     return model, expansion
 
 

@@ -22,6 +22,7 @@ import moe_core.train.engine as eng
 from moe_core import upcycle
 from moe_core.data import TokenBatcher, load_dataset
 from moe_core.errors import ConfigError, DivergenceError
+from moe_core.moe.named_state import load_model_state
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
@@ -147,7 +148,7 @@ class Trainer:
                                                     layer_cls)
         if resume is not None:  # an expert-parallel checkpoint's shards joined, then re-cut
             _check_reshard(resume, cfg, self.world)
-            model.load_state_dict(resume.full_model_state())
+            load_model_state(model, resume.full_model_state(), resume=True)
         if self.ep > 1:
             for m in model.moe_layers():
                 m.shard_experts(self.rank % self.ep, self.ep)

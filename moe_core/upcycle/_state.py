@@ -12,6 +12,7 @@ from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
 from moe_core.moe.layer import MoELayer
+from moe_core.moe.named_state import load_model_state
 
 State = dict[str, torch.Tensor]
 
@@ -65,7 +66,7 @@ def rebuild(template: torch.nn.Module, cfg: ModelConfig, state: State,
     """A fresh ``Transformer`` for ``cfg`` holding ``state``, on the template's device and dtype
     and in its train/eval mode."""
     model = Transformer(cfg, moe_layer_cls or MoELayer)
-    model.load_state_dict(state)
+    load_model_state(model, state, resume=False)
     p = next(template.parameters())
     model.to(device=p.device, dtype=p.dtype)
     model.train(template.training)

@@ -169,8 +169,7 @@ def _moe_layer_state(i: int, state: State, up: _Upcycling, gen: torch.Generator)
     out = {mlp_key(i, "w_gate"): w.gate.contiguous(), mlp_key(i, "w_up"): w.up.contiguous(),
            mlp_key(i, "w_down"): w.down.contiguous(),
            mlp_key(i, "router.weight"): router_ND.to(dtype),
-           mlp_key(i, "expert_bias"): torch.zeros(N, dtype=dtype),
-           mlp_key(i, "aux_coef"): torch.tensor(float(moe.router.aux_coef), dtype=dtype)}
+           mlp_key(i, "expert_bias"): torch.zeros(N, dtype=dtype)}
     if S > 0:
         # 004 §3.9 shared experts: hidden slice s holds shard s mod G, given 1/(c_i+1) of it.
         sl = [s % G for s in range(S)]

@@ -22,6 +22,7 @@ import torch
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
+from moe_core.moe.named_state import is_adapted_key, load_model_state
 from moe_core.upcycle._state import (
     State,
     generator,
@@ -145,7 +146,7 @@ def expand_experts_state(
                 "[B, S]) for one forward/backward pass; pass a batch or use strategy='uniform'"
             )
         parent = Transformer(cfg)
-        parent.load_state_dict(tstate)
+        load_model_state(parent, tstate, resume=True)  # the parent as it was
         scores = expert_scores(parent, strategy, batch)
     sources = {}
     for i in layers:
@@ -168,8 +169,8 @@ def _apply_map(
     gen = generator(seed)
     out: State = {}
     expanded = {mlp_key(i, n) for i in emap.sources for n in (*EXPERT_PARAMS, "expert_bias")}
-    for k, v in state.items():
-        if k not in expanded:
+    for k, v in state.items():  # the parent's α^(l) stays behind (named_state.RULES)
+        if k not in expanded and not is_adapted_key(k):
             out[k] = v.clone() if k in borrowed else v
     for i in sorted(emap.sources):
         idx = emap.index(i)

@@ -39,6 +39,7 @@ from sweeps.run.parents import cache_paths, train_parents, train_stables
 from sweeps.run.trial import TrialContext, run_trial
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
+from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     RESULTS_FILE,
     STATIC_COLUMNS,
@@ -340,10 +341,12 @@ def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
 def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:
     """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
     knob and static column) is the run's config, so W&B filters and groups by any key, and the
-    per-eval metrics are its history."""
+    per-eval metrics are its history; the config also holds the provenance record."""
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    cb = WandbLoggerCallback(
+    from sweeps.run.wandb_logging import ProvenanceWandbLogger  # imports wandb
+
+    cb = ProvenanceWandbLogger(
         project=spec.wandb.project, group=spec.wandb.group or spec.name,
         entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(_local(results_dir)),
         log_config=False, upload_timeout=15 if spec.wandb.mode == "offline" else 600,
@@ -563,6 +566,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                         results=join_uri(spec.results_uri, RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
+    summary["provenance"] = provenance()  # the code, libraries and device (sweeps.store.provenance)
     if law:
         # a search's final refit on every trial, where the searcher instance Tune ran could not
         # make it (a --resume of a finished search, or one that stopped at its trial cap)

@@ -48,6 +48,8 @@ from sweeps.store.storage import Location, is_url
 RESULTS_FILE = "results.parquet"
 SCHEMA_VERSION = 3
 _META_KEY = b"upcycle_sweeps.schema"
+PROVENANCE_KEY = b"upcycle_sweeps.provenance"
+"""Schema metadata key of the writer's provenance record (JSON; ``sweeps.provenance``)."""
 
 KNOB_PREFIX = "knob."
 """Knob columns: ``knob.`` + the knob's YAML path."""
@@ -257,7 +259,8 @@ def concat_tables(tables: Iterable[pa.Table]) -> pa.Table:
 def write_table(path: str | Path | Location, table: pa.Table) -> Path | Location:
     """Write a results table to ``path`` atomically (unique temp file, fsync, rename; on
     object storage one whole object)."""
-    table = table.replace_schema_metadata({_META_KEY: str(SCHEMA_VERSION).encode()})
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           _META_KEY: str(SCHEMA_VERSION).encode()})
     if isinstance(path, Location) or is_url(path):
         loc = Location.of(path)
         if not loc.is_local:
@@ -290,6 +293,24 @@ def read_table(path: str | Path | Location) -> pa.Table | None:
     if version < 3:
         table = _upgrade_v2(table)
     return table
+
+
+def with_provenance(table: pa.Table, record: Mapping[str, Any]) -> pa.Table:
+    """``table`` with ``record`` (``sweeps.provenance.provenance()``) in its schema metadata."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          PROVENANCE_KEY: json.dumps(record).encode()})
+
+
+def read_provenance(path: str | Path | Location) -> dict[str, Any] | None:
+    """The provenance record of a results file or sweep folder (None: none recorded)."""
+    loc = Location.of(path)
+    if loc.is_dir():
+        loc = loc / RESULTS_FILE
+    if not loc.path.endswith(".parquet") or not loc.exists():
+        return None  # a CSV of results records none
+    meta = pq.read_schema(loc.path, filesystem=loc.fs).metadata or {}
+    raw = meta.get(PROVENANCE_KEY)
+    return None if raw is None else json.loads(raw)
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

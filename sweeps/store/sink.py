@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from moe_core.fsio import fsync_dir
+from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     CORE_COLUMNS,
     PRUNE_COLUMNS,
@@ -36,6 +37,7 @@ from sweeps.store.results import (
     json_safe,
     read_rows,
     rows_table,
+    with_provenance,
     write_table,
 )
 from sweeps.store.storage import Location, is_url
@@ -339,7 +341,7 @@ class ResultsSink:
                 except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types
                     table = rows_table((r for t in sorted(self._tables)
                                         for r in self._tables[t].to_pylist()), self.types)
-                self._write(self.path, table)
+                self._write(self.path, with_provenance(table, provenance()))
                 for seg in covered:  # every row they hold is in the file now
                     seg.delete() if self.remote else seg.unlink(missing_ok=True)
             except Exception as e:  # noqa: BLE001 - keep the log; report at the end

@@ -15,6 +15,8 @@ import yaml
 
 from moe_core.hf import load_moe
 from moe_core.train.checkpoint import load_checkpoint
+from sweeps.store.provenance import KEYS
+from sweeps.store.results import read_provenance
 from tests.sweeps.tiny import tiny_base
 
 SPEC = {
@@ -98,6 +100,10 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     md = (res / "report.md").read_text()
     assert "| tokens saved by shared parents | 6,144 |" in md  # 3 of 4 trials reuse the parent
     assert (res / "curves.png").stat().st_size > 1000
+    # provenance: the same record in summary.json and the Parquet, printed by the report
+    prov = json.loads((res / "summary.json").read_text())["provenance"]
+    assert tuple(prov) == KEYS and read_provenance(res) == prov
+    assert "## Provenance" in md and f"torch {prov['packages']['torch']}" in md
 
 
 @pytest.mark.slow
