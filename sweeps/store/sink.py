@@ -5,12 +5,12 @@ Every row (and every status change) the driver receives is appended to a write-a
 (``rows/wal-NNNNNN.jsonl``, flushed and fsynced) before the Tune callback returns: O(1) work per
 row on Tune's event loop. Only the rows of trials still running are held in memory. When a
 trial's outcome is marked, a background thread writes its rows once into an immutable part file
-(``rows/part-NNNNNN.parquet``) and drops them from memory (the trial is *sealed*); a row or a
+(``parts/part-NNNNNN.parquet``) and drops them from memory (the trial is *sealed*); a row or a
 status change that arrives for a sealed trial later (a restart) reads it back first.
 ``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
 the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
-seconds, and at each trial's end) but no more often than every ``STITCH_FACTOR`` times its own
-last duration (so at 10⁶ rows it stays a small share of one core), and at ``close``; the log
+seconds, and at each trial's end) but no more often than every 2 s and ``STITCH_FACTOR`` times its
+own last duration (so at 10⁶ rows it stays a small share of one core), and at ``close``; the log
 segments it covers are then deleted.
 
 On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
@@ -106,6 +106,8 @@ class LoadReport:
 
 
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
+STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
+SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
 _OPEN = frozenset({None, "running", "interrupted"})
 
 
@@ -145,7 +147,7 @@ class ResultsSink:
         self._part = 0
         self._stitch_s = 0.0
         self._last_stitch = 0.0
-        self._force = False
+        self._force = self._seal_now = False
 
     # ---- pickling: Tune pickles its callbacks into the experiment state -----------------------
 
@@ -457,6 +459,7 @@ class ResultsSink:
         with self._lock:
             self._last_flush = time.time()
             self._force = self._force or (wait and rewrite)
+            self._seal_now = self._seal_now or wait
             if self._writer is not None and self._writer.is_alive():
                 self._pending = True  # the running write is followed by one more
             else:
@@ -482,11 +485,12 @@ class ResultsSink:
                 fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
                          if t in self.trials and t not in changed}
                 self._dirty, self._fresh = set(), {}
-                sealing = sorted(self._to_seal & set(self.trials))
+                due = self._force or time.time() - self._last_stitch >= max(
+                    STITCH_MIN_S, STITCH_FACTOR * self._stitch_s)
+                seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
+                sealing = sorted(self._to_seal & set(self.trials)) if seal else []
                 self._to_seal -= set(sealing)
-                due = self._force or time.time() - self._last_stitch >= \
-                    STITCH_FACTOR * self._stitch_s
-                self._force = False
+                self._force = self._seal_now = False
             try:
                 self._write_once(changed, fresh, sealing, due, covered)
             except Exception as e:  # noqa: BLE001 - keep the log; report at the end
