@@ -1,8 +1,9 @@
 """The sweep driver's own CPU against the number of trials T: T tiny simulated trials (each
-reports one loss of ``sweeps.simulate.SimulatedStudy``, no training) through the driver's real
-Tune set-up (``sweeps.driver._tuner`` with its results callback, sink and run config), on a
-local Ray. Measures the driver process's CPU time (``time.process_time``: Ray's workers and
-daemons are other processes) of ``Tuner.fit`` per T, and fits a + b·T + c·T² by least squares.
+reports one loss of ``sweeps.testing.simulate.SimulatedStudy``, no training) through the
+driver's real Tune set-up (``sweeps.run.driver._tuner`` with its results callback, sink and run
+config), on a local Ray. Measures the driver process's CPU time (``time.process_time``: Ray's
+workers and daemons are other processes) of ``Tuner.fit`` per T, and fits a + b·T + c·T² by
+least squares.
 
     python bench/driver_cpu.py [--trials 16,32,64,128,256,512] [--profile T]
 Ends with one JSON line (the CPU per T and the fit). ``--profile T`` prints the driver's top
@@ -24,10 +25,10 @@ import numpy as np
 import ray
 from ray import tune
 
-from sweeps import driver
-from sweeps.plan import build_plan
-from sweeps.simulate import SimulatedStudy
-from sweeps.spec import parse_spec
+from sweeps.plan.build import build_plan
+from sweeps.run import driver
+from sweeps.spec.sweep import parse_spec
+from sweeps.testing.simulate import SimulatedStudy
 
 STUDY = SimulatedStudy(sigma=0.01, seed=0)
 

@@ -1,10 +1,10 @@
 """Merge a GPU session's measured figures into the committed tables, in one command:
 
     python bench/merge_session.py DIR/summary-call1.json [DIR/summary-call2.json]
-                                  [--device h200] [--table sweeps/throughput.json]
+                                  [--device h200] [--table sweeps/plan/throughput.json]
                                   [--kernel-table moe_core/moe/kernel_choice.json]
 
-- ``sweeps/throughput.json`` (the cost forecast): the ``mfu_*`` steps' rows, one per preset x
+- ``sweeps/plan/throughput.json`` (the cost forecast): the ``mfu_*`` steps' rows, one per preset x
   MoE shape; of the ``bf16_mode`` variants timed, the one ``optim.bf16_mode: auto`` runs at
   ZeRO 0 (what a sweep trains with), else the fastest. Each entry is marked ``measured on
   DEVICE at DATE`` and names its mode under ``options``.
@@ -30,7 +30,7 @@ from moe_core.errors import ConfigError, UpcycleError, one_line  # noqa: E402
 from moe_core.fsio import atomic_write_text  # noqa: E402
 from moe_core.moe import kernel_choice as kc  # noqa: E402
 from moe_core.train.engine import DEFAULT_BF16_MODE  # noqa: E402
-from sweeps.cost import TABLE, load_table  # noqa: E402
+from sweeps.plan.cost import TABLE, load_table  # noqa: E402
 
 
 def throughput_rows(summaries: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:

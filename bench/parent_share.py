@@ -48,10 +48,10 @@ def _from_disk(path: str) -> float:
 
 
 def count_parent_trainings(trials: int, tmp: Path) -> dict:
-    from sweeps import resources
-    from sweeps.parents import get_parent, train_parents
-    from sweeps.plan import build_plan
-    from sweeps.spec import parse_spec
+    from sweeps.plan import resources
+    from sweeps.plan.build import build_plan
+    from sweeps.run.parents import get_parent, train_parents
+    from sweeps.spec.sweep import parse_spec
 
     spec = parse_spec({
         "sweep": "share", "results": str(tmp / "res"),
@@ -67,7 +67,7 @@ def count_parent_trainings(trials: int, tmp: Path) -> dict:
         "search": {"optim.lr": {"grid": [1e-3 * (i + 1) for i in range(trials)]}},
     })
     spec = resources.resolve(spec, resources.ray_cluster())  # resources.gpus: auto -> 1 or 0,
-    # as the driver does (sweeps.driver): unresolved, the parent task's options raise
+    # as the driver does (sweeps.run.driver): unresolved, the parent task's options raise
     plan = build_plan(spec)
     cache = tmp / "parents"
     refs = train_parents(spec, plan, cache)

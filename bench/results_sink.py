@@ -44,8 +44,8 @@ import pyarrow.parquet as pq
 
 from moe_core.train import train_config_from_dict
 from moe_core.train.config import load_yaml
-from sweeps.results import config_columns, knob_columns, rows_table, write_stream
-from sweeps.sink import ResultsSink
+from sweeps.store.results import config_columns, knob_columns, rows_table, write_stream
+from sweeps.store.sink import ResultsSink
 
 EVALS = 100
 LIVE = 16

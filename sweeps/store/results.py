@@ -383,7 +383,7 @@ def write_summary(results_dir: str | Path | Location, summary: Mapping[str, Any]
         json.dumps(summary, indent=1, default=str))
 
 
-# ---- results.parquet stitched from parts (sweeps.sink) -------------------------------------
+# ---- results.parquet stitched from parts (sweeps.store.sink) -------------------------------------
 
 
 def read_schema(path: Path | Location) -> pa.Schema:

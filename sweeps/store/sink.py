@@ -17,9 +17,9 @@ On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parque
 unsealed trials, if it is readable at all), the log, and Tune's own trial records
 (``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
 
-On object storage (``results: s3://...``; ``sweeps.storage``) there is no append or fsync: each
-log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when its
-PUT returns; replay reads them in name order; parts and ``results.parquet`` are whole objects.
+On object storage (``results: s3://...``; ``sweeps.store.storage``) there is no append or fsync:
+each log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when
+its PUT returns; replay reads them in name order; parts and ``results.parquet`` are whole objects.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from sweeps.store.results import (
     unify,
     write_stream,
 )
-from sweeps.storage import Location, is_url
-from sweeps.trial_outcomes import (  # noqa: F401 - reconcile & co.: imported from here too
+from sweeps.store.storage import Location, is_url
+from sweeps.store.trial_outcomes import (  # noqa: F401 - reconcile & co.: imported from here too
     apply_mark,
     error_reason,
     mark_changes,

@@ -155,7 +155,7 @@ def test_finished_trials_leave_memory_and_come_back_on_a_late_row(tmp_path):
     """A marked trial's rows go to an immutable part and out of memory; the count per status
     comes from the index; a row for a sealed trial (a restart) reads it back first; parts of a
     size are merged; results.parquet, the final rows and a resume see every row once."""
-    from sweeps.results import final_rows
+    from sweeps.store.results import final_rows
 
     sink = ResultsSink(tmp_path, flush_s=1e9)
     for t in "abcdefgh":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from sweeps.driver import state_save_period, tune_settings
+from sweeps.run.driver import state_save_period, tune_settings
 
 
 def test_the_state_save_period_scales_with_the_sweep(monkeypatch):

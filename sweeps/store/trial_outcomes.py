@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sweeps.results import PRUNE_COLUMNS
+from sweeps.store.results import PRUNE_COLUMNS
 
 
 def reconcile(sink: Any, trials: Iterable[Any], signal: int | None = None) -> None:
