@@ -1,135 +1,152 @@
 #!/usr/bin/env bash
-# Every GPU figure of the GPU issue (#27) in one short visit: three device calls of at most
-# 9 minutes each (each call's step timeouts sum to 540 s; ~20 min of device time in all), and a
-# short fourth (4 min at most) for the expert kernels.
+# The GPU figures of the project in one lease of the device (15 min in all, calls of ≤ 10 min,
+# 64 MiB carried, 8 files back): two calls planned at 12 min with start-up, most valuable first.
 #
 #   bash bench/gpu_session.sh [--rehearse] [--out DIR] CALL|STEP [CALL|STEP ...]
+#   bash bench/gpu_session.sh --plan            the budget of the two calls; exit 2 if over 12 min
 #
-#   call1  env tier tier_sweep layer      environment; the GPU tier (its Ray sweep apart, with
-#                                         per-process GPU memory); the MoE layer bench
-#   call2  head mfu_dense mfu_moe step64  head bench; MFU of 0.1B dense (micro 128) and E8 top-2
-#                                         (micro 32), compiled with the chunked loss; E8 at 64
-#   call3  core sweep compile profile     all of tests/moe_core on CUDA; a 2-trial sweep through
-#                                         Ray with per-process GPU memory; compile diagnostics;
-#                                         a kernel-time profile (torch.profiler)
-#   call4  experts                        Liger fused MoE vs grouped experts per fine shape
-#                                         (bench/moe_experts.py --check): DIR/kernel_choice.json,
-#                                         to merge into the committed table afterwards with
-#                                         python bench/moe_experts.py --merge DIR/kernel_choice.json
-#   spare  step64_ckpt mfu_dense64        only if step64 ran out of memory / time is left
+#   call1  check tier mfu_dense mfu_moe   a 30-second import-and-one-step check (names the
+#                                         failing package); the GPU test tier on CUDA; MFU of
+#                                         0.1B dense and E8 top-2, seq 1024, per optim.bf16_mode
+#   call2  layer sweep experts            MoE layer vs dense-active vs DeepSpeed-MoE; a 2-trial
+#                                         sweep through Ray at resources.gpus 0.5; Liger vs grouped
 #
-# Each step writes DIR/<step>.log and DIR/<step>.json (exit code, seconds, and the bench's JSON
-# line or the pytest counts); sampled steps add DIR/smi_<step>.json (peak GPU memory per
-# process). DIR/summary.json is rebuilt after every call. DIR: --out, else $OUT (the device
-# tool's output folder), else ./gpu_out. A step killed by its timeout still leaves its log.
+# The device lacks DeepSpeed, Ray and Liger: build the pack once here (bash bench/gpu_pack.sh:
+# .gpu/pyext.tar.xz, ignored, ≤ 60 MiB) and carry it (`carry: [".gpu"]`). Each call unpacks it
+# and puts it on the path only for a python of the pack's own version (CPython 3.12): on any
+# other (this 3.11 machine) its compiled pydantic_core and Ray would shadow the venv's. Without
+# DeepSpeed or Ray the session refuses in one line (exit 2) before any step.
 #
-# --rehearse runs every step at a tiny size on the CPU (CUDA hidden) in a few minutes, so a
-# broken script is caught before a GPU is spent on it: `bash bench/gpu_session.sh --rehearse`
-# (all four calls; tests/bench/test_gpu_session.py runs it in CI).
+# Logs go to a scratch folder; DIR (--out, else $OUT, else ./gpu_out) gets at most three files
+# per call: summary-<calls>.json (every step's exit, seconds, figures, and the raw rows the merge
+# needs), logs-<calls>.tar.gz (every log and step JSON) and, after `experts`, kernel_choice.json.
+# Merge a session's figures: python bench/merge_session.py DIR/summary-*.json (docs/gpu.md).
+#
+# --rehearse runs the same steps at a tiny size on the CPU (CUDA hidden); tests/bench/
+# test_gpu_session.py runs it in CI, with a pack present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+declare -A GPU_S=([check]=40 [tier]=120 [mfu_dense]=50 [mfu_moe]=70
+                  [layer]=60 [sweep]=110 [experts]=70)   # each step's timeout on the device
+declare -A CPU_S=([check]=150 [tier]=300 [mfu_dense]=240 [mfu_moe]=240
+                  [layer]=180 [sweep]=600 [experts]=480)  # and in a rehearsal (a loaded CPU)
+CALL1=(check tier mfu_dense mfu_moe)
+CALL2=(layer sweep experts)
+START_S=90      # a cold device start, counted for both calls (a warm second call saves it)
+UNPACK_S=10     # unpacking the pack and the transfers, per call
+LEASE_S=720     # the plan's bound: 12 of the lease's 15 minutes
 REHEARSE=0
 ARGS=()
+plan() {
+  local c1=0 c2=0 s
+  for s in "${CALL1[@]}"; do c1=$((c1 + GPU_S[$s])); done
+  for s in "${CALL2[@]}"; do c2=$((c2 + GPU_S[$s])); done
+  local total=$((2 * START_S + 2 * UNPACK_S + c1 + c2))
+  echo "{\"call1_s\": $c1, \"call2_s\": $c2, \"start_s\": $START_S, \"unpack_s\": $UNPACK_S," \
+       "\"planned_s\": $total, \"lease_bound_s\": $LEASE_S," \
+       "\"run_timeout_s\": {\"call1\": $((c1 + 2 * UNPACK_S)), \"call2\": $((c2 + 2 * UNPACK_S))}}"
+  (( total <= LEASE_S && c1 + 2 * UNPACK_S <= 600 && c2 + 2 * UNPACK_S <= 600 ))
+}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rehearse) REHEARSE=1 ;;
     --out) OUT=$2; shift ;;
+    --plan) plan; exit $? ;;
     -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift
 done
-[[ ${#ARGS[@]} -gt 0 ]] || { [[ $REHEARSE == 1 ]] && ARGS=(call1 call2 call3 call4); }
+[[ ${#ARGS[@]} -gt 0 ]] || { [[ $REHEARSE == 1 ]] && ARGS=(call1 call2); }
 [[ ${#ARGS[@]} -gt 0 ]] || { sed -n 2,29p "$0"; exit 2; }
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-if [[ -f .gpu/pyext.tar.xz ]] && ! python3 -c "import ray, deepspeed" 2>/dev/null; then
-  S=$(mktemp -d) && tar -xJf .gpu/pyext.tar.xz -C "$S" && export PYTHONPATH="$S:$PWD"
+TAG=$(IFS=-; echo "${ARGS[*]}")
+W=$(mktemp -d)   # every log: archived into $OUT at the end
+PY=${PY:-python3}
+if ! "$PY" -c "import torch" 2>/dev/null && [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; fi
+log() { echo "== $*" | tee -a "$W/session.log"; }
+log "session $(date -u +%FT%TZ) rehearse=$REHEARSE out=$OUT: ${ARGS[*]}"
+
+PACK=${GPU_PACK:-.gpu/pyext.tar.xz}
+if [[ -f $PACK ]]; then  # unpack; on the path only for the pack's own Python
+  S=$(mktemp -d)
+  if tar -xJf "$PACK" -C "$S"; then
+    ptag=$(cd "$S" && ls pydantic_core/_pydantic_core.*.so 2>/dev/null | head -1 \
+           | sed -n 's/.*\.\(cpython-[0-9]*\)-.*/\1/p')
+    mytag=$("$PY" -c "import sys; print(sys.implementation.cache_tag)")
+    if [[ -n $ptag && $ptag == "$mytag" ]]; then
+      export PYTHONPATH="$S${PYTHONPATH:+:$PYTHONPATH}"
+      log "pack $PACK ($(( $(stat -c %s "$PACK") >> 20 )) MiB, $ptag): unpacked, on the path"
+    else
+      log "pack $PACK (${ptag:-no pydantic_core}): unpacked, not on the path ($PY is $mytag)"
+    fi
+  else
+    log "pack $PACK: could not be unpacked"
+  fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/inductor_cache}
-PY=${PY:-python3}
-if ! "$PY" -c "import torch" 2>/dev/null && [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; fi
+missing=$("$PY" -c "
+import importlib
+for m in ('deepspeed', 'ray'):
+    try: importlib.import_module(m)
+    except Exception as e: print('MISSING', m, '(' + type(e).__name__ + ')')
+" 2>/dev/null | sed -n 's/^MISSING //p' | tr '\n' ' ')
+if [[ -n $missing ]]; then
+  echo "gpu_session: refused: ${missing% }missing for $PY; build the pack (bash bench/gpu_pack.sh) and carry .gpu (docs/gpu.md)" >&2
+  exit 2
+fi
 if [[ $REHEARSE == 1 ]]; then
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 r() { [[ $REHEARSE == 1 ]] && echo "$2" || echo "$1"; }  # r GPU_VALUE REHEARSAL_VALUE
+secs() { [[ $REHEARSE == 1 ]] && echo "${CPU_S[$1]}" || echo "${GPU_S[$1]}"; }
 
-run() {  # run NAME SECONDS [--junit] CMD...: log, then NAME.json
-  local name=$1 secs=$2 xml=""; shift 2
-  if [[ $1 == --junit ]]; then xml="$OUT/$name.xml"; shift; set -- "$@" "--junitxml=$xml"; fi
-  echo "== $name: $*" | tee -a "$OUT/session.log"
+run() {  # run NAME [--junit] CMD...: NAME.log, then NAME.json, in $W
+  local name=$1 xml=""; shift
+  if [[ $1 == --junit ]]; then xml="$W/$name.xml"; shift; set -- "$@" "--junitxml=$xml"; fi
+  log "$name: $*"
   local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$(secs "$name")" "$@" > "$W/$name.log" 2>&1
   local rc=$?
-  tail -15 "$OUT/$name.log"
-  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/session.log"
-  "$PY" bench/session_json.py step "$name" "$rc" "$((SECONDS - t0))" "$OUT/$name.log" $xml \
-    > "$OUT/$name.json" || echo "== $name: no JSON written" | tee -a "$OUT/session.log"
+  tail -8 "$W/$name.log"
+  log "$name: exit $rc after $((SECONDS - t0)) s"
+  "$PY" bench/session_json.py step "$name" "$rc" "$((SECONDS - t0))" "$W/$name.log" $xml \
+    > "$W/$name.json" || log "$name: no JSON written"
   return 0
 }
 
 SMI=()
-smi_start() {  # per-process GPU memory every 2 s (defect 5: parents/stable runs must not linger)
+smi_start() {  # per-process GPU memory every 2 s
   command -v nvidia-smi > /dev/null || return 0
   nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv -l 2 \
-    > "$OUT/smi_apps_$1.csv" 2>&1 &
+    > "$W/smi_apps_$1.csv" 2>&1 &
   SMI=($!)
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,clocks.sm,power.draw \
-    --format=csv -l 2 > "$OUT/smi_gpu_$1.csv" 2>&1 &
+    --format=csv -l 2 > "$W/smi_gpu_$1.csv" 2>&1 &
   SMI+=($!)
 }
 smi_stop() {
   [[ ${#SMI[@]} -gt 0 ]] && { kill "${SMI[@]}" 2>/dev/null; wait "${SMI[@]}" 2>/dev/null; }
   SMI=()
-  "$PY" bench/session_json.py smi "$OUT/smi_apps_$1.csv" "$OUT/smi_gpu_$1.csv" \
-    > "$OUT/smi_$1.json"
+  "$PY" bench/session_json.py smi "$W/smi_apps_$1.csv" "$W/smi_gpu_$1.csv" > "$W/smi_$1.json"
 }
 
-ENV_PY='
-import importlib, json, time, torch, torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel, SDPBackend
-cuda = torch.cuda.is_available()
-out = {"bench": "env", "torch": torch.__version__, "cuda": torch.version.cuda,
-       "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-       "grouped_mm": hasattr(torch, "_grouped_mm")}
-for m in ("triton", "deepspeed", "ray", "liger_kernel", "transformers", "numpy"):
-    try: out[m] = getattr(importlib.import_module(m), "__version__", "?")
-    except Exception as e: out[m] = "missing: " + type(e).__name__
-B, H, S, D = (32, 8, 1024, 80) if cuda else (2, 2, 64, 16)
-dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-q = torch.randn(B, H, S, D, device=dev, dtype=dt, requires_grad=True)
-sdpa = {}
-for b in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
-    try:
-        with sdpa_kernel(b):
-            for i in range(13):
-                if i == 3:
-                    cuda and torch.cuda.synchronize(); t = time.perf_counter()
-                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
-            cuda and torch.cuda.synchronize()
-            sdpa[b.name] = round((time.perf_counter() - t) / 10 * 1e3, 3)
-    except Exception as e: sdpa[b.name] = "unavailable: " + type(e).__name__
-out["sdpa_ms_fwd_bwd"] = sdpa
-out["sdpa_shape"] = [B, H, S, D]
-print(json.dumps(out))
-'
-
-sweep_spec() {  # the 2-trial sweep: 15M on the GPU (0.5 GPU each: both at once), debug here
-  local f=$1
-  cat > "$f" <<EOF
+sweep_spec() {  # the 2-trial sweep: 15M at 0.5 GPU each (both at once) there, debug here
+  cat > "$1" <<EOF
 sweep: gpu_session
 base:
-  model: {preset: $(r 15M debug), compile: $(r true false), chunked_loss: true}
+  model: {preset: $(r 15M debug), chunked_loss: true}
   moe: {num_experts: 8, top_k: 2, router: {order: topk_softmax, loss_free_rate: 1.0e-3}}
-  data: {source: synthetic, synthetic_vocab: $(r 512 32), synthetic_tokens: $(r 8000000 60000), seq_len: $(r 1024 32)}
+  data: {source: synthetic, synthetic_vocab: $(r 512 32), synthetic_tokens: $(r 4000000 60000), seq_len: $(r 1024 32)}
   batch: {global_batch: $(r 32 8), micro_batch: $(r 32 8)}
   optim: {lr: 3.0e-3}
   schedule: {kind: wsd, warmup_steps: 2, decay_frac: 0.25}
-  eval: {every_steps: $(r 50 2), batches: 2}
-  tokens: $(r 6553600 2048)
-  parent: {tokens: $(r 3276800 2048), lr: 8.0e-3, seed: 0}
+  eval: {every_steps: $(r 25 2), batches: 2}
+  tokens: $(r 3276800 2048)
+  parent: {tokens: $(r 1638400 2048), lr: 8.0e-3, seed: 0}
   upcycle: {method: dense_to_moe}
 search:
   upcycle.lr_policy:
@@ -141,81 +158,46 @@ EOF
 }
 
 TIER="tests/gpu -p no:cacheprovider -q -rfE"
-TRAIN="bench/train_step.py --compile --chunked-loss"
-TINY="--presets debug --steps 2 --seq 32 --vocab 512"
+TINY="--presets debug --steps 2 --seq 32 --vocab 512 --batch 4 --micro 4"
+MODES="--bf16-modes deepspeed,bf16_optimizer,torch_autocast"
 step() {
   case $1 in
-    call1) step env; step tier; step tier_sweep; step layer ;;
-    call2) step head; step mfu_dense; step mfu_moe; step step64 ;;
-    call3) step core; step sweep; step compile; step profile ;;
-    call4) step experts ;;
-    spare) step step64_ckpt; step mfu_dense64 ;;
-    env)
-      { command -v nvidia-smi > /dev/null && { nvidia-smi; nvidia-smi -q -d CLOCK,POWER; }
-        df -h "${TMPDIR:-/tmp}" .; nproc; free -g; } > "$OUT/env_host.log" 2>&1
-      run env "$(r 40 180)" "$PY" -c "$ENV_PY" ;;
-    tier)  # the Ray sweep test apart, so a hang there cannot take the others' results
-      if [[ $REHEARSE == 1 ]]; then
-        run tier 240 --junit "$PY" -m pytest $TIER -m "gpu and not slow"
-      else
-        run tier 240 --junit "$PY" -m pytest $TIER -m gpu -k "not sweep" --durations=10
-      fi ;;
-    tier_sweep)
-      smi_start tier_sweep
-      run tier_sweep "$(r 150 180)" --junit "$PY" -m pytest $TIER -m gpu -k sweep \
-        $(r "" --collect-only)
-      smi_stop tier_sweep ;;
-    core)  # "all of tests/moe_core on CUDA"
-      run core "$(r 200 180)" --junit "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
-        -m "not distributed$(r '' ' and not slow')" $(r tests/moe_core tests/moe_core/test_routing.py) ;;
-    layer) run layer "$(r 110 180)" "$PY" bench/moe_layer.py \
-             $(r "--device cuda" "--device cpu --tokens 256 --repeats 1") ;;
-    head)  if [[ $REHEARSE == 1 ]]; then  # Liger runs under Triton's interpreter on the CPU
-             TRITON_INTERPRET=1 run head 180 "$PY" bench/head.py --tokens 128 --d 32 \
-               --vocab 256 --repeats 1
-           else run head 60 "$PY" bench/head.py; fi ;;
-    experts) if [[ $REHEARSE == 1 ]]; then  # Liger under Triton's interpreter, tiny shape
-               TRITON_INTERPRET=1 LIGER_FUSED_MOE_AUTOTUNE=0 run experts 240 "$PY" \
-                 bench/moe_experts.py --device cpu --check --shapes tiny --tokens 24 \
-                 --repeats 1 --record "$OUT/kernel_choice.json"
-             else run experts 240 "$PY" bench/moe_experts.py --device cuda --check \
-                    --record "$OUT/kernel_choice.json"; fi ;;
-    mfu_dense) run mfu_dense "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
-                 --models dense $(r "--batch 128 --micro 128" "$TINY --batch 8 --micro 8") ;;
-    mfu_dense64) run mfu_dense64 "$(r 150 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
-                   --models dense $(r "--batch 64 --micro 64" "$TINY --batch 4 --micro 4") ;;
-    mfu_moe) run mfu_moe "$(r 180 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
-               --models moe $(r "--batch 32 --micro 32" "$TINY --batch 4 --micro 4") ;;
-    step64) TORCH_LOGS=recompiles run step64 "$(r 150 180)" "$PY" \
-              $(r "$TRAIN" bench/train_step.py) --models moe \
-              $(r "--batch 64 --micro 64" "$TINY --batch 8 --micro 8") ;;
-    step64_ckpt) run step64_ckpt "$(r 180 180)" "$PY" $(r "$TRAIN" bench/train_step.py) \
-                   --models moe --activation-checkpointing \
-                   $(r "--batch 64 --micro 64" "$TINY --batch 8 --micro 8") ;;
+    call1|call2) local s arr="CALL${1#call}[@]"; for s in "${!arr}"; do step "$s"; done
+                 return 0 ;;
+    check) run check "$PY" bench/device_check.py ;;
+    tier) if [[ $REHEARSE == 1 ]]; then run tier --junit "$PY" -m pytest $TIER -m "gpu and not slow"
+          else run tier --junit "$PY" -m pytest $TIER -m gpu --durations=10; fi ;;
+    mfu_dense|mfu_moe)
+      local model=${1#mfu_}
+      run "$1" "$PY" bench/train_step.py --models "$model" --chunked-loss $MODES \
+        $(r "--presets 0.1B --seq 1024 --batch 32 --micro 32 --steps 5" "$TINY") ;;
+    layer) run layer "$PY" bench/moe_layer.py \
+             $(r "--device cuda --repeats 3" "--device cpu --tokens 256 --repeats 1") ;;
     sweep)
       local res; res=$(mktemp -d)
       sweep_spec "$res/spec.yaml"
-      "$PY" -m sweeps.run "$res/spec.yaml" --dry-run > "$OUT/sweep_plan.log" 2>&1
+      "$PY" -m sweeps.run "$res/spec.yaml" --dry-run > "$W/sweep_plan.log" 2>&1
       smi_start sweep
-      UPCYCLE_CACHE="$res/cache" run sweep "$(r 150 300)" "$PY" -m sweeps.run "$res/spec.yaml" \
-        --json --results "$res/r"
+      UPCYCLE_CACHE="$res/cache" run sweep "$PY" -m sweeps.run "$res/spec.yaml" --json \
+        --results "$res/r"
       smi_stop sweep
-      du -sh "$res"/r/*/* > "$OUT/sweep_disk.log" 2>&1
-      find "$res/r" -name summary.json -exec cp {} "$OUT/sweep_summary.json" \;
+      du -sh "$res"/r/*/* > "$W/sweep_disk.log" 2>&1
       rm -rf "$res" ;;
-    compile) TORCH_LOGS=graph_breaks,recompiles run compile "$(r 90 180)" "$PY" \
-               bench/compile_diag.py \
-               $(r "--chunked-loss" "--backend eager --steps 2 --seq 32 --micro 4") ;;
-    profile) run profile "$(r 100 180)" "$PY" bench/profile_step.py --moe \
-               $(r "--compile --chunked-loss" "--steps 1 --warmup 1 --seq 32 --micro 4") ;;
-    *) echo "unknown step $1 (call1 | call2 | call3 | call4 | spare, or a step of one)" >&2
+    experts) if [[ $REHEARSE == 1 ]]; then  # Liger under Triton's interpreter, tiny shape
+               TRITON_INTERPRET=1 LIGER_FUSED_MOE_AUTOTUNE=0 run experts "$PY" \
+                 bench/moe_experts.py --device cpu --check --shapes tiny --tokens 24 \
+                 --repeats 1 --record "$W/kernel_choice.json"
+             else run experts "$PY" bench/moe_experts.py --device cuda --check --repeats 3 \
+                    --record "$W/kernel_choice.json"; fi
+             if [[ -f $W/kernel_choice.json ]]; then cp "$W/kernel_choice.json" "$OUT/"; fi ;;
+    *) echo "unknown step $1 (call1 | call2, or one of: ${CALL1[*]} ${CALL2[*]})" >&2
        return 2 ;;
   esac
 }
 
-echo "== session $(date -u +%FT%TZ) rehearse=$REHEARSE out=$OUT: ${ARGS[*]}" \
-  | tee -a "$OUT/session.log"
 for s in "${ARGS[@]}"; do step "$s" || exit 2; done
-"$PY" bench/session_json.py summary "$OUT" > "$OUT/summary.json.tmp" \
-  && mv "$OUT/summary.json.tmp" "$OUT/summary.json"
-cat "$OUT/summary.json"
+"$PY" bench/session_json.py summary "$W" > "$W/summary.json.tmp" \
+  && mv "$W/summary.json.tmp" "$OUT/summary-$TAG.json"
+tar -C "$W" -czf "$OUT/logs-$TAG.tar.gz" .
+log "wrote $(ls "$OUT" | wc -l) file(s) to $OUT"
+cat "$OUT/summary-$TAG.json"

@@ -5,7 +5,7 @@
 2. Hand-off time of a parent state to N Ray tasks: ``ray.get`` from the object store (numpy,
    zero-copy) vs each task loading the checkpoint from disk (safetensors + SHA-256 check).
 
-    python bench/parent_share.py [--trials 8] [--preset 15M]
+    python bench/parent_share.py [--trials 8] [--preset 15M] [--repeats 3] [--work DIR]
 Ends with one JSON line.
 """
 
@@ -48,6 +48,7 @@ def _from_disk(path: str) -> float:
 
 
 def count_parent_trainings(trials: int, tmp: Path) -> dict:
+    from sweeps.plan import resources
     from sweeps.plan.build import build_plan
     from sweeps.run.parents import get_parent, train_parents
     from sweeps.spec.sweep import parse_spec
@@ -65,6 +66,8 @@ def count_parent_trainings(trials: int, tmp: Path) -> dict:
         },
         "search": {"optim.lr": {"grid": [1e-3 * (i + 1) for i in range(trials)]}},
     })
+    spec = resources.resolve(spec, resources.ray_cluster())  # resources.gpus: auto -> 1 or 0,
+    # as the driver does (sweeps.run.driver): unresolved, the parent task's options raise
     plan = build_plan(spec)
     cache = tmp / "parents"
     refs = train_parents(spec, plan, cache)
@@ -83,11 +86,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--preset", default="15M")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work", default=None, help="folder for its files (default: a new temp)")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
              configure_logging=False, log_to_driver=False)
-    tmp = Path(tempfile.mkdtemp(prefix="parent-share-"))
+    tmp = Path(tempfile.mkdtemp(prefix="parent-share-", dir=args.work))
     counts = count_parent_trainings(args.trials, tmp)
 
     cfg = model_config(args.preset, vocab_size=32000)

@@ -1,35 +1,54 @@
-"""Results sink: what a reported row costs the driver at 10², 10⁴ and 10⁶ rows, side by side
-with the previous design (the whole Parquet file rewritten on Tune's event loop).
+"""Results sink at scale: what the driver holds and what a reported row costs it, at 10⁵ and
+10⁶ rows (rows of a realistic width: the upcycle_lr trial's ~90 config, knob and metric columns,
+100 evals per trial).
 
-For each size N (rows of a realistic width: the upcycle_lr trial's ~80 config, knob and metric
-columns, 100 evals per trial) it measures
-- ``add_ms``: the time of ``ResultsSink.add`` (the only work on Tune's event loop: a row into
-  memory and one fsynced line into the log), p50 / p99 / max over 200 rows reported while the
-  background writer keeps rewriting the file;
-- ``rewrite_s``: one background rewrite after new rows of one trial (only that trial's table is
-  rebuilt; the file is then concatenated and written in C++);
-- ``old_flush_s``: the previous design's flush, ``write_rows`` of every row, which ran on the
-  event loop every 10 s.
+For each size N:
+1. the sweep so far: N rows of N/100 finished trials in sealed Parquet parts of 10⁴ rows, as a
+   resumed driver finds them; ``resume_load_s``: the sink's ``load`` (trial ids and statuses);
+2. ``traced_bytes_per_row``: what the sink holds in Python objects after the load
+   (tracemalloc), per row; ``rss_mib`` / ``bytes_per_row``: the process's resident memory after
+   the load over before (allocator slack and Arrow's pool included; noisy at small sizes);
+3. the live phase: 16 running trials report ``--adds`` rows through ``ResultsSink.add`` (fsynced
+   to the log), one trial ends (``mark`` + ``flush``, as the driver does) every 50 rows, with
+   ``flush_s`` 0.05 so the writer keeps sealing, merging parts and rewriting ``results.parquet``
+   meanwhile; ``add_ms`` p50 / p99 / max wall and ``add_cpu_ms_max`` (the calling thread's
+   CPU: on a loaded machine the wall time is mostly waiting for a core), ``end_ms_max`` (mark +
+   flush) and ``index_us`` (the progress line's ``count``); ``control_ms``: the same number of
+   fsynced lines written with no sink and no writer thread, the machine's own floor;
+4. ``stitch_s``: one rewrite of ``results.parquet`` (every row, streamed part by part), and
+   its row count against N + the live rows;
+5. ``reload_s``: a new sink rebuilding from disk (``load``, a ``--resume``), and the rows it
+   accounts for.
 
-    python bench/results_sink.py [--sizes 100,10000,1000000]
-Ends with one JSON line.
+    python bench/results_sink.py [--sizes 100000,1000000] [--adds 2000]
+Prints each figure side by side per size with the ratio of the largest size to the smallest;
+ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import shutil
 import statistics
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from moe_core.train import train_config_from_dict
 from moe_core.train.config import load_yaml
-from sweeps.store.results import config_columns, knob_columns, write_rows
+from sweeps.store.results import config_columns, knob_columns, rows_table, write_stream
 from sweeps.store.sink import ResultsSink
 
 EVALS = 100
+LIVE = 16
 
 
 def template() -> dict:
@@ -45,66 +64,139 @@ def template() -> dict:
     return row
 
 
-def rows_for(base: dict, trial: int, steps: range) -> list[dict]:
-    return [dict(base, trial_id=f"t{trial:06d}", step=s, tokens=s * 1000, D2=s * 1000)
-            for s in steps]
+def row(base: dict, trial: int, step: int) -> dict:
+    return dict(base, trial_id=f"t{trial:07d}", step=step, tokens=step * 1000, D2=step * 1000,
+                val_loss=2.0 + 1.0 / (1 + step) + trial * 1e-9)
 
 
-def measure(n: int, base: dict, old: bool) -> dict:
-    d = Path(tempfile.mkdtemp(prefix="sink-bench-"))
-    sink = ResultsSink(d, flush_s=0.05)
-    trials = max(1, n // EVALS)
-    for t in range(trials):  # the sweep so far (bulk-loaded, as a resume would)
-        for r in rows_for(base, t, range(min(EVALS, n))):
-            sink._put(r)
-    t0 = time.perf_counter()
-    sink.flush(wait=True)
-    full = time.perf_counter() - t0
-    lat = []
-    for i in range(200):  # two live trials report while the writer keeps rewriting
-        r = rows_for(base, trials + i % 2, range(EVALS + i, EVALS + i + 1))[0]
-        t = time.perf_counter()
-        sink.add(r)
-        lat.append((time.perf_counter() - t) * 1e3)
+def history(d: Path, base: dict, trials: int) -> None:
+    """The sweep so far as a resumed driver finds it: ``trials`` finished trials' rows sealed in
+    parts of 100 trials (10⁴ rows) each, written column-wise (a bench shortcut: the sink writes
+    the same files one sealed batch at a time)."""
+    per = min(100, trials)
+    block = rows_table([dict(row(base, t, s), status="ok") for t in range(per)
+                        for s in range(EVALS)], None)
+    i = block.column_names.index("trial_id")
+    for k, first in enumerate(range(0, trials, per)):
+        ids = pa.array([f"t{first + t:07d}" for t in range(per) for _ in range(EVALS)])
+        part = block.set_column(i, "trial_id", ids)
+        write_stream(d / "parts" / f"part-{k + 1:06d}.parquet", part.schema, [part])
+
+
+def live_phase(sink: ResultsSink, base: dict, first: int, adds: int) -> dict:
+    lat, cpu, ends, idx = [], [], [], []
+    trials = list(range(first, first + LIVE))
+    step = {t: 0 for t in trials}
+    nxt = first + LIVE
+    for i in range(adds):
+        t = trials[i % LIVE]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        sink.add(row(base, t, step[t]))
+        lat.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.thread_time() - c0) * 1e3)
+        step[t] += 1
+        if i % 50 == 49:  # a trial ends: the driver's on_trial_complete
+            done = trials.pop(0)
+            t0 = time.perf_counter()
+            sink.mark(f"t{done:07d}", "ok")
+            sink.flush()
+            ends.append((time.perf_counter() - t0) * 1e3)
+            t0 = time.perf_counter()
+            sink.count("failed")
+            idx.append((time.perf_counter() - t0) * 1e6)
+            trials.append(nxt)
+            step[nxt] = 0
+            nxt += 1
     sink.join()
-    sink.add(rows_for(base, trials, range(10**6, 10**6 + 1))[0])
+    return {"add_ms_p50": statistics.median(lat),
+            "add_ms_p99": sorted(lat)[int(0.99 * len(lat))], "add_ms_max": max(lat),
+            "add_cpu_ms_max": max(cpu), "end_ms_max": max(ends), "index_us": max(idx),
+            "trials_total": sum(1 for k in step.values() if k) + first}
+
+
+def control(d: Path, base: dict, adds: int) -> dict:
+    """The machine's floor: the same number of fsynced log lines of the same rows, with no sink
+    and no writer thread (on a loaded machine, most of an add's worst wall time is here)."""
+    lat = []
+    with open(d / "control.jsonl", "a") as f:
+        for i in range(adds):
+            line = json.dumps(row(base, i, i), default=str) + "\n"
+            t0 = time.perf_counter()
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+            lat.append((time.perf_counter() - t0) * 1e3)
+    return {"control_ms_p99": sorted(lat)[int(0.99 * len(lat))], "control_ms_max": max(lat)}
+
+
+def measure(n: int, base: dict, adds: int) -> dict:
+    d = Path(tempfile.mkdtemp(prefix="sink-bench-"))
+    proc = psutil.Process()
+    trials = max(1, n // EVALS)
+    history(d, base, trials)
+    gc.collect()
+    rss0 = proc.memory_info().rss
+    tracemalloc.start()
+    sink = ResultsSink(d, flush_s=0.05)
+    t0, c0 = time.perf_counter(), time.process_time()
+    sink.load()  # a --resume: the parts' trial ids and statuses only
+    out = {"rows": trials * EVALS, "resume_load_s": time.perf_counter() - t0,
+           "resume_load_cpu_s": time.process_time() - c0,
+           "traced_bytes_per_row": tracemalloc.get_traced_memory()[0] / (trials * EVALS)}
+    tracemalloc.stop()
+    gc.collect()
+    rss = proc.memory_info().rss - rss0
+    out.update(rss_mib=rss / 2**20, bytes_per_row=rss / (trials * EVALS),
+               in_memory_rows=sum(len(v) for v in sink.trials.values()))
+    out.update(live_phase(sink, base, trials, adds))
+    out.update(control(d, base, adds))
     t0 = time.perf_counter()
-    sink.flush(wait=True)
-    rewrite = time.perf_counter() - t0
-    out = {"rows": len(sink.rows), "add_ms_p50": statistics.median(lat),
-           "add_ms_p99": sorted(lat)[int(0.99 * len(lat))], "add_ms_max": max(lat),
-           "first_write_s": full, "rewrite_s": rewrite}
-    if old:
-        allrows = sorted(sink.rows.values(), key=lambda r: (r["trial_id"], r["step"]))
-        t0 = time.perf_counter()
-        write_rows(d / "old.parquet", allrows)
-        out["old_flush_s"] = time.perf_counter() - t0
-        out["old_flush_vs_add_max"] = out["old_flush_s"] * 1e3 / out["add_ms_max"]
     sink.close()
+    out["stitch_s"] = time.perf_counter() - t0
+    in_file = pq.ParquetFile(d / "results.parquet").metadata.num_rows
+    # every row reported: the history, every ended trial's rows and the running ones'
+    out["file_rows_ok"] = in_file == out["rows"] + adds
+    back = ResultsSink(d)
+    t0 = time.perf_counter()
+    back.load()
+    out["reload_s"] = time.perf_counter() - t0
+    out["reload_rows_ok"] = sum(len(r) for _, r in back.rows_by_trial(
+        back.trial_ids())) == in_file and len(back.trial_ids()) == out["trials_total"]
+    out["parquet_mib"] = sum(p.stat().st_size for p in d.rglob("*.parquet")) / 2**20
+    shutil.rmtree(d, ignore_errors=True)
     return out
 
 
+ORDER = ("rows", "resume_load_s", "resume_load_cpu_s", "traced_bytes_per_row", "rss_mib",
+         "bytes_per_row",
+         "in_memory_rows", "add_ms_p50", "add_ms_p99", "add_ms_max", "add_cpu_ms_max",
+         "control_ms_p99", "control_ms_max",
+         "end_ms_max", "index_us", "stitch_s", "reload_s", "parquet_mib", "file_rows_ok",
+         "reload_rows_ok")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", default="100,10000,1000000")
-    ap.add_argument("--skip-old-above", type=int, default=10**6,
-                    help="skip the old design's flush above this many rows (it is slow)")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100000,1000000")
+    ap.add_argument("--adds", type=int, default=2000)
     args = ap.parse_args()
     base = template()
+    sizes = [int(x) for x in args.sizes.split(",")]
     res = {}
-    for n in (int(x) for x in args.sizes.split(",")):
-        r = measure(n, base, old=n <= args.skip_old_above)
-        res[n] = r
-        line = (f"{n:>9,} rows: add p50 {r['add_ms_p50']:.2f} ms, p99 {r['add_ms_p99']:.2f} ms, "
-                f"max {r['add_ms_max']:.1f} ms; background rewrite {r['rewrite_s']:.2f} s "
-                f"(first write {r['first_write_s']:.2f} s)")
-        if "old_flush_s" in r:
-            line += (f"; old design: {r['old_flush_s']:.2f} s on the event loop per flush "
-                     f"({r['old_flush_vs_add_max']:.0f}x the worst add)")
-        print(line, flush=True)
+    for n in sizes:
+        res[n] = measure(n, base, args.adds)
+        print(f"{n:>9,} rows measured", flush=True)
+    lo, hi = res[sizes[0]], res[sizes[-1]]
+    print(f"{'':>16}" + "".join(f"{n:>14,}" for n in sizes) + f"{'ratio':>10}")
+    for k in ORDER:
+        vals = "".join(f"{res[n][k]:>14.3f}" if isinstance(res[n][k], float) else
+                       f"{str(res[n][k]):>14}" for n in sizes)
+        ratio = hi[k] / lo[k] if not isinstance(lo[k], bool) and lo[k] else None
+        print(f"{k:>16}{vals}{'' if ratio is None else f'{ratio:>10.2f}'}")
     print(json.dumps({"bench": "results_sink", "columns": len(base) + 5,
-                      "results": {str(k): {kk: round(vv, 4) for kk, vv in v.items()}
-                                  for k, v in res.items()}}))
+                      "results": {str(k): {kk: round(vv, 4) if isinstance(vv, float) else vv
+                                           for kk, vv in v.items()} for k, v in res.items()}}))
 
 
 if __name__ == "__main__":

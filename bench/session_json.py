@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -105,43 +106,47 @@ def _result(d: Path, name: str) -> dict[str, Any] | None:
     return json.loads(p.read_text()).get("result") if p.exists() else None
 
 
+def _mfu(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The MFU rows of the ``mfu_*`` steps (one per model x ``bf16_mode``), and their raw
+    ``train_step`` lines (what ``bench/merge_session.py`` merges into the throughput table)."""
+    rows, raw = [], []
+    for name in ("mfu_dense", "mfu_moe"):
+        r = _result(root, name)
+        if not r or r.get("bench") != "train_step":
+            continue
+        raw.append(r)
+        rows += [{"preset": x["preset"], "model": "E8top2" if x["moe"] else "dense",
+                  "bf16_mode": x.get("bf16_mode", "auto"), "mfu": x.get("mfu"),
+                  "tokens_per_s": x["tokens_per_s"], "micro": r["micro"], "seq": r["seq"],
+                  "peak_mem_gib": x.get("peak_mem_gib")} for x in r.get("rows", [])]
+    return rows, raw
+
+
 def summary(d: str) -> dict[str, Any]:
-    """Every step's exit and time, and the headline figures (absent when not measured)."""
+    """Every step's exit and time, and the figures (absent when not measured)."""
     root = Path(d)
     steps = {p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json"))
-             if p.stem != "summary" and not p.stem.startswith("smi_")}
-    out: dict[str, Any] = {"steps": {k: {"exit": v.get("exit"), "seconds": v.get("seconds"),
+             if p.stem not in ("summary", "kernel_choice") and not p.stem.startswith("smi_")}
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
+                           "steps": {k: {"exit": v.get("exit"), "seconds": v.get("seconds"),
                                          "timed_out": v.get("timed_out"),
                                          **({"tests": {x: v["tests"][x] for x in
                                                        ("passed", "failed")}}
                                             if v.get("tests") else {})}
                                      for k, v in steps.items() if "exit" in v}}
-    mfu: dict[str, Any] = {}
-    for name in ("mfu_dense", "mfu_moe", "step64"):
-        r = _result(root, name)
-        for row in (r or {}).get("rows", []):
-            key = f"{row['preset']}-{'E8top2' if row['moe'] else 'dense'}"
-            best = mfu.get(key)
-            if best is not None and best["mfu"] is None:
-                best = {**best, "mfu": 0.0}
-            val = row.get("mfu", 0.0)  # CPU (a rehearsal): no MFU, the faster run
-            if best is None or (val, row["tokens_per_s"]) > (best["mfu"], best["tokens_per_s"]):
-                mfu[key] = {"mfu": row.get("mfu"), "micro": r["micro"], "step": name,
-                            "tokens_per_s": row["tokens_per_s"],
-                            "peak_mem_gib": row.get("peak_mem_gib")}
-    out["best_mfu"] = mfu
+    check = _result(root, "check")
+    if check:
+        out["check"] = check
+        out["device_name"] = check.get("device_name")
+    out["mfu"], out["train_step"] = _mfu(root)
     layer = _result(root, "layer")
     if layer:
         out["layer"] = {k: layer.get(k) for k in ("ours_vs_dense_active", "ours_vs_deepspeed")}
-    head = _result(root, "head")
-    if head:
-        out["head"] = {k: v for k, v in head.items() if k.endswith("_vs_plain_time")}
-        out["head"]["liger"] = head.get("liger")
-    comp = _result(root, "compile")
-    if comp:
-        out["compile"] = [{k: r.get(k) for k in ("preset", "moe", "compile.graphs",
-                                                  "compile.graph_breaks", "compile.recompiles",
-                                                  "compile.limit_hit")} for r in comp["rows"]]
+    sweep = _result(root, "sweep")
+    if sweep:
+        out["sweep"] = {k: sweep.get(k) for k in ("trials", "ok", "failed", "wall_s")}
+        if (root / "smi_sweep.json").exists():
+            out["sweep"]["smi"] = json.loads((root / "smi_sweep.json").read_text())
     experts = _result(root, "experts")
     if experts:
         out["experts"] = {"check_rel_err": experts.get("check_rel_err"),
@@ -149,12 +154,9 @@ def summary(d: str) -> dict[str, Any]:
                           "per_shape": [{k: r.get(k) for k in ("shape", "tokens", "grouped_s",
                                                                "liger_s", "choice")}
                                         for r in experts.get("per_shape", [])]}
-    prof = _result(root, "profile")
-    if prof:
-        out["profile_shares"] = {k: round(v["share"], 4) for k, v in prof["categories"].items()}
-    s64 = steps.get("step64", {})
-    out["e8_micro64"] = ("out of memory" if s64.get("out_of_memory") else
-                         "ran" if s64.get("exit") == 0 else "not measured")
+    kc = root / "kernel_choice.json"
+    if kc.exists():  # the measured kernel-choice entries, for the merge
+        out["kernel_choice"] = json.loads(kc.read_text()).get("entries", [])
     return out
 
 

@@ -15,7 +15,7 @@ causal mask). ``mfu_6n`` counts 6·N_active alone. On CUDA the data are random t
     python bench/train_step.py [--steps 20] [--presets debug,15M] [--peak-tflops 989]
                                [--seq S] [--batch B] [--micro M] [--vocab V]
                                [--compile] [--activation-checkpointing] [--chunked-loss]
-                               [--models dense,moe]
+                               [--models dense,moe] [--bf16-modes deepspeed,torch_autocast,...]
 
 ``--compile`` sets ``model.compile: true`` (regional torch.compile of each block; the first
 steps, which compile, are warm-up and not timed) and ``--activation-checkpointing`` sets
@@ -57,7 +57,7 @@ def _data(vocab: int, tokens: int, tmp: Path) -> dict:
 
 
 def config(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int,
-           data: dict, speed: dict | None = None) -> dict:
+           data: dict, speed: dict | None = None, bf16_mode: str | None = None) -> dict:
     d = {
         "model": {"preset": preset, **(speed or {})},
         "data": {**data, "seq_len": seq},
@@ -66,6 +66,9 @@ def config(preset: str, moe: bool, steps: int, seq: int, batch: int, micro: int,
         "eval": {"every_steps": 10**6, "batches": 1},
         "tokens": (steps + 2) * batch * seq,
     }
+    if bf16_mode:  # bf16_optimizer is DeepSpeed's ZeRO-1 BF16_Optimizer: it needs stage 1
+        d["optim"] = {"bf16_mode": bf16_mode,
+                      "zero_stage": 1 if bf16_mode == "bf16_optimizer" else 0}
     if moe:
         d.update(moe={"num_experts": 8, "top_k": 2},
                  parent={"tokens": (steps + 2) * batch * seq},
@@ -105,6 +108,35 @@ def run(cfg_dict: dict, steps: int, parent=None) -> tuple[dict, Trainer]:
     return row, trainer
 
 
+def run_preset(p: str, models: set, mode: str | None, args: argparse.Namespace,
+               shape: tuple[int, int, int], data: dict, speed: dict) -> list[dict]:
+    """The dense and/or E8 top-2 rows of one preset under one ``optim.bf16_mode``."""
+    cuda = torch.cuda.is_available()
+    seq, batch, micro = shape
+    dense_cfg = config(p, False, args.steps, seq, batch, micro, data, speed, mode)
+    if "dense" in models:
+        dense, trainer = run(dense_cfg, args.steps)
+    else:  # the parent only: no steps timed
+        dense, trainer = None, Trainer(train_config_from_dict(dense_cfg))
+    parent = trainer.parent_state()
+    del trainer
+    moe = run(config(p, True, args.steps, seq, batch, micro, data, speed, mode),
+              args.steps, parent=parent)[0] if "moe" in models else None
+    rows = []
+    for r in (x for x in (dense, moe) if x is not None):
+        r["bf16_mode"] = mode or "auto"
+        if cuda:
+            peak = args.peak_tflops * 1e12
+            r["mfu"] = r["flops_per_s"] / peak
+            r["mfu_6n"] = r["flops_per_token"]["6N"] * r["tokens_per_s"] / peak
+        rows.append(r)
+        print(f"{p:>5} {'E8top2' if r['moe'] else 'dense':>6} {r['bf16_mode']:>14}: "
+              f"{r['tokens_per_s']:10.0f} tok/s  N_active={r['N_active']:,}"
+              + (f"  MFU={r['mfu']:.1%} (6·N alone {r['mfu_6n']:.1%})  "
+                 f"peak mem {r['peak_mem_gib']:.1f} GiB" if cuda else ""), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +154,9 @@ def main() -> None:
                     help="model.activation_checkpointing: true (recompute blocks in backward)")
     ap.add_argument("--chunked-loss", action="store_true",
                     help="model.chunked_loss: true (LM head + loss without the logits)")
+    ap.add_argument("--bf16-modes", default=None,
+                    help="comma-separated optim.bf16_mode values to time each model under "
+                         "(deepspeed, bf16_optimizer at ZeRO 1, torch_autocast); default: auto")
     ap.add_argument("--models", default="dense,moe",
                     help="dense, moe or both: each at its own best micro-batch in its own run "
                          "(moe alone upcycles an untrained dense parent)")
@@ -136,40 +171,25 @@ def main() -> None:
     batch = args.batch or (32 if cuda else 8)
     micro = args.micro or (32 if cuda else 8)
     vocab = args.vocab or (32768 if cuda else 512)
+    modes = args.bf16_modes.split(",") if args.bf16_modes else [None]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = _data(vocab, (args.steps + 4) * batch * (seq + 1) * 2, Path(tmp))
         for p in presets:
-            dense_cfg = config(p, False, args.steps, seq, batch, micro, data, speed)
-            if "dense" in models:
-                dense, trainer = run(dense_cfg, args.steps)
-            else:  # the parent only: no steps timed
-                dense, trainer = None, Trainer(train_config_from_dict(dense_cfg))
-            parent = trainer.parent_state()
-            del trainer
-            moe = run(config(p, True, args.steps, seq, batch, micro, data, speed),
-                      args.steps, parent=parent)[0] if "moe" in models else None
-            for r in (x for x in (dense, moe) if x is not None):
-                if cuda:
-                    peak = args.peak_tflops * 1e12
-                    r["mfu"] = r["flops_per_s"] / peak
-                    r["mfu_6n"] = r["flops_per_token"]["6N"] * r["tokens_per_s"] / peak
-                rows.append(r)
-                print(f"{p:>5} {'E8top2' if r['moe'] else 'dense':>6}: "
-                      f"{r['tokens_per_s']:10.0f} tok/s  N_active={r['N_active']:,}"
-                      + (f"  MFU={r['mfu']:.1%} (6·N alone {r['mfu_6n']:.1%})  "
-                         f"peak mem {r['peak_mem_gib']:.1f} GiB" if cuda else ""), flush=True)
+            for mode in modes:
+                rows += run_preset(p, models, mode, args, (seq, batch, micro), data, speed)
     ratios = {p: next(r for r in rows if r["preset"] == p and r["moe"])["tokens_per_s"]
               / next(r for r in rows if r["preset"] == p and not r["moe"])["tokens_per_s"]
-              for p in presets} if models >= {"dense", "moe"} else {}
+              for p in presets} if models >= {"dense", "moe"} and modes == [None] else {}
     out = {"bench": "train_step", "device": "cuda" if cuda else "cpu", "seq": seq,
            "batch": batch, "micro": micro, "vocab": vocab, **speed, "rows": rows,
            "moe_vs_dense_tokens_per_s": ratios,
            "mfu_formula": "(6*N_active + 6*V*d + 12*L*d*S) * tokens_per_s / peak"}
     if cuda:
         out["peak_tflops"] = args.peak_tflops
-        out["mfu"] = {f"{r['preset']}-{'E8top2' if r['moe'] else 'dense'}": round(r["mfu"], 4)
-                      for r in rows}
+        out["mfu"] = {f"{r['preset']}-{'E8top2' if r['moe'] else 'dense'}"
+                      + ("" if r["bf16_mode"] == "auto" else f"-{r['bf16_mode']}"):
+                      round(r["mfu"], 4) for r in rows}
     print(json.dumps(out, default=float))
 
 

@@ -45,7 +45,6 @@ from sweeps.store.results import (
     STATIC_COLUMNS,
     config_columns,
     config_types,
-    final_rows,
     knob_columns,
     summarize,
     write_summary,
@@ -97,11 +96,14 @@ class ResultsCallback(tune.Callback):
         for p in rep.problems:
             console.progress(p)
         self.done = self.sink.trial_ids("ok") | self.sink.trial_ids("pruned")
-        for r in list(self.sink.rows.values()):
-            self._track_best(r)
+        for table in self.sink.tables():  # one part at a time: memory bounded at any size
+            if self.spec.metric in table.column_names:
+                for m in table[self.spec.metric].to_pylist():
+                    self._track_best({self.spec.metric: m})
         if self.health is not None:  # unfinished and pruned trials' streaks over a threshold
-            for t in self.sink.trial_ids() - self.sink.trial_ids("ok"):
-                self.health.restore(t, self.sink.rows_of(t).values())
+            for t, rows in self.sink.rows_by_trial(
+                    self.sink.trial_ids() - self.sink.trial_ids("ok")):
+                self.health.restore(t, rows.values())
         self.started = time.time()
         self._loaded = True
 
@@ -199,8 +201,8 @@ class ResultsCallback(tune.Callback):
         console.progress(
             f"{n}/{'≤' if self.at_most else ''}{self.total} trials done "
             f"({states.count('RUNNING')} running, "
-            f"{len(self.sink.trial_ids('failed'))} failed, "
-            f"{len(self.sink.trial_ids('pruned'))} pruned)   "
+            f"{self.sink.count('failed')} failed, "
+            f"{self.sink.count('pruned')} pruned)   "
             f"best {self.spec.metric}={self.best:.4f}   "
             f"ETA {console.eta(n, self.total, self.started)}")
 
@@ -374,6 +376,33 @@ def _concurrency(spec: SweepSpec, max_concurrent: int | None) -> int:
     return conc
 
 
+STATE_SAVE_S_PER_TRIAL = 0.5
+"""Seconds between Tune's experiment-state saves per planned trial (at least Tune's own 10 s).
+Each save writes every trial's state, O(T); saved every 10 s over a sweep whose length grows
+with T, that is O(T²) of driver CPU. A period that grows with T keeps it linear; what a crash
+can lose is at most that period's Tune bookkeeping (the rows are in the sink's log)."""
+
+
+def state_save_period(trials: int) -> float:
+    return max(10.0, STATE_SAVE_S_PER_TRIAL * trials)
+
+
+@contextlib.contextmanager
+def tune_settings(conc: int, trials: int) -> Iterator[None]:
+    """Tune's settings read from the environment when ``fit`` starts (a value the user set is
+    kept): as many pending trials as may run at once (:func:`pending_trials`), and the
+    experiment-state save period scaled to the sweep (:func:`state_save_period`)."""
+    key = "TUNE_GLOBAL_CHECKPOINT_S"
+    before = os.environ.get(key)
+    os.environ.setdefault(key, f"{state_save_period(trials):g}")
+    try:
+        with pending_trials(conc):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+
+
 @contextlib.contextmanager
 def pending_trials(conc: int) -> Iterator[None]:
     """Let as many trials wait for resources as may run at once, whatever the searcher: an
@@ -443,8 +472,9 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
 
 
 def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
-    """Every row, with each trial's outcome taken from Tune's own trial states (a resumed sweep
-    restores finished trials without calling back for them)."""
+    """The last row of each trial, with its outcome taken from Tune's own trial states (a
+    resumed sweep restores finished trials without calling back for them); read one part of
+    the sink at a time."""
     sink = ResultsSink(results_dir, types=config_types(TrainConfig))
     for p in sink.load(results_dir / "tune").problems:
         console.progress(p)
@@ -454,7 +484,7 @@ def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
     if sink.write_errors:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
                            f"kept in {sink.log_dir} and rerunning with --resume rebuilds it")
-    return list(sink.rows.values())
+    return sink.final_rows()
 
 
 def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, Any]:
@@ -558,9 +588,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     conc = _concurrency(spec, max_concurrent)
     tuner = _tuner(spec, plan, trainable, results_dir,
                    _callbacks(spec, plan, results_dir, health), conc, resume, verbose, health)
-    with pending_trials(conc):
+    with tune_settings(conc, plan.num_trials):
         grid = tuner.fit()
-    finals = final_rows(_final_results(results_dir, grid))
+    finals = _final_results(results_dir, grid)
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=_planned(spec, plan, results_dir),
                         results=join_uri(spec.results_uri, RESULTS_FILE),

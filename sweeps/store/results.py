@@ -402,3 +402,99 @@ def write_summary(results_dir: str | Path | Location, summary: Mapping[str, Any]
     """``summary.json`` next to the results (the compute ledger analysis.report reads)."""
     return (Location.of(results_dir) / "summary.json").write_text(
         json.dumps(summary, indent=1, default=str))
+
+
+# ---- results.parquet stitched from parts (sweeps.store.sink) -------------------------------------
+
+
+def read_schema(path: Path | Location) -> pa.Schema:
+    """A Parquet file's schema, from its footer only."""
+    if isinstance(path, Location):
+        return pq.read_schema(path.path, filesystem=path.fs)
+    return pq.read_schema(path)
+
+
+def read_part(path: Path | Location, trials: set[str] | None = None,
+              columns: list[str] | None = None) -> pa.Table:
+    """A part file of the sink (``trials``: only those trials' rows)."""
+    if isinstance(path, Location):
+        table = pq.read_table(path.path, filesystem=path.fs, columns=columns)
+    else:
+        table = pq.read_table(path, columns=columns)
+    if trials is not None:
+        import pyarrow.compute as pc
+
+        table = table.filter(pc.is_in(table["trial_id"], pa.array(sorted(trials), pa.string())))
+    return table
+
+
+def unify(schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema for tables of some trials each (as :func:`concat_tables`): int and float
+    widen; a column of mixed kinds (a number here, text there) becomes text."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        fields: dict[str, pa.Field] = {}
+        for sch in schemas:
+            for f in sch:
+                old = fields.get(f.name)
+                if old is None or pa.types.is_null(old.type):
+                    fields[f.name] = f
+                elif not pa.types.is_null(f.type) and old.type != f.type:
+                    num = all(pa.types.is_integer(t) or pa.types.is_floating(t)
+                              for t in (old.type, f.type))
+                    fields[f.name] = pa.field(f.name, pa.float64() if num else pa.string())
+        return pa.schema(list(fields.values()))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order (missing ones null) and types."""
+    n = table.num_rows
+    cols = []
+    for f in schema:
+        if f.name not in table.column_names:
+            cols.append(pa.nulls(n, f.type))
+            continue
+        col = table[f.name]
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                col = pa.array([None if v is None else str(v) for v in col.to_pylist()],
+                               f.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def write_stream(path: str | Path | Location, schema: pa.Schema,
+                 tables: Iterable[pa.Table], metadata: Mapping[bytes | str, bytes] | None = None
+                 ) -> Path | Location:
+    """Write ``tables`` (each conformed to ``schema``) one after another into one Parquet file,
+    atomically, holding one table at a time (on object storage: one whole object); ``metadata``
+    joins the schema's (the provenance record, ``with_provenance``)."""
+    schema = schema.with_metadata({**(metadata or {}), _META_KEY: str(SCHEMA_VERSION).encode()})
+
+    def _write(sink: Any) -> None:
+        with pq.ParquetWriter(sink, schema) as w:
+            for t in tables:
+                if t.num_rows:
+                    w.write_table(conform(t, schema))
+
+    if isinstance(path, Location) or is_url(path):
+        loc = Location.of(path)
+        if not loc.is_local:
+            buf = pa.BufferOutputStream()
+            _write(buf)
+            return loc.write_bytes(buf.getvalue().to_pybytes())
+        path = loc.local_path
+    return atomic_write(path, lambda tmp: _write(str(tmp)))
+
+
+def last_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The last row (max step) of each trial of ``table``, without a row per row in Python."""
+    if not table.num_rows:
+        return []
+    table = table.sort_by([("trial_id", "ascending"), ("step", "ascending")])
+    ids = table["trial_id"].to_pylist()
+    keep = [i for i in range(len(ids)) if i + 1 == len(ids) or ids[i + 1] != ids[i]]
+    return table.take(pa.array(keep, pa.int64())).to_pylist()

@@ -1,46 +1,67 @@
-"""Where the driver keeps a sweep's rows so that nothing reported is ever lost.
+"""Where the driver keeps a sweep's rows so that nothing reported is ever lost, in bounded
+memory at any number of rows.
 
 Every row (and every status change) the driver receives is appended to a write-ahead log
 (``rows/wal-NNNNNN.jsonl``, flushed and fsynced) before the Tune callback returns: O(1) work per
-row on Tune's event loop. ``results.parquet`` is rewritten from memory by a background thread
-(at most every ``flush_s`` seconds, and at the end); after each rewrite the log segments it
-covers are deleted, so the log stays small. On ``--resume`` the rows are rebuilt from, in
-order: ``results.parquet`` (if it is readable at all), the log, and Tune's own trial records
+row on Tune's event loop. Only the rows of trials still running are held in memory. When a
+trial's outcome is marked, a background thread writes its rows once into an immutable part file
+(``parts/part-NNNNNN.parquet``) and drops them from memory (the trial is *sealed*); a row or a
+status change that arrives for a sealed trial later (a restart) reads it back first.
+``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
+the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
+seconds, and at each trial's end) but no more often than every 2 s and ``STITCH_FACTOR`` times its
+own last duration (so at 10⁶ rows it stays a small share of one core), and at ``close``; the log
+segments it covers are then deleted.
+
+On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
+unsealed trials, if it is readable at all), the log, and Tune's own trial records
 (``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
 
 On object storage (``results: s3://...``; ``sweeps.store.storage``) there is no append or fsync:
-each log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when its
-PUT returns; replay reads them in name order, and the rewrite of ``results.parquet`` (one
-object) deletes the ones it covers, as locally.
+each log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when
+its PUT returns; replay reads them in name order; parts and ``results.parquet`` are whole objects.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from moe_core.fsio import fsync_dir
 from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     CORE_COLUMNS,
-    PRUNE_COLUMNS,
+    PROVENANCE_KEY,
     RESULTS_FILE,
     concat_tables,
     json_safe,
-    read_rows,
+    last_rows,
+    read_part,
+    read_schema,
+    read_table,
     rows_table,
-    with_provenance,
-    write_table,
+    unify,
+    write_stream,
 )
 from sweeps.store.storage import Location, is_url
+from sweeps.store.trial_outcomes import (  # noqa: F401 - reconcile & co.: imported from here too
+    apply_mark,
+    error_reason,
+    mark_changes,
+    reconcile,
+    recorded_prune,
+)
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]
@@ -86,12 +107,18 @@ class LoadReport:
     problems: list[str] = field(default_factory=list)
 
 
+STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
+STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
+SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
+_OPEN = frozenset({None, "running", "interrupted"})
+
+
 class ResultsSink:
-    """In-memory rows, a durable log of every change, and a background Parquet writer."""
+    """The running trials' rows in memory, a durable log of every change, sealed trials in
+    immutable Parquet parts, and a background writer (see the module docstring)."""
 
     def __init__(self, results_dir: str | Path | Location, flush_s: float = 10.0,
-                 types: dict[str, pa.DataType] | None = None,
-                 write: Callable[[Path, pa.Table], Any] = write_table):
+                 types: dict[str, pa.DataType] | None = None):
         loc = Location.of(results_dir) if isinstance(results_dir, Location) or \
             is_url(results_dir) else None
         self.remote = loc is not None and not loc.is_local
@@ -99,33 +126,42 @@ class ResultsSink:
         self.types = types or {}
         self.path = self.dir / RESULTS_FILE
         self.log_dir = self.dir / "rows"
+        self.part_dir = self.dir / "parts"
         self.flush_s = flush_s
-        self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # trial → step → row
-        self._last: dict[str, int] = {}  # trial → its highest step (a rewind check in O(1))
-        self._write = write
-        self._lock = threading.Lock()
-        self._writer: threading.Thread | None = None
-        self._pending = False
+        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
         self._last_flush = time.time()  # the first rewrite comes flush_s after the start
         self._segment = 0
-        self._log = None
-        self._tables: dict[str, pa.Table] = {}  # per trial, rebuilt only when it changed
-        self._dirty: set[str] = set()
         self.write_errors: list[str] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # running trial → step → row
+        self._last: dict[str, int] = {}  # trial → its highest step (a rewind check in O(1))
+        self._tables: dict[str, pa.Table] = {}  # running trials', rebuilt only when changed
+        self._dirty: set[str] = set()  # running trials whose table is rebuilt whole
+        self._fresh: dict[str, list[dict[str, Any]]] = {}  # or only appended to
+        self._part_rows: dict[int, int] = {}  # part → rows in it
+        self._to_seal: set[str] = set()  # trials marked since the last write
+        self._owner: dict[str, int] = {}  # sealed trial → the part holding its rows
+        self._part_trials: dict[int, set[str]] = {}  # part → the sealed trials it holds
+        self._statuses: dict[str, frozenset] = {}  # every trial → the statuses of its rows
+        self._by_status: dict[str, set[str]] = {}  # status → trials with a row of it
+        self._part = 0
+        self._stitch_s = 0.0
+        self._last_stitch = 0.0
+        self._force = self._seal_now = False
 
     # ---- pickling: Tune pickles its callbacks into the experiment state -----------------------
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_lock=None, _writer=None, _log=None, trials={}, _last={}, _tables={},
-                     _dirty=set())
-        return state
+    def __getstate__(self) -> dict[str, Any]:  # where, not what: load() rebuilds the rows
+        return {k: self.__dict__[k] for k in ("remote", "dir", "types", "path", "log_dir",
+                                              "flush_s", "_segment", "write_errors", "part_dir")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._last = {}  # absent from a sink pickled by an older version
-        self._lock = threading.Lock()
+        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
         self._last_flush = time.time()
+        self._reset()
 
     # ---- the log ---------------------------------------------------------------------------
 
@@ -134,6 +170,16 @@ class ResultsSink:
             return [self.log_dir / f for f in self.log_dir.files(recursive=False)
                     if f.startswith("wal-") and f.endswith(".jsonl")]
         return sorted(self.log_dir.glob("wal-*.jsonl"))
+
+    def _parts(self) -> list[tuple[int, Any]]:
+        if self.remote:
+            names = [f for f in (self.part_dir.files(recursive=False) if self.part_dir.exists()
+                                 else []) if f.startswith("part-") and f.endswith(".parquet")]
+            return sorted((int(f[5:11]), self.part_dir / f) for f in names)
+        return sorted((int(p.name[5:11]), p) for p in self.part_dir.glob("part-*.parquet"))
+
+    def _part_path(self, n: int) -> Any:
+        return self.part_dir / f"part-{n:06d}.parquet"
 
     def _open_segment(self) -> None:
         if self.remote:  # one object per record, under the segment's prefix
@@ -161,9 +207,15 @@ class ResultsSink:
         """Rebuild the rows from whatever is durable (see the module docstring)."""
         rep = LoadReport()
         with self._lock:
+            for n, part in self._parts():
+                rep.from_parquet += self._load_part(n, part, rep)
             if self.path.exists():
                 try:
-                    for r in read_rows(self.path):
+                    table = read_table(self.path)
+                    if table is not None and self._owner:  # the unsealed trials' rows only
+                        table = table.filter(pc.invert(pc.is_in(
+                            table["trial_id"], pa.array(sorted(self._owner), pa.string()))))
+                    for r in ([] if table is None else table.to_pylist()):
                         self._put(r)
                         rep.from_parquet += 1
                 except Exception as e:  # noqa: BLE001 - any damage: rebuild from the rest
@@ -174,7 +226,24 @@ class ResultsSink:
             if tune_dir is not None:
                 rep.from_tune = self._from_tune(
                     tune_dir if self.remote else Path(tune_dir), rep)
+            self._to_seal |= {t for t in self.trials if not self._statuses[t] & _OPEN}
         return rep
+
+    def _load_part(self, n: int, part: Any, rep: LoadReport) -> int:
+        try:
+            ids = read_part(part, columns=["trial_id", "status"]).to_pydict()
+        except Exception as e:  # noqa: BLE001 - a torn part: its trials come from the log
+            rep.problems.append(f"{part} is unreadable ({type(e).__name__}); skipped")
+            return 0
+        found: dict[str, set] = {}
+        for t, st in zip(ids["trial_id"], ids["status"]):
+            found.setdefault(t, set()).add(st)
+        for t, sts in found.items():
+            self._seal(t, n)
+            self._set_statuses(t, frozenset(sts))
+        self._part = max(self._part, n)
+        self._part_rows[n] = len(ids["trial_id"])
+        return len(ids["trial_id"])
 
     def _replay(self, seg: Path, rep: LoadReport) -> int:
         n = 0
@@ -188,13 +257,13 @@ class ResultsSink:
                 self._put(rec["row"], replay=True)
                 n += 1
             elif "mark" in rec:
-                self._apply_mark(**rec["mark"])
+                self._mark_locked(**rec["mark"])
         return n
 
     def _from_tune(self, tune_dir: Path | Location, rep: LoadReport) -> int:
         """Rows Tune recorded that nothing else kept. A trial's ``result.json`` holds every
         attempt's results in order: it is replayed with the same rewind as the log, so a row
-        a later attempt rewrote away is not brought back."""
+        a later attempt rewrote away is not brought back. A sealed trial is whole already."""
         n = 0
         if isinstance(tune_dir, (Location, str)):
             tune_dir = Location.of(tune_dir)
@@ -206,7 +275,7 @@ class ResultsSink:
             curve: dict[int, dict[str, Any]] = {}  # one trial's folder, one trial's curve
             for res in tune_results(f):
                 tid = res.get("trial_id")
-                if not tid or "step" not in res:
+                if not tid or "step" not in res or tid in self._owner:
                     continue
                 row = row_from_result(res, tid)
                 step = _key(row)[1]
@@ -220,27 +289,75 @@ class ResultsSink:
 
     # ---- changes ------------------------------------------------------------------------------
 
+    def _set_statuses(self, t: str, new: frozenset) -> None:
+        old = self._statuses.get(t, frozenset())
+        if old == new and t in self._statuses:
+            return
+        for s in old - new:
+            self._by_status.get(s, set()).discard(t)
+        for s in new - old:
+            self._by_status.setdefault(s, set()).add(t)
+        self._statuses[t] = new
+
+    def _restatus(self, t: str) -> None:
+        self._set_statuses(t, frozenset(r.get("status") for r in self.trials.get(t, {}).values()))
+
+    def _seal(self, t: str, n: int) -> None:
+        old = self._owner.get(t)
+        if old is not None:
+            self._part_trials[old].discard(t)
+        self._owner[t] = n
+        self._part_trials.setdefault(n, set()).add(t)
+
+    def _unseal(self, t: str) -> None:
+        """A sealed trial changes again (a restart, a late status): its rows back in memory."""
+        n = self._owner.pop(t)
+        self._part_trials[n].discard(t)
+        rows = read_part(self._part_path(n), {t}).to_pylist()
+        self.trials[t] = {_key(r)[1]: r for r in rows}
+        self._last[t] = max(self.trials[t], default=0)
+        self._dirty.add(t)
+
     @property
     def rows(self) -> dict[RowKey, dict[str, Any]]:
-        """Every row by (trial, step) (a copy of the index)."""
-        return {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
+        """Every row by (trial, step), read back from the parts too: O(rows), for tests and
+        small sweeps (the driver never calls it)."""
+        with self._lock:
+            out = {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
+            parts = {n: set(ts) for n, ts in self._part_trials.items() if ts}
+        for n, ts in parts.items():
+            out.update({_key(r): r for r in read_part(self._part_path(n), ts).to_pylist()})
+        return out
 
     def _put(self, row: dict[str, Any], replay: bool = False) -> None:
         """Index a row. With ``replay`` (a row as it arrives, live or replayed from the log in
         order) the trial's later rows go (:func:`rewind`)."""
         t, step = _key(row)
+        if t in self._owner:
+            self._unseal(t)
+        self._to_seal.discard(t)
         mine = self.trials.setdefault(t, {})
         last = self._last.get(t, step)
-        if replay and step < last:  # rare: scan only then
+        old = mine.get(step)
+        rewound = replay and step < last
+        if rewound:  # rare: scan only then
             rewind(mine, step)
             last = step
         mine[step] = row
         self._last[t] = max(last, step)
-        self._dirty.add(t)
+        if old is not None or rewound or t in self._dirty:
+            self._dirty.add(t)  # the trial's table is rebuilt whole
+            self._fresh.pop(t, None)
+        else:
+            self._fresh.setdefault(t, []).append(row)
+        if old is not None or rewound or t not in self._statuses:
+            self._restatus(t)
+        elif row.get("status") not in self._statuses[t]:
+            self._set_statuses(t, self._statuses[t] | {row.get("status")})
 
     def _has(self, row: dict[str, Any]) -> bool:
         t, step = _key(row)
-        return step in self.trials.get(t, {})
+        return t in self._owner or step in self.trials.get(t, {})
 
     def add(self, row: dict[str, Any]) -> None:
         """Record a row: durable (logged) when this returns."""
@@ -254,60 +371,97 @@ class ResultsSink:
         mine = self.trials.get(trial_id, {})
         if mine:
             self._dirty.add(trial_id)
-        div = max((r for r in mine.values() if r.get("status") == "diverged"),
-                  key=lambda r: r.get("step") or 0, default=None)
-        if div is not None:  # a diverged trial reads as one, like a failed one: every row
-            for row in mine.values():
-                row["status"], row["reason"] = "diverged", div.get("reason")
-            return True
-        pruned = next((r for r in mine.values() if r.get("prune_rule")), None)
-        if pruned is not None:  # so does a pruned one, with the rule and values that fired
-            cols = {k: pruned.get(k) for k in PRUNE_COLUMNS}
-            for row in mine.values():
-                row.update(cols, status="pruned", reason=pruned.get("reason"))
-            return True
-        for row in mine.values():
-            cur = row.get("status")
-            if cur == "diverged":
-                continue
-            if cur in (None, "running", "interrupted") or status == "failed":
-                row["status"] = status
-                if reason:
-                    row["reason"] = reason
-        return bool(mine)
+        return apply_mark(mine.values(), status, reason)
+
+    def _mark_locked(self, trial_id: str, status: str, reason: str | None,
+                     placeholder: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Apply a mark (live, or replayed from the log); the placeholder row it added, if
+        any. A marked trial is sealed by the next write."""
+        if trial_id in self._owner:
+            if not mark_changes(self._statuses.get(trial_id, frozenset()), status):
+                return None  # e.g. reconcile's "ok" for a trial sealed as ok: no read back
+            self._unseal(trial_id)
+        added = None
+        if not self._apply_mark(trial_id, status, reason) and placeholder is not None:
+            added = dict(placeholder, trial_id=trial_id, status=status, reason=reason, step=0)
+            self._put(added)
+        if trial_id in self.trials:
+            self._restatus(trial_id)
+            self._to_seal.add(trial_id)
+        return added
 
     def mark(self, trial_id: str, status: str, reason: str | None = None,
              placeholder: dict[str, Any] | None = None) -> None:
         """Set the outcome of a trial's rows; a trial with no row yet gets ``placeholder``."""
         with self._lock:
-            if not self._apply_mark(trial_id, status, reason) and placeholder is not None:
-                row = dict(placeholder, trial_id=trial_id, status=status, reason=reason,
-                           step=0)
-                self._put(row)
-                self._append({"row": row})
+            added = self._mark_locked(trial_id, status, reason, placeholder)
+            if added is not None:
+                self._append({"row": added})
             self._append({"mark": {"trial_id": trial_id, "status": status, "reason": reason}})
 
     def rows_of(self, trial_id: str) -> dict[int, dict[str, Any]]:
-        """A copy of one trial's rows, by step."""
+        """A copy of one trial's rows, by step (a sealed trial's read from its part)."""
         with self._lock:
-            return dict(self.trials.get(trial_id, {}))
+            if trial_id not in self._owner:
+                return dict(self.trials.get(trial_id, {}))
+            part = self._part_path(self._owner[trial_id])
+        return {_key(r)[1]: r for r in read_part(part, {trial_id}).to_pylist()}
+
+    def rows_by_trial(self, trial_ids: Iterable[str]) -> Iterator[tuple[str, dict[int, Any]]]:
+        """(trial, its rows by step) for each of ``trial_ids`` that has rows, reading each part
+        once."""
+        want = set(trial_ids)
+        with self._lock:
+            live = {t: dict(self.trials[t]) for t in want if t in self.trials}
+            parts: dict[int, set[str]] = {}
+            for t in want - set(live):
+                if t in self._owner:
+                    parts.setdefault(self._owner[t], set()).add(t)
+        yield from live.items()
+        for n, ts in sorted(parts.items()):
+            by: dict[str, dict[int, Any]] = {}
+            for r in read_part(self._part_path(n), ts).to_pylist():
+                by.setdefault(r["trial_id"], {})[_key(r)[1]] = r
+            yield from by.items()
 
     def trial_ids(self, status: str | None = None) -> set[str]:
+        """Trials with a row (of ``status``): from an index, never a scan of the rows."""
         with self._lock:
-            return {t for t, steps in self.trials.items()
-                    if any(status is None or r.get("status") == status
-                           for r in steps.values())}
+            if status is None:
+                return set(self._statuses)
+            return set(self._by_status.get(status, ()))
 
-    # ---- the Parquet file ----------------------------------------------------------------------
+    def count(self, status: str) -> int:  # trials with a row of ``status``: O(1)
+        with self._lock:
+            return len(self._by_status.get(status, ()))
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Every row as Arrow tables, one part (or the running trials) at a time."""
+        with self._lock:
+            parts = {n: set(ts) for n, ts in self._part_trials.items() if ts}
+            live = [rows_table([r for _, r in sorted(self.trials[t].items())], self.types)
+                    for t in sorted(self.trials)]
+        for n, ts in sorted(parts.items()):
+            yield read_part(self._part_path(n), ts)
+        yield from live
+
+    def final_rows(self) -> list[dict[str, Any]]:
+        """The last row (max step) of each trial, one part at a time (each trial lives in one
+        part or in memory): O(trials) memory."""
+        return [r for t in self.tables() for r in last_rows(t)]
+
+    # ---- the Parquet files ---------------------------------------------------------------------
 
     def maybe_flush(self) -> None:
-        if time.time() - self._last_flush >= self.flush_s:
-            self.flush()
+        time.time() - self._last_flush >= self.flush_s and self.flush()
 
-    def flush(self, wait: bool = False) -> None:
-        """Rewrite results.parquet in the background (or now, with ``wait``)."""
+    def flush(self, wait: bool = False, rewrite: bool = True) -> None:
+        """Seal the marked trials and (when due) rewrite results.parquet, in the background (or
+        now, with ``wait``: the rewrite too, unless not ``rewrite``)."""
         with self._lock:
             self._last_flush = time.time()
+            self._force = self._force or (wait and rewrite)
+            self._seal_now = self._seal_now or wait
             if self._writer is not None and self._writer.is_alive():
                 self._pending = True  # the running write is followed by one more
             else:
@@ -318,9 +472,7 @@ class ResultsSink:
             self.join()
 
     def join(self) -> None:
-        w = self._writer
-        if w is not None:
-            w.join()
+        self._writer is not None and self._writer.join()
 
     def _write_loop(self) -> None:
         while True:
@@ -330,31 +482,108 @@ class ResultsSink:
                     self._log.close()
                     self._log = None
                 covered = self._segments()
-                changed = {t: [dict(self.trials[t][s]) for s in sorted(self.trials[t])]
-                           for t in self._dirty}
-                self._dirty = set()
+                changed = {t: [dict(r) for _, r in sorted(self.trials[t].items())]
+                           for t in self._dirty if t in self.trials}  # rare: marks, rewinds
+                fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
+                         if t in self.trials and t not in changed}
+                self._dirty, self._fresh = set(), {}
+                due = self._force or time.time() - self._last_stitch >= max(
+                    STITCH_MIN_S, STITCH_FACTOR * self._stitch_s)
+                seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
+                sealing = sorted(self._to_seal & set(self.trials)) if seal else []
+                self._to_seal -= set(sealing)
+                self._force = self._seal_now = False
             try:
-                for t, rows in changed.items():  # O(rows of the trials that changed)
-                    self._tables[t] = rows_table(rows, self.types)
-                try:
-                    table = concat_tables(self._tables[t] for t in sorted(self._tables))
-                except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types
-                    table = rows_table((r for t in sorted(self._tables)
-                                        for r in self._tables[t].to_pylist()), self.types)
-                self._write(self.path, with_provenance(table, provenance()))
-                for seg in covered:  # every row they hold is in the file now
-                    seg.delete() if self.remote else seg.unlink(missing_ok=True)
+                self._write_once(changed, fresh, sealing, due, covered)
             except Exception as e:  # noqa: BLE001 - keep the log; report at the end
                 self.write_errors.append(f"{type(e).__name__}: {e}")
+                with self._lock:  # sealed next time
+                    self._to_seal |= {t for t in sealing if t in self.trials}
             with self._lock:
                 if not self._pending:
                     return
 
+    def _write_once(self, changed: dict[str, list[dict[str, Any]]],
+                    fresh: dict[str, list[dict[str, Any]]], sealing: list[str], due: bool,
+                    covered: list[Any]) -> None:
+        for t, rows in changed.items():  # O(rows of the trials that changed)
+            self._tables[t] = rows_table(rows, self.types)
+        for t, rows in fresh.items():  # O(new rows)
+            new = rows_table(rows, self.types)
+            self._tables[t] = concat_tables([self._tables[t], new]) if t in self._tables else new
+        if sealing:
+            tabs = [self._tables[t] for t in sealing if t in self._tables]
+            n = self._part + 1
+            write_stream(self._part_path(n), unify([x.schema for x in tabs]), tabs)
+            self._part, self._part_rows[n] = n, sum(x.num_rows for x in tabs)
+            with self._lock:
+                for t in sealing:
+                    if t in self._dirty or t in self._fresh or t in self._owner or \
+                            t not in self.trials:
+                        continue  # changed since (a restart): stays in memory
+                    self._seal(t, n)
+                    del self.trials[t]
+                    self._last.pop(t, None)
+                    self._tables.pop(t, None)
+        self._compact()
+        if not due:
+            return
+        t0 = time.perf_counter()
+        with self._lock:
+            parts = {n: set(ts) for n, ts in self._part_trials.items() if ts}
+            live = [self._tables[t] for t in sorted(self._tables) if t in self.trials]
+        schemas = [read_schema(self._part_path(n)) for n in sorted(parts)]
+        schema = unify(schemas + [x.schema for x in live]) if schemas or live else \
+            rows_table([], self.types).schema
+        write_stream(self.path, schema, itertools.chain(  # one part in memory at a time
+            (read_part(self._part_path(n), ts) for n, ts in sorted(parts.items())), live),
+            metadata={PROVENANCE_KEY: json.dumps(provenance()).encode()})
+        for seg in covered:  # every row they hold is in a part or in the file now
+            seg.delete() if self.remote else seg.unlink(missing_ok=True)
+        self._stitch_s = time.perf_counter() - t0
+        self._last_stitch = time.time()
+
+    def _compact(self) -> None:
+        """Merge 4 parts of one size tier (rows within a factor of 4) into one, dropping the
+        rows of trials read back since: O(rows log rows) over a sweep, and few files."""
+        tiers: dict[int, list[int]] = {}
+        for n, k in self._part_rows.items():
+            tiers.setdefault(int(math.log(max(k, 1), 4)), []).append(n)
+        group = next((sorted(ns)[:4] for _, ns in sorted(tiers.items()) if len(ns) >= 4), None)
+        if group is None:
+            return
+        with self._lock:
+            owned = {n: set(self._part_trials.get(n, ())) for n in group}
+        keep = [n for n in group if owned[n]]
+        m = self._part + 1
+        counted = [0]
+
+        def tables() -> Iterator[pa.Table]:
+            for n in keep:
+                tab = read_part(self._part_path(n), owned[n])
+                counted[0] += tab.num_rows
+                yield tab
+
+        if keep:
+            write_stream(self._part_path(m), unify([read_schema(self._part_path(n))
+                                                    for n in keep]), tables())
+            self._part, self._part_rows[m] = m, counted[0]
+        with self._lock:
+            for n in group:
+                for t in owned[n]:
+                    if self._owner.get(t) == n:
+                        self._seal(t, m)
+                self._part_trials.pop(n, None)
+                self._part_rows.pop(n, None)
+        for n in group:
+            p = self._part_path(n)
+            p.delete() if self.remote else p.unlink(missing_ok=True)
+
     def close(self) -> None:
         self.flush(wait=True)
         if self._log is not None:
-            self._log.close()
-            self._log = None
+            self._log, log = None, self._log
+            log.close()
 
 
 class _ObjectLog:
@@ -368,42 +597,7 @@ class _ObjectLog:
         self.seq += 1
         (self.log_dir / f"wal-{self.segment:06d}-{self.seq:08d}.jsonl").write_text(line)
 
-    def flush(self) -> None:
-        pass
+    def flush(self) -> None:  # each write is durable already
+        return None
 
-    def close(self) -> None:
-        pass
-
-
-def reconcile(sink: ResultsSink, trials: Iterable[Any], signal: int | None = None) -> None:
-    """Set each trial's outcome from Tune's own trial states (covers trials that finished in an
-    earlier run, whose statuses a lost file would otherwise leave as 'running'). After a stop
-    ``signal`` Tune marks the trials it cut as TERMINATED too: a trial with no outcome yet is
-    then ``interrupted``, never ``ok`` (``--resume`` runs it on)."""
-    for t in trials:
-        status = getattr(t, "status", None)
-        if status == "TERMINATED" and signal is not None:
-            sink.mark(t.trial_id, "interrupted", f"cut by signal {signal} before its end; "
-                      "rerun with --resume to finish it")
-        elif status == "TERMINATED":
-            sink.mark(t.trial_id, "ok")
-        elif status == "ERROR":
-            sink.mark(t.trial_id, "failed", error_reason(t))
-
-
-def recorded_prune(rows: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The prune columns of a health rule that already fired on these rows (a run before a
-    ``--resume``): kept as they are, never relabelled as a scheduler's stop."""
-    row = next((r for _, r in sorted(rows.items())
-                if r.get("prune_rule") not in (None, "asha")), None)
-    return None if row is None else {k: row.get(k) for k in (*PRUNE_COLUMNS, "reason")}
-
-
-def error_reason(trial: Any) -> str:
-    """The last line of a failed trial's error (not a path into Ray's session folder)."""
-    path = getattr(trial, "error_file", None) or getattr(trial, "pickled_error_file", None)
-    try:
-        lines = [x for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
-        return lines[-1][:500] if lines else "trial error"
-    except (OSError, TypeError):
-        return "trial error"
+    close = flush

@@ -149,3 +149,37 @@ def test_a_replay_rewrites_the_curve_and_nothing_stale_outlives_it(tmp_path):
     c = ResultsSink(tmp_path)
     c.load(tmp_path / "tune")
     assert sorted((s, r["val_loss"]) for (_, s), r in c.rows.items()) == want
+
+
+def test_finished_trials_leave_memory_and_come_back_on_a_late_row(tmp_path):
+    """A marked trial's rows go to an immutable part and out of memory; the count per status
+    comes from the index; a row for a sealed trial (a restart) reads it back first; parts of a
+    size are merged; results.parquet, the final rows and a resume see every row once."""
+    from sweeps.store.results import final_rows
+
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for t in "abcdefgh":
+        for s in range(3):
+            sink.add(_row(t, s))
+        sink.mark(t, "ok")
+        sink.flush(wait=True, rewrite=False)  # one part per trial: merged four at a time
+    sink.add(_row("z", 0))
+    sink.flush(wait=True)
+    assert set(sink.trials) == {"z"}  # only the running trial is held
+    assert sink.count("ok") == 8 and sink.trial_ids("running") == {"z"}
+    assert len(list((tmp_path / "parts").glob("part-*.parquet"))) <= 3
+    assert sorted(sink.rows_of("c")) == [0, 1, 2]
+    sink.add(_row("c", 3))  # a restart of a finished trial
+    assert sorted(sink.trials["c"]) == [0, 1, 2, 3] and "c" in sink.trial_ids("running")
+    sink.mark("c", "ok")
+    sink.mark("c", "ok")  # reconcile's second mark of a sealed trial: no read back needed
+    sink.close()
+    rows = read_rows(tmp_path)
+    assert len(rows) == 8 * 3 + 1 + 1
+    assert len({(r["trial_id"], r["step"]) for r in rows}) == len(rows)
+    want = sorted((r["trial_id"], r["step"], r["status"]) for r in final_rows(rows))
+    assert sorted((r["trial_id"], r["step"], r["status"]) for r in sink.final_rows()) == want
+    b = ResultsSink(tmp_path)
+    b.load()
+    assert sorted(b.rows) == sorted((r["trial_id"], r["step"]) for r in rows)
+    assert b.count("ok") == 8 and not b.trials.get("a")
