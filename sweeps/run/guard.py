@@ -16,13 +16,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
 import socket
-import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,68 +105,15 @@ class LocalRunLock:
             self.fd = None
 
 
-class ObjectRunLock:
-    """A lease on ``<url>/.run.lock`` for results on object storage, which has no flock: the
-    holder writes its record (host, pid, start, a random token) and renews ``updated`` every
-    :attr:`BEAT` seconds from a daemon thread; a record not renewed for :attr:`TTL` seconds
-    belongs to a run that is gone and is taken over with a message. Two runs that start within
-    the same :attr:`CONFIRM` seconds are told apart by reading the record back (the last write
-    wins, and the loser is refused); object stores without strong read-after-write consistency
-    weaken that (S3 and GCS have it)."""
+def object_run_lock(url: str) -> RunLock:
+    """The lease of a results folder on object storage (:class:`sweeps.lease.ObjectRunLock`:
+    conditional writes, read back, fails closed)."""
+    from sweeps.lease import ObjectRunLock
 
-    TTL, BEAT, CONFIRM = 600.0, 60.0, 1.0
-
-    def __init__(self, url: str):
-        self.url, self.loc = url, Location.of(url) / LOCK_FILE
-        self.me: dict[str, Any] | None = None
-        self._stop = threading.Event()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            d = json.loads(self.loc.read_text()[:4096] or "{}")
-            return d if isinstance(d, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _write(self, **extra: Any) -> None:
-        self.loc.write_text(json.dumps({**(self.me or {}), "updated": time.time(), **extra}))
-
-    def acquire(self) -> str | None:
-        old = self._read() if self.loc.exists() else {}
-        age = time.time() - float(old.get("updated", 0) or 0)
-        if old and not old.get("released") and age < self.TTL:
-            raise FolderInUseError(
-                f"{self.url} is in use by another run ({describe_holder(old)}; its lease was "
-                f"renewed {age:.0f} s ago); wait for it to end, or give this run another "
-                "results location")
-        self.me = {**holder_info(), "token": uuid.uuid4().hex}
-        self._write()
-        time.sleep(self.CONFIRM)
-        if self._read().get("token") != self.me["token"]:
-            raise FolderInUseError(f"{self.url}: another run took its lock at the same moment "
-                                   f"({describe_holder(self._read())})")
-        threading.Thread(target=self._renew, daemon=True, name="run-lock-lease").start()
-        if old and not old.get("released"):
-            return (f"took over the lock of {self.url} from {describe_holder(old)}, whose lease "
-                    f"lapsed {age:.0f} s ago")
-        return None
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.BEAT):
-            try:
-                self._write()
-            except OSError:  # a transient store error: the next beat retries
-                pass
-
-    def release(self) -> None:
-        if self.me is None:
-            return
-        self._stop.set()
-        self._write(released=True)
-        self.me = None
+    return ObjectRunLock(url)
 
 
-LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": ObjectRunLock, "gs": ObjectRunLock}
+LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": object_run_lock, "gs": object_run_lock}
 """URL scheme → lock class for results on object storage."""
 
 
@@ -240,8 +186,9 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def spec_record(spec: Any) -> dict[str, Any]:
-    """What decides which trials a run trains: the search space, seeds, algorithm, samples,
-    the base config and the law search (as JSON)."""
+    """What decides which trials a run trains and how they are judged: the search space, seeds,
+    algorithm, samples, the base config, the law search, and (:data:`RUN_ADDED`) the metric and
+    its mode, the scheduler with its settings, the prune rules and WSD branching (as JSON)."""
     rec = {
         "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
                            "when": {k: list(v) for k, v in p.when}} for p in spec.search},
@@ -249,7 +196,24 @@ def spec_record(spec: Any) -> dict[str, Any]:
         "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
         "law": _law_record(spec.law) if spec.law is not None else None,
     }
+    run = {"metric": spec.metric, "mode": spec.mode, "scheduler": spec.scheduler,
+           "asha": {k: v for k, v in dataclasses.asdict(spec.asha).items()
+                    if k not in RUN_ADDED["asha"] or v != RUN_ADDED["asha"][k]},
+           "prune": {name: dataclasses.asdict(rule) for name, rule in spec.prune.rules},
+           "wsd_branches": spec.wsd_branches}
+    rec.update({k: v for k, v in run.items() if v != RUN_ADDED[k] and v != {}})
     return json.loads(json.dumps(rec, default=str))
+
+
+RUN_ADDED: dict[str, Any] = {
+    "metric": "val_loss", "mode": "min", "scheduler": "fifo",
+    "asha": {"grace_period": 2, "reduction_factor": 3.0, "max_t": None, "rung_metric": None,
+             "predictor": "multi_power", "calibration": None},
+    "prune": {}, "wsd_branches": True}
+"""Keys recorded since issue 43 (the ranking and stopping of trials), with their defaults (for
+``asha``: each of its fields): a key at its default is left out, so the record of a spec that
+keeps them is as before; a run recorded before them that used another value is refused on
+``--resume`` (``--force-spec`` records it)."""
 
 
 LAW_ADDED = {"widen": 1.0}
@@ -258,59 +222,97 @@ left out of the record, so that a run recorded before it existed resumes."""
 
 
 def _law_record(law: Any) -> dict[str, Any]:
-    import dataclasses
-
     rec = dataclasses.asdict(law)
     return {k: v for k, v in rec.items() if not (k in LAW_ADDED and v == LAW_ADDED[k])}
+
+
+def _spec_file(results_dir: Any) -> Any:
+    """``spec.json`` of a results folder: a Path, or on object storage a signed Location (its
+    HMAC is checked when read, ``sweeps.signing``)."""
+    if "://" in str(results_dir):
+        return Location.of(results_dir).signed() / SPEC_FILE
+    return Path(str(results_dir)) / SPEC_FILE
 
 
 def record_spec(spec: Any, results_dir: Any) -> None:
     """``spec.json`` in the results folder (a local path, a URL or a ``Location``)."""
     text = json.dumps(spec_record(spec), indent=1)
-    if "://" in str(results_dir):
-        (Location.of(results_dir) / SPEC_FILE).write_text(text)
-        return
-    atomic_write_text(Path(str(results_dir)) / SPEC_FILE, text)
+    path = _spec_file(results_dir)
+    if isinstance(path, Path):
+        atomic_write_text(path, text)
+    else:
+        path.write_text(text)
 
 
-def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """The first difference between two :func:`spec_record` s, as ``key: old → new``."""
+def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Every difference between two :func:`spec_record` s, each as ``key was old, now new``."""
     a, b = _flat(old), _flat(new)
-    for k in sorted(set(a) | set(b)):
-        was, now = a.get(k, "<absent>"), b.get(k, "<absent>")
-        if was != now:
-            return f"{k} was {shown(was, 80)}, now {shown(now, 80)}"
-    return None
+    return [f"{k} was {shown(a.get(k, '<absent>'), 80)}, now {shown(b.get(k, '<absent>'), 80)}"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+STATE_NAMES = ("tune", "rows", "results.parquet", "summary.json")
+"""What a run leaves in its results folder: with any of them there, there is a run to resume."""
+
+
+def _has_state(results_dir: Any) -> bool:
+    if "://" in str(results_dir):
+        root = Location.of(results_dir)
+        return any((root / n).exists() for n in STATE_NAMES)
+    return any((Path(str(results_dir)) / n).exists() for n in STATE_NAMES)
+
+
+def _recorded(path: Any) -> dict[str, Any] | None:
+    """The recorded spec, None when absent; a file that is no record is refused in one line."""
+    if not path.exists():
+        return None
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SearchSpaceError(
+            f"--resume: {path} is unreadable ({type(e).__name__}: {shown(str(e), 80)}), so "
+            "what the run started with is unknown; restore it, start afresh without --resume, "
+            "or pass --resume --force-spec to record this spec") from None
+    if not isinstance(old, dict) or "search" not in old:
+        raise SearchSpaceError(
+            f"--resume: {path} is not a spec record; restore it, start afresh without --resume, "
+            "or pass --resume --force-spec to record this spec")
+    return old
 
 
 def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
                       say: Callable[[str], None] = print) -> None:
-    """On ``--resume``: refuse a spec that differs from the one the run recorded (unless
-    ``force``; then the new one is recorded)."""
-    if "://" in str(results_dir):
-        path: Any = Location.of(results_dir) / SPEC_FILE
-    else:
-        path = Path(str(results_dir)) / SPEC_FILE
+    """On ``--resume``: refuse a spec that differs from the one the run recorded, naming every
+    changed key, and a run whose record is missing or unreadable (unless ``force``; then the
+    new one is recorded). A folder with nothing to resume records the spec and starts."""
+    path = _spec_file(results_dir)
     new = spec_record(spec)
     try:
-        if not path.exists():
-            raise FileNotFoundError(str(path))
-        old = json.loads(path.read_text())
-    except FileNotFoundError:
-        say(f"{path} is missing (a run of an older version): recording this spec")
+        old = _recorded(path)
+    except SearchSpaceError:
+        if not force:
+            raise
+        old = None
+    if old is None:
+        if _has_state(results_dir) and not force:
+            raise SearchSpaceError(
+                f"--resume: {path} is missing, so what the run started with is unknown (a run "
+                "of an older version, or a deleted file); start afresh without --resume (the "
+                "old run moves to previous/), or pass --resume --force-spec to resume with this "
+                "spec")
+        say(f"{path} is missing or unreadable: recording this spec")
         record_spec(spec, results_dir)
         return
-    except (OSError, ValueError):
-        old = {}
-    diff = spec_difference(old, new)
-    if diff is None:
+    diffs = spec_differences(old, new)
+    if not diffs:
         return
+    changed = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
     if not force:
         raise SearchSpaceError(
-            f"--resume: the spec differs from the one this run started with ({diff}); resume "
+            f"--resume: the spec differs from the one this run started with ({changed}); resume "
             "with the spec unchanged, start afresh without --resume (the old run moves to "
             "previous/), or pass --resume --force-spec to resume with the new spec")
-    say(f"--force-spec: resuming with a changed spec ({diff})")
+    say(f"--force-spec: resuming with a changed spec ({changed})")
     record_spec(spec, results_dir)
 
 
