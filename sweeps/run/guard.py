@@ -20,8 +20,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,30 +29,23 @@ from moe_core.fsio import atomic_write_text
 from moe_core.hf_config import check_checkpoint
 from moe_core.outdir import confined
 from sweeps.run.curves import load_calibration
+from sweeps.store.lease import (  # noqa: F401 - the holder record, shared with the lease
+    LOCK_FILE,
+    FolderInUseError,
+    ObjectRunLock,
+    describe_holder,
+    holder_info,
+)
 from sweeps.store.storage import Location
 
-LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"
 WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
 """Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
 
 
-class FolderInUseError(UpcycleError):
-    """Another run holds the results folder."""
-
-
 class RunLock(Protocol):
     def acquire(self) -> str | None: ...  # a takeover message, or None
     def release(self) -> None: ...
-
-
-def holder_info() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def describe_holder(h: dict[str, Any]) -> str:
-    return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('started', '?')}"
 
 
 class LocalRunLock:
@@ -105,15 +96,7 @@ class LocalRunLock:
             self.fd = None
 
 
-def object_run_lock(url: str) -> RunLock:
-    """The lease of a results folder on object storage (:class:`sweeps.lease.ObjectRunLock`:
-    conditional writes, read back, fails closed)."""
-    from sweeps.lease import ObjectRunLock
-
-    return ObjectRunLock(url)
-
-
-LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": object_run_lock, "gs": object_run_lock}
+LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": ObjectRunLock, "gs": ObjectRunLock}
 """URL scheme → lock class for results on object storage."""
 
 
@@ -228,7 +211,7 @@ def _law_record(law: Any) -> dict[str, Any]:
 
 def _spec_file(results_dir: Any) -> Any:
     """``spec.json`` of a results folder: a Path, or on object storage a signed Location (its
-    HMAC is checked when read, ``sweeps.signing``)."""
+    HMAC is checked when read, ``sweeps.store.signing``)."""
     if "://" in str(results_dir):
         return Location.of(results_dir).signed() / SPEC_FILE
     return Path(str(results_dir)) / SPEC_FILE

@@ -124,7 +124,7 @@ class ResultsSink:
             is_url(results_dir) else None
         self.remote = loc is not None and not loc.is_local
         # object storage: every row object, results.parquet and Tune's records are signed as
-        # written and verified as read (sweeps.signing): an injected row is refused
+        # written and verified as read (sweeps.store.signing): an injected row is refused
         self.dir = loc.signed() if self.remote else \
             Path(loc.path if loc is not None else results_dir)
         self.types = types or {}

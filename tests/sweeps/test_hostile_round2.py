@@ -231,7 +231,7 @@ def test_second_run_on_a_folder_is_refused_naming_the_holder(tmp_path, capsys):
 def test_lock_for_another_storage_is_looked_up_by_scheme():
     with pytest.raises(Exception, match=r"no run lock for ftp:// storage"):
         guard.run_lock("ftp://host/results/t")
-    assert guard.LOCKS["s3"] is guard.object_run_lock and guard.LOCKS["gs"] is guard.object_run_lock
+    assert guard.LOCKS["s3"] is guard.ObjectRunLock and guard.LOCKS["gs"] is guard.ObjectRunLock
 
 
 # ---- --resume runs what it says ----------------------------------------------------------------

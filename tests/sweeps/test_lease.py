@@ -17,9 +17,8 @@ import time
 
 import pytest
 
-from sweeps import guard
-from sweeps.guard import FolderInUseError
-from sweeps.lease import Conflict, ObjectRunLock, S3Store
+from sweeps.run import guard
+from sweeps.store.lease import Conflict, FolderInUseError, ObjectRunLock, S3Store
 from tests import s3_server
 
 s3 = s3_server.s3
@@ -27,7 +26,7 @@ s3_env = s3_server.s3_env
 
 HOLDER = textwrap.dedent("""
     import signal, sys, time
-    from sweeps.lease import ObjectRunLock
+    from sweeps.store.lease import ObjectRunLock
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # the sweep's graceful stop
     ObjectRunLock.TTL, ObjectRunLock.BEAT = float(sys.argv[2]), float(sys.argv[3])
     lock = ObjectRunLock(sys.argv[1])

@@ -1,5 +1,5 @@
 """Signed state that survives a kill at any instant and signatures with teeth (issue 43, classes
-3 and 4). In process, on a local filesystem under the signing layer (``sweeps.signing`` signs any
+3 and 4). In process, on a local filesystem under the signing layer (``sweeps.store.signing`` signs any
 pyarrow filesystem the same way; S3 is the same code over ``S3FileSystem``): a fault injected at
 each whole-object write of a sequence of state writes leaves every file readable, old or new;
 keys under 32 bytes are refused; a forged, unsigned, re-signed-elsewhere or injected object is
@@ -14,8 +14,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from moe_core.errors import UpcycleError
-from sweeps import signing
-from sweeps.trust import UntrustedStateError
+from sweeps.store import signing
+from sweeps.store.trust import UntrustedStateError
 from tests import s3_server
 
 s3 = s3_server.s3
@@ -239,9 +239,9 @@ def test_forged_tuner_pkl_is_refused_in_one_line_naming_it(tmp_path):
 
 
 def test_a_row_injected_into_the_bucket_is_refused_and_never_best(s3_env):
-    from sweeps.results import read_rows, rows_table
-    from sweeps.sink import ResultsSink
-    from sweeps.storage import Location
+    from sweeps.store.results import read_rows, rows_table
+    from sweeps.store.sink import ResultsSink
+    from sweeps.store.storage import Location
 
     url = f"s3://{s3_env.bucket()}/res/inj"
     sink = ResultsSink(url, flush_s=0)

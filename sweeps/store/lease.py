@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -35,7 +36,23 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from moe_core.errors import UpcycleError, shown
-from sweeps.guard import LOCK_FILE, FolderInUseError, describe_holder, holder_info
+
+LOCK_FILE = ".run.lock"
+"""The run lock of a results folder (``sweeps.run.guard``): a flocked file, or this lease object."""
+
+
+class FolderInUseError(UpcycleError):
+    """Another run holds the results folder."""
+
+
+def holder_info() -> dict[str, Any]:
+    """The record a run lock holds: host, pid and start time."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def describe_holder(h: dict[str, Any]) -> str:
+    return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('started', '?')}"
 
 MAX_RECORD = 4096
 """Bytes of a lock record read at most (a bigger one is unreadable, hence held)."""
@@ -185,7 +202,7 @@ class ObjectRunLock:
     def __init__(self, url: str, store: LeaseStore | None = None,
                  on_lost: Callable[[], None] = _stop_this_run):
         self.url = url
-        self.store = store or STORES[url.split("://", 1)[0]](url)
+        self.store = store or STORES[url.split("://", 1)[0]](url)  # boto3 etc.: only now
         self.on_lost = on_lost
         self.me: dict[str, Any] | None = None
         self.version: str | None = None
