@@ -3,11 +3,14 @@
 - :func:`run_lock`: a lock on ``results/<sweep>/`` held for the run's life. Local folders use
   ``fcntl.flock`` on ``.run.lock``, which holds the holder's host, pid and start time as JSON;
   a second run is refused in one line naming the holder; a lock left by a process that is
-  gone (the kernel drops a flock with its process) is taken over with a message. Another
-  storage (``s3://...``) registers its own lock class in :data:`LOCKS` by URL scheme.
-- :func:`check_resume_spec` / :func:`record_spec`: the spec's search space and base config are
-  recorded in ``spec.json`` when a run starts; ``--resume`` with a changed one is refused in one
-  line naming the first difference (``--force-spec`` resumes anyway).
+  gone (the kernel drops a flock with its process) is taken over with a message. Object
+  storage (``s3://``, ``gs://``) uses the lease of :mod:`sweeps.lease` (conditional writes,
+  fails closed), registered in :data:`LOCKS` by URL scheme.
+- :func:`check_resume_spec` / :func:`record_spec`: what decides the trials and how they are
+  judged (search space, base config, metric, scheduler, prune rules, ...) is recorded in
+  ``spec.json`` when a run starts (signed on object storage); ``--resume`` with a changed one
+  is refused in one line naming every changed key, and a run with no readable record is
+  refused too (``--force-spec`` resumes anyway).
 - :func:`preflight`: what can be checked before previous results move to ``previous/``: the
   ``parent.from_pretrained`` checkpoints (streamed, ``moe_core.hf_check``), the calibration
   results of ``rung_metric: predicted_final``, and writer folders that symbolic links would
@@ -37,6 +40,7 @@ from sweeps.store.lease import (  # noqa: F401 - the holder record, shared with 
     holder_info,
 )
 from sweeps.store.storage import Location
+from sweeps.store.trust import UntrustedStateError
 
 SPEC_FILE = "spec.json"
 WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
@@ -272,7 +276,7 @@ def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
     new = spec_record(spec)
     try:
         old = _recorded(path)
-    except SearchSpaceError:
+    except (SearchSpaceError, UntrustedStateError):  # unreadable; on S3 also: unsigned
         if not force:
             raise
         old = None

@@ -267,3 +267,26 @@ def test_a_row_injected_into_the_bucket_is_refused_and_never_best(s3_env):
         read_rows(url)  # what sweeps.compare and the analysis read
     with pytest.raises(UntrustedStateError, match=r"results\.parquet"):
         ResultsSink(url, flush_s=0).load()
+
+
+def test_a_forged_spec_record_on_the_bucket_is_refused(s3_env):
+    from sweeps.run import guard
+    from sweeps.spec.sweep import parse_spec
+    from sweeps.store.storage import Location
+    from tests.sweeps.tiny import tiny_base
+
+    url = f"s3://{s3_env.bucket()}/res/spec"
+    spec = parse_spec({"sweep": "s", "base": tiny_base(),
+                       "search": {"optim.lr": {"grid": [1e-3, 2e-3]}}})
+    guard.record_spec(spec, url)
+    guard.check_resume_spec(spec, url, force=False)  # signed, unchanged: fine
+    forged = json.loads((Location.of(url) / "spec.json").read_text())
+    forged["search"]["optim.lr"]["values"] = [5.0]  # matches a spec someone wants to slip in
+    (Location.of(url) / "spec.json").write_text(json.dumps(forged))
+    with pytest.raises(UntrustedStateError, match=r"refusing to load .*spec\.json") as e:
+        guard.check_resume_spec(spec, url, force=False)
+    assert "\n" not in str(e.value)
+    said: list[str] = []
+    guard.check_resume_spec(spec, url, force=True, say=said.append)  # re-recorded, signed
+    assert "recording this spec" in said[0]
+    guard.check_resume_spec(spec, url, force=False)
