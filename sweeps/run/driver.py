@@ -37,6 +37,7 @@ from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.run.parents import cache_paths, train_parents, train_stables
+from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.run.trial import TrialContext, run_trial
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
@@ -50,7 +51,6 @@ from sweeps.store.results import (
     summarize,
     write_summary,
 )
-from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.store.signing import KEY_FILE_ENV, verify_tree
 from sweeps.store.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
 from sweeps.store.storage import S3_SETTINGS, STAGING_ENV, Location, join_uri, staging_dir

@@ -36,8 +36,8 @@ def _refuse(what: str, why: str) -> UnsoundStateError:
 def check_tune_state(where: str, fs: pafs.FileSystem | None) -> str:
     """The newest experiment state file under Tune's folder ``where`` (in ``fs``, local when
     None), read and unpickled as Tune will: refused in one line when absent or unreadable.
-    Unpickle only state already checked (``sweeps.store.trust`` locally, ``sweeps.store.signing`` on object
-    storage)."""
+    Unpickle only state already checked (``sweeps.store.trust`` locally,
+    ``sweeps.store.signing`` on object storage)."""
     from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
     from ray.tune.utils.serialization import _loads_with_cloudpickle
 

@@ -3,8 +3,8 @@
 ``--resume`` unpickles Tune's experiment state, and a restarted trial loads its checkpoint
 (``torch.load``): code from the bucket, for anyone with write access to it; the rows, the
 results table, ``spec.json``, ``summary.json`` and the law search's state decide what is
-reported as best. Locally ``sweeps.store.trust`` checks owners and modes; object storage has neither.
-So those files are written and read through :func:`signed_filesystem` (a
+reported as best. Locally ``sweeps.store.trust`` checks owners and modes; object storage has
+neither. So those files are written and read through :func:`signed_filesystem` (a
 ``pyarrow.fs.PyFileSystem``): every object written gets a sidecar ``<object>.upcycle-hmac``
 listing HMAC-SHA256(key, path + content); every read checks it and refuses, in one line naming
 the object, a file whose digest is missing or wrong. :func:`verify_tree` checks a whole folder
