@@ -1,9 +1,10 @@
 """Signed state that survives a kill at any instant and signatures with teeth (issue 43, classes
 3 and 4). In process, on a local filesystem under the signing layer (``sweeps.store.signing``
 signs any pyarrow filesystem the same way; S3 is the same code over ``S3FileSystem``): a fault
-injected at each whole-object write of a sequence of state writes leaves every file readable, old or new;
-keys under 32 bytes are refused; a forged, unsigned, re-signed-elsewhere or injected object is
-refused in one line naming it; on the S3 server an injected row never reaches the results."""
+injected at each whole-object write of a sequence of state writes leaves every file readable,
+old or new; keys under 32 bytes are refused; a forged, unsigned, re-signed-elsewhere or
+injected object is refused in one line naming it; on the S3 server an injected row never
+reaches the results."""
 
 from __future__ import annotations
 
