@@ -50,6 +50,11 @@ class S3Server:
         env.pop("UPCYCLE_SWEEPS_HMAC_KEY", None)
         return env
 
+    def reader_env(self, work) -> dict[str, str]:
+        """What a reader of a sweep's results (analysis, ``read_rows``) needs in its environment:
+        the endpoint, the fake credentials and the HMAC key file the sweep signed with."""
+        return {**self.env, "UPCYCLE_SWEEPS_HMAC_KEY_FILE": str(work / "cfg" / "hmac.key")}
+
     def bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh unique one by default) and return its name."""
         name = name or f"b-{uuid.uuid4().hex[:12]}"

@@ -36,7 +36,7 @@ class LawSearcher(Searcher):
         self.design = LawDesign(cfg, candidates, seed=seed)
         self.trials: dict[str, int] = {}
         # a local folder or object storage (``sweeps.store.storage``): the state is one small JSON
-        self.state_dir = Location.of(state_dir) if state_dir else None
+        self.state_dir = Location.of(state_dir).signed() if state_dir else None  # S3: signed
         if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
             self._load_json(self.state_dir / STATE_FILE)
         self._shown = len(self.design.history)
@@ -115,5 +115,5 @@ class LawSearcher(Searcher):
 def read_law_state(results_dir: str | Path | Location) -> dict[str, Any] | None:
     """The searcher's state file in a results folder, local or on object storage (None when
     absent)."""
-    path = Location.of(results_dir) / STATE_FILE
+    path = Location.of(results_dir).signed() / STATE_FILE
     return json.loads(path.read_text()) if path.exists() else None

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import os
+import pickle
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.run.parents import cache_paths, train_parents, train_stables
+from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.run.trial import TrialContext, run_trial
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
@@ -430,6 +432,9 @@ def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:
     try:
         return tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True,
                                   resume_errored=True, storage_filesystem=fs)
+    except (pickle.UnpicklingError, EOFError, ValueError) as e:  # a garbage tuner.pkl
+        raise UnsoundStateError(f"--resume: {where}/tuner.pkl is unreadable ({type(e).__name__}"
+                                "); restore the folder from a copy, or start afresh") from None
     except OLDER_STATE as e:
         raise SearchSpaceError(
             f"--resume: {where} holds Tune state this version cannot read ({type(e).__name__}: "
@@ -446,9 +451,9 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
     fs = results_dir.signed().fs if isinstance(results_dir, Location) else None
     where = exp_dir.path if fs is not None else str(exp_dir)
     if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
-        # algorithm=law: the searcher restored with the experiment reads its own state file
-        # (law_search.json) too, so a resume never starts the design over (ray#30861)
-        return _restore(where, trainable, fs)
+        # bound to this folder; law: the fresh searcher reads law_search.json here (ray#30861)
+        return rebind(_restore(where, trainable, fs), callbacks, health,
+                      searcher(spec, plan, results_dir) if spec.algorithm == "law" else None)
     run_config = tune.RunConfig(
         name="tune", storage_path=results_dir.path if fs is not None else str(results_dir),
         storage_filesystem=fs,
@@ -530,9 +535,13 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
         results_dir = loc.local_path
         if resume and (results_dir / "tune").exists():
             verify_experiment_state(results_dir / "tune")
+            if (results_dir / "tune" / "tuner.pkl").exists():  # Tune would log and start over
+                check_tune_state(str(results_dir / "tune"), None)
         return results_dir
     if resume and (loc / "tune").exists():
         verify_tree(loc.fs, (loc / "tune").path)
+        if (loc / "tune" / "tuner.pkl").exists():
+            check_tune_state((loc / "tune").path, loc.signed().fs)
     return loc
 
 

@@ -3,11 +3,14 @@
 - :func:`run_lock`: a lock on ``results/<sweep>/`` held for the run's life. Local folders use
   ``fcntl.flock`` on ``.run.lock``, which holds the holder's host, pid and start time as JSON;
   a second run is refused in one line naming the holder; a lock left by a process that is
-  gone (the kernel drops a flock with its process) is taken over with a message. Another
-  storage (``s3://...``) registers its own lock class in :data:`LOCKS` by URL scheme.
-- :func:`check_resume_spec` / :func:`record_spec`: the spec's search space and base config are
-  recorded in ``spec.json`` when a run starts; ``--resume`` with a changed one is refused in one
-  line naming the first difference (``--force-spec`` resumes anyway).
+  gone (the kernel drops a flock with its process) is taken over with a message. Object
+  storage (``s3://``, ``gs://``) uses the lease of :mod:`sweeps.lease` (conditional writes,
+  fails closed), registered in :data:`LOCKS` by URL scheme.
+- :func:`check_resume_spec` / :func:`record_spec`: what decides the trials and how they are
+  judged (search space, base config, metric, scheduler, prune rules, ...) is recorded in
+  ``spec.json`` when a run starts (signed on object storage); ``--resume`` with a changed one
+  is refused in one line naming every changed key, and a run with no readable record is
+  refused too (``--force-spec`` resumes anyway).
 - :func:`preflight`: what can be checked before previous results move to ``previous/``: the
   ``parent.from_pretrained`` checkpoints (streamed, ``moe_core.hf_check``), the calibration
   results of ``rung_metric: predicted_final``, and writer folders that symbolic links would
@@ -16,13 +19,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
-import socket
-import threading
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,30 +32,24 @@ from moe_core.fsio import atomic_write_text
 from moe_core.hf_config import check_checkpoint
 from moe_core.outdir import confined
 from sweeps.run.curves import load_calibration
+from sweeps.store.lease import (  # noqa: F401 - the holder record, shared with the lease
+    LOCK_FILE,
+    FolderInUseError,
+    ObjectRunLock,
+    describe_holder,
+    holder_info,
+)
 from sweeps.store.storage import Location
+from sweeps.store.trust import UntrustedStateError
 
-LOCK_FILE = ".run.lock"
 SPEC_FILE = "spec.json"
 WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
 """Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
 
 
-class FolderInUseError(UpcycleError):
-    """Another run holds the results folder."""
-
-
 class RunLock(Protocol):
     def acquire(self) -> str | None: ...  # a takeover message, or None
     def release(self) -> None: ...
-
-
-def holder_info() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def describe_holder(h: dict[str, Any]) -> str:
-    return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('started', '?')}"
 
 
 class LocalRunLock:
@@ -104,67 +98,6 @@ class LocalRunLock:
         finally:
             os.close(self.fd)  # drops the flock
             self.fd = None
-
-
-class ObjectRunLock:
-    """A lease on ``<url>/.run.lock`` for results on object storage, which has no flock: the
-    holder writes its record (host, pid, start, a random token) and renews ``updated`` every
-    :attr:`BEAT` seconds from a daemon thread; a record not renewed for :attr:`TTL` seconds
-    belongs to a run that is gone and is taken over with a message. Two runs that start within
-    the same :attr:`CONFIRM` seconds are told apart by reading the record back (the last write
-    wins, and the loser is refused); object stores without strong read-after-write consistency
-    weaken that (S3 and GCS have it)."""
-
-    TTL, BEAT, CONFIRM = 600.0, 60.0, 1.0
-
-    def __init__(self, url: str):
-        self.url, self.loc = url, Location.of(url) / LOCK_FILE
-        self.me: dict[str, Any] | None = None
-        self._stop = threading.Event()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            d = json.loads(self.loc.read_text()[:4096] or "{}")
-            return d if isinstance(d, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _write(self, **extra: Any) -> None:
-        self.loc.write_text(json.dumps({**(self.me or {}), "updated": time.time(), **extra}))
-
-    def acquire(self) -> str | None:
-        old = self._read() if self.loc.exists() else {}
-        age = time.time() - float(old.get("updated", 0) or 0)
-        if old and not old.get("released") and age < self.TTL:
-            raise FolderInUseError(
-                f"{self.url} is in use by another run ({describe_holder(old)}; its lease was "
-                f"renewed {age:.0f} s ago); wait for it to end, or give this run another "
-                "results location")
-        self.me = {**holder_info(), "token": uuid.uuid4().hex}
-        self._write()
-        time.sleep(self.CONFIRM)
-        if self._read().get("token") != self.me["token"]:
-            raise FolderInUseError(f"{self.url}: another run took its lock at the same moment "
-                                   f"({describe_holder(self._read())})")
-        threading.Thread(target=self._renew, daemon=True, name="run-lock-lease").start()
-        if old and not old.get("released"):
-            return (f"took over the lock of {self.url} from {describe_holder(old)}, whose lease "
-                    f"lapsed {age:.0f} s ago")
-        return None
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.BEAT):
-            try:
-                self._write()
-            except OSError:  # a transient store error: the next beat retries
-                pass
-
-    def release(self) -> None:
-        if self.me is None:
-            return
-        self._stop.set()
-        self._write(released=True)
-        self.me = None
 
 
 LOCKS: dict[str, Callable[[str], RunLock]] = {"s3": ObjectRunLock, "gs": ObjectRunLock}
@@ -240,8 +173,9 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def spec_record(spec: Any) -> dict[str, Any]:
-    """What decides which trials a run trains: the search space, seeds, algorithm, samples,
-    the base config and the law search (as JSON)."""
+    """What decides which trials a run trains and how they are judged: the search space, seeds,
+    algorithm, samples, the base config, the law search, and (:data:`RUN_ADDED`) the metric and
+    its mode, the scheduler with its settings, the prune rules and WSD branching (as JSON)."""
     rec = {
         "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
                            "when": {k: list(v) for k, v in p.when}} for p in spec.search},
@@ -249,7 +183,24 @@ def spec_record(spec: Any) -> dict[str, Any]:
         "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
         "law": _law_record(spec.law) if spec.law is not None else None,
     }
+    run = {"metric": spec.metric, "mode": spec.mode, "scheduler": spec.scheduler,
+           "asha": {k: v for k, v in dataclasses.asdict(spec.asha).items()
+                    if k not in RUN_ADDED["asha"] or v != RUN_ADDED["asha"][k]},
+           "prune": {name: dataclasses.asdict(rule) for name, rule in spec.prune.rules},
+           "wsd_branches": spec.wsd_branches}
+    rec.update({k: v for k, v in run.items() if v != RUN_ADDED[k] and v != {}})
     return json.loads(json.dumps(rec, default=str))
+
+
+RUN_ADDED: dict[str, Any] = {
+    "metric": "val_loss", "mode": "min", "scheduler": "fifo",
+    "asha": {"grace_period": 2, "reduction_factor": 3.0, "max_t": None, "rung_metric": None,
+             "predictor": "multi_power", "calibration": None},
+    "prune": {}, "wsd_branches": True}
+"""Keys recorded since issue 43 (the ranking and stopping of trials), with their defaults (for
+``asha``: each of its fields): a key at its default is left out, so the record of a spec that
+keeps them is as before; a run recorded before them that used another value is refused on
+``--resume`` (``--force-spec`` records it)."""
 
 
 LAW_ADDED = {"widen": 1.0}
@@ -258,59 +209,97 @@ left out of the record, so that a run recorded before it existed resumes."""
 
 
 def _law_record(law: Any) -> dict[str, Any]:
-    import dataclasses
-
     rec = dataclasses.asdict(law)
     return {k: v for k, v in rec.items() if not (k in LAW_ADDED and v == LAW_ADDED[k])}
+
+
+def _spec_file(results_dir: Any) -> Any:
+    """``spec.json`` of a results folder: a Path, or on object storage a signed Location (its
+    HMAC is checked when read, ``sweeps.store.signing``)."""
+    if "://" in str(results_dir):
+        return Location.of(results_dir).signed() / SPEC_FILE
+    return Path(str(results_dir)) / SPEC_FILE
 
 
 def record_spec(spec: Any, results_dir: Any) -> None:
     """``spec.json`` in the results folder (a local path, a URL or a ``Location``)."""
     text = json.dumps(spec_record(spec), indent=1)
-    if "://" in str(results_dir):
-        (Location.of(results_dir) / SPEC_FILE).write_text(text)
-        return
-    atomic_write_text(Path(str(results_dir)) / SPEC_FILE, text)
+    path = _spec_file(results_dir)
+    if isinstance(path, Path):
+        atomic_write_text(path, text)
+    else:
+        path.write_text(text)
 
 
-def spec_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """The first difference between two :func:`spec_record` s, as ``key: old → new``."""
+def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Every difference between two :func:`spec_record` s, each as ``key was old, now new``."""
     a, b = _flat(old), _flat(new)
-    for k in sorted(set(a) | set(b)):
-        was, now = a.get(k, "<absent>"), b.get(k, "<absent>")
-        if was != now:
-            return f"{k} was {shown(was, 80)}, now {shown(now, 80)}"
-    return None
+    return [f"{k} was {shown(a.get(k, '<absent>'), 80)}, now {shown(b.get(k, '<absent>'), 80)}"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+STATE_NAMES = ("tune", "rows", "results.parquet", "summary.json")
+"""What a run leaves in its results folder: with any of them there, there is a run to resume."""
+
+
+def _has_state(results_dir: Any) -> bool:
+    if "://" in str(results_dir):
+        root = Location.of(results_dir)
+        return any((root / n).exists() for n in STATE_NAMES)
+    return any((Path(str(results_dir)) / n).exists() for n in STATE_NAMES)
+
+
+def _recorded(path: Any) -> dict[str, Any] | None:
+    """The recorded spec, None when absent; a file that is no record is refused in one line."""
+    if not path.exists():
+        return None
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SearchSpaceError(
+            f"--resume: {path} is unreadable ({type(e).__name__}: {shown(str(e), 80)}), so "
+            "what the run started with is unknown; restore it, start afresh without --resume, "
+            "or pass --resume --force-spec to record this spec") from None
+    if not isinstance(old, dict) or "search" not in old:
+        raise SearchSpaceError(
+            f"--resume: {path} is not a spec record; restore it, start afresh without --resume, "
+            "or pass --resume --force-spec to record this spec")
+    return old
 
 
 def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
                       say: Callable[[str], None] = print) -> None:
-    """On ``--resume``: refuse a spec that differs from the one the run recorded (unless
-    ``force``; then the new one is recorded)."""
-    if "://" in str(results_dir):
-        path: Any = Location.of(results_dir) / SPEC_FILE
-    else:
-        path = Path(str(results_dir)) / SPEC_FILE
+    """On ``--resume``: refuse a spec that differs from the one the run recorded, naming every
+    changed key, and a run whose record is missing or unreadable (unless ``force``; then the
+    new one is recorded). A folder with nothing to resume records the spec and starts."""
+    path = _spec_file(results_dir)
     new = spec_record(spec)
     try:
-        if not path.exists():
-            raise FileNotFoundError(str(path))
-        old = json.loads(path.read_text())
-    except FileNotFoundError:
-        say(f"{path} is missing (a run of an older version): recording this spec")
+        old = _recorded(path)
+    except (SearchSpaceError, UntrustedStateError):  # unreadable; on S3 also: unsigned
+        if not force:
+            raise
+        old = None
+    if old is None:
+        if _has_state(results_dir) and not force:
+            raise SearchSpaceError(
+                f"--resume: {path} is missing, so what the run started with is unknown (a run "
+                "of an older version, or a deleted file); start afresh without --resume (the "
+                "old run moves to previous/), or pass --resume --force-spec to resume with this "
+                "spec")
+        say(f"{path} is missing or unreadable: recording this spec")
         record_spec(spec, results_dir)
         return
-    except (OSError, ValueError):
-        old = {}
-    diff = spec_difference(old, new)
-    if diff is None:
+    diffs = spec_differences(old, new)
+    if not diffs:
         return
+    changed = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
     if not force:
         raise SearchSpaceError(
-            f"--resume: the spec differs from the one this run started with ({diff}); resume "
+            f"--resume: the spec differs from the one this run started with ({changed}); resume "
             "with the spec unchanged, start afresh without --resume (the old run moves to "
             "previous/), or pass --resume --force-spec to resume with the new spec")
-    say(f"--force-spec: resuming with a changed spec ({diff})")
+    say(f"--force-spec: resuming with a changed spec ({changed})")
     record_spec(spec, results_dir)
 
 

@@ -1,6 +1,6 @@
 """Where results live: the per-sweep Parquet sink (``sink``) and its schema (``results``),
-local and object storage (``storage``), HMAC-signed files (``signing``) and what a resume may
-trust (``trust``)."""
+local and object storage (``storage``), HMAC-signed files (``signing``), what a resume may
+trust (``trust``) and the run lock on object storage (``lease``)."""
 
 from moe_core.lazy import lazy_exports
 

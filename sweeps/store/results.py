@@ -262,7 +262,7 @@ def write_table(path: str | Path | Location, table: pa.Table) -> Path | Location
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            _META_KEY: str(SCHEMA_VERSION).encode()})
     if isinstance(path, Location) or is_url(path):
-        loc = Location.of(path)
+        loc = Location.of(path).signed()  # object storage: signed (sweeps.signing)
         if not loc.is_local:
             buf = pa.BufferOutputStream()
             pq.write_table(table, buf)
@@ -280,7 +280,7 @@ def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]],
 def read_table(path: str | Path | Location) -> pa.Table | None:
     """The results table of a file or a sweep directory, local or a URL (None if absent), at
     SCHEMA_VERSION."""
-    loc = Location.of(path)
+    loc = Location.of(path).signed()  # object storage: verified, an injected file refused
     if loc.is_dir():
         loc = loc / RESULTS_FILE
     if not loc.exists():
@@ -400,7 +400,7 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
 
 def write_summary(results_dir: str | Path | Location, summary: Mapping[str, Any]) -> Location:
     """``summary.json`` next to the results (the compute ledger analysis.report reads)."""
-    return (Location.of(results_dir) / "summary.json").write_text(
+    return (Location.of(results_dir).signed() / "summary.json").write_text(
         json.dumps(summary, indent=1, default=str))
 
 

@@ -1,18 +1,25 @@
-"""Keyed digests of the pickle-bearing files a sweep keeps on object storage.
+"""Keyed digests of every file a sweep trusts on object storage.
 
 ``--resume`` unpickles Tune's experiment state, and a restarted trial loads its checkpoint
-(``torch.load``): code from the bucket, for anyone with write access to it. Locally
-``sweeps.store.trust`` checks owners and modes; object storage has neither. So Tune's storage
-filesystem is wrapped (:func:`signed_filesystem`, a ``pyarrow.fs.PyFileSystem``): every object
-written through it gets a sidecar ``<object>.upcycle-hmac`` holding HMAC-SHA256(key, path +
-content), written after the object; every read through it checks the sidecar and refuses, in
-one line, a file whose digest is missing or wrong. :func:`verify_tree` checks a whole folder up
-front (the driver runs it before ``Tuner.restore``).
+(``torch.load``): code from the bucket, for anyone with write access to it; the rows, the
+results table, ``spec.json``, ``summary.json`` and the law search's state decide what is
+reported as best. Locally ``sweeps.store.trust`` checks owners and modes; object storage has
+neither. So those files are written and read through :func:`signed_filesystem` (a
+``pyarrow.fs.PyFileSystem``): every object written gets a sidecar ``<object>.upcycle-hmac``
+listing HMAC-SHA256(key, path + content); every read checks it and refuses, in one line naming
+the object, a file whose digest is missing or wrong. :func:`verify_tree` checks a whole folder
+up front (the driver runs it before ``Tuner.restore``).
 
-The key never enters the bucket, Ray's runtime_env or a pickle: it is read on each node from
-``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file ``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default
-``~/.config/upcycle-sweeps/hmac.key``, created mode 0600 on first use; a key file others can
-read or write is refused). Every node of a cluster needs the same key file (``file_mounts``).
+A kill at any instant leaves state that verifies (:class:`_SigningWriter`): the sidecar that
+lists the new digest is put before the object, and the one with only the new digest after it;
+each PUT lands whole or not at all, so the object there (old or new) is always listed.
+
+The key (at least 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: it is read
+on each node from ``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file
+``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default ``~/.config/upcycle-sweeps/hmac.key``, created mode
+0600 with 32 random bytes on first use; a key file others can read or write is refused).
+Every node of a cluster, and every machine that analyses the results, needs the same key file
+(``file_mounts``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import hmac
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,8 @@ KEY_ENV = "UPCYCLE_SWEEPS_HMAC_KEY"
 KEY_FILE_ENV = "UPCYCLE_SWEEPS_HMAC_KEY_FILE"
 SUFFIX = ".upcycle-hmac"
 _DOMAIN = b"upcycle-sweeps/hmac/v1\0"
+SPOOL_BYTES = 64 << 20
+"""A signed object is held in memory up to this size, then in a temp file, until it is put."""
 
 
 def key_file() -> Path:
@@ -42,15 +52,27 @@ def key_file() -> Path:
                 Path.home() / ".config" / "upcycle-sweeps" / "hmac.key")
 
 
+MIN_KEY_BYTES = 32
+"""HMAC-SHA256 keys shorter than this are refused (a 1-byte key is found in 256 tries)."""
+
+
+def _key_bytes(text: str, where: str) -> bytes:
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise UpcycleError(f"{where} must be hex (e.g. `openssl rand -hex 32`)") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise UpcycleError(f"{where} holds a {len(key)}-byte HMAC key; use at least "
+                           f"{MIN_KEY_BYTES} random bytes (`openssl rand -hex 32`)")
+    return key
+
+
 def load_key(create: bool = True) -> bytes:
     """The HMAC key: ``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex), else the key file (created 0600 with
-    32 random bytes when absent and ``create``)."""
+    32 random bytes when absent and ``create``); at least :data:`MIN_KEY_BYTES` bytes."""
     env = os.environ.get(KEY_ENV)
-    if env:
-        try:
-            return bytes.fromhex(env.strip())
-        except ValueError:
-            raise UpcycleError(f"{KEY_ENV} must be hex (e.g. `openssl rand -hex 32`)") from None
+    if env is not None:
+        return _key_bytes(env, KEY_ENV)
     path = key_file()
     if not path.exists():
         if not create:
@@ -67,7 +89,7 @@ def load_key(create: bool = True) -> bytes:
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UpcycleError(f"refusing the HMAC key {path}: it must be yours and mode 0600 "
                            f"(chmod 600 {path})")
-    return bytes.fromhex(path.read_text().strip())
+    return _key_bytes(path.read_text()[:4096], f"the HMAC key file {path}")
 
 
 def digest(key: bytes, path: str, data: bytes) -> str:
@@ -83,35 +105,53 @@ def _refuse(path: str, why: str) -> UntrustedStateError:
         f"or restore the HMAC key it was written with ({KEY_FILE_ENV} / {KEY_ENV})")
 
 
-def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None) -> None:
-    """Raise UntrustedStateError unless ``path``'s sidecar holds the digest of ``data``."""
+MAX_DIGESTS = 4
+"""Digests a sidecar may list: the one just written first, then those it may still have to
+vouch for (see :class:`_SigningWriter`)."""
+
+
+def _digests(fs: pafs.FileSystem, path: str) -> list[str]:
+    """The digests ``path``'s sidecar lists (empty when it has none or is unreadable)."""
     try:
         with fs.open_input_stream(path + SUFFIX) as f:
-            want = f.read().decode().strip()
+            text = f.read(MAX_DIGESTS * 80).decode("ascii", "replace")
     except (FileNotFoundError, OSError):
-        raise _refuse(path, "it has no HMAC digest") from None
-    if not hmac.compare_digest(want, digest(key or load_key(), path, data)):
+        return []
+    return [d for d in text.split() if len(d) == 64][:MAX_DIGESTS]
+
+
+def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None) -> None:
+    """Raise UntrustedStateError unless ``path``'s sidecar lists the digest of ``data``."""
+    want = _digests(fs, path)
+    if not want:
+        raise _refuse(path, "it has no HMAC digest")
+    got = digest(key or load_key(), path, data)
+    if not any(hmac.compare_digest(w, got) for w in want):
         raise _refuse(path, "its HMAC-SHA256 digest does not match")
 
 
 class _SigningWriter:
-    """A write-only file object: the bytes go to ``inner``; at close, the sidecar digest."""
+    """A write-only file object, crash-consistent: the bytes are spooled (memory, then a temp
+    file) while their digest is computed; at close, three whole-object PUTs: (1) the sidecar
+    listing the new digest *and* those it listed before, (2) the object, (3) the sidecar with
+    the new digest alone. A PUT lands whole or not at all, so a process killed at any instant
+    leaves an object (old or new) that its sidecar vouches for: never a digest mismatch."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
-        self.fs, self.path = fs, path
+        self.fs, self.path, self.metadata = fs, path, metadata
         self.key = load_key()
         self.mac = hmac.new(self.key, _DOMAIN + path.encode() + b"\0", hashlib.sha256)
-        self.out = fs.open_output_stream(path, metadata=metadata)
+        self.buf = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
         self.closed = False
 
     def write(self, data: Any) -> int:
         b = bytes(data)
         self.mac.update(b)
-        self.out.write(b)
+        self.buf.write(b)
         return len(b)
 
     def flush(self) -> None:
-        self.out.flush()
+        pass
 
     def writable(self) -> bool:
         return True
@@ -123,15 +163,26 @@ class _SigningWriter:
         return False
 
     def tell(self) -> int:
-        return self.out.tell()
+        return self.buf.tell()
+
+    def _put_sidecar(self, digests: list[str]) -> None:
+        with self.fs.open_output_stream(self.path + SUFFIX) as f:
+            f.write("\n".join(digests[:MAX_DIGESTS]).encode())
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self.out.close()
-        with self.fs.open_output_stream(self.path + SUFFIX) as f:  # the manifest, last
-            f.write(self.mac.hexdigest().encode())
+        new = self.mac.hexdigest()
+        try:
+            self._put_sidecar([new, *(d for d in _digests(self.fs, self.path) if d != new)])
+            self.buf.seek(0)
+            with self.fs.open_output_stream(self.path, metadata=self.metadata) as out:
+                while chunk := self.buf.read(8 << 20):
+                    out.write(chunk)
+            self._put_sidecar([new])  # the manifest, last
+        finally:
+            self.buf.close()
 
 
 class SigningHandler(pafs.FileSystemHandler):

@@ -62,6 +62,7 @@ from sweeps.store.trial_outcomes import (  # noqa: F401 - reconcile & co.: impor
     reconcile,
     recorded_prune,
 )
+from sweeps.store.trust import UntrustedStateError
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]
@@ -122,7 +123,10 @@ class ResultsSink:
         loc = Location.of(results_dir) if isinstance(results_dir, Location) or \
             is_url(results_dir) else None
         self.remote = loc is not None and not loc.is_local
-        self.dir = loc if self.remote else Path(loc.path if loc is not None else results_dir)
+        # object storage: every row object, results.parquet and Tune's records are signed as
+        # written and verified as read (sweeps.store.signing): an injected row is refused
+        self.dir = loc.signed() if self.remote else \
+            Path(loc.path if loc is not None else results_dir)
         self.types = types or {}
         self.path = self.dir / RESULTS_FILE
         self.log_dir = self.dir / "rows"
@@ -218,6 +222,8 @@ class ResultsSink:
                     for r in ([] if table is None else table.to_pylist()):
                         self._put(r)
                         rep.from_parquet += 1
+                except UntrustedStateError:  # a forged or unsigned object: never trusted
+                    raise
                 except Exception as e:  # noqa: BLE001 - any damage: rebuild from the rest
                     rep.problems.append(f"{self.path} is unreadable ({type(e).__name__}); "
                                         "rebuilt from the row log and Tune's records")
@@ -225,7 +231,7 @@ class ResultsSink:
                 rep.from_log += self._replay(seg, rep)
             if tune_dir is not None:
                 rep.from_tune = self._from_tune(
-                    tune_dir if self.remote else Path(tune_dir), rep)
+                    Location.of(tune_dir).signed() if self.remote else Path(tune_dir), rep)
             self._to_seal |= {t for t in self.trials if not self._statuses[t] & _OPEN}
         return rep
 

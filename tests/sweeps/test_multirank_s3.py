@@ -57,7 +57,8 @@ def test_two_rank_checkpoint_shards_reach_the_bucket_and_restore_from_it(s3, wor
 
     from sweeps.store.results import read_rows
 
-    for k, v in s3.env.items():
+    monkeypatch.delenv("UPCYCLE_SWEEPS_HMAC_KEY", raising=False)
+    for k, v in s3.reader_env(work).items():  # the sweep's HMAC key: its files are signed
         monkeypatch.setenv(k, v)
     rows = read_rows(f"{url}/e2e")
     assert sorted(r["step"] for r in rows) == [0, 2, 4, 6]  # each step once

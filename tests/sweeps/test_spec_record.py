@@ -32,7 +32,9 @@ SHIPPED = {
     "transition_cpt.yaml": "37ff08c2abc1ea67",
     "transition_tau.yaml": "536c2b792b6f9bf9",
     "upcycle_lr.yaml": "f882027ad2d9a24d",
-    "upcycle_lr_prune.yaml": "f882027ad2d9a24d",
+    # its prune rules (each with all its fields, layers included) are recorded since issue 43
+    # (before, it recorded as upcycle_lr.yaml did)
+    "upcycle_lr_prune.yaml": "7a09d2b409851ea1",
     "upcycle_vs_dense.yaml": "ab600c39146fecae",
 }
 BASE = {"model": {"preset": "debug"}, "moe": {"num_experts": 8, "top_k": 2},

@@ -159,9 +159,10 @@ def test_sink_on_s3_logs_each_row_as_an_object_and_rebuilds(s3_env):
     sink.add({"trial_id": "t1", "step": 0, "val_loss": 2.0, "status": "running"})
     sink.add({"trial_id": "t1", "step": 2, "val_loss": 1.5, "status": "running"})
     sink.mark("t1", "ok")
-    log = Location.of(url) / "rows"
+    log = Location.of(url).signed() / "rows"  # each row object signed (issue 43)
     assert log.files() == ["wal-000001-00000001.jsonl", "wal-000001-00000002.jsonl",
                            "wal-000001-00000003.jsonl"]
+    assert len((Location.of(url) / "rows").files()) == 6  # with their sidecars
     again = ResultsSink(url)  # the driver killed before any rewrite: the log is the record
     rep = again.load()
     assert rep.from_log == 2 and {r["status"] for r in again.rows.values()} == {"ok"}
@@ -340,6 +341,8 @@ def test_driver_locations_on_s3(s3_env):
     assert sorted(prev.files()) == ["results.parquet", "tune/tuner.pkl",
                                     "tune/tuner.pkl" + signing.SUFFIX]
     (loc.signed() / "tune" / "tuner.pkl").write_bytes(b"state")
+    (loc.signed() / "tune" / "experiment_state-2026.json").write_text(
+        '{"trial_data": [], "runner_data": {}}')  # read as Tune will (sweeps.resume)
     assert results_location(spec, resume=True) == loc  # every digest checks out
     (loc / "tune" / "tuner.pkl").write_bytes(b"tampered")
     with pytest.raises(UntrustedStateError, match="tuner.pkl: its HMAC"):
@@ -364,9 +367,9 @@ def test_one_run_per_results_location_on_s3(s3_env, monkeypatch):
     """The lease lock on object storage: a second run is refused naming the holder; a released
     lock is taken without a word; a lease that was not renewed is taken over with a message."""
     from sweeps.run import guard
+    from sweeps.store import lease
 
     url = f"s3://{s3_env.bucket()}/r/s"
-    monkeypatch.setattr(guard.ObjectRunLock, "CONFIRM", 0.05)
     first = guard.run_lock(url)
     assert first.acquire() is None
     with pytest.raises(guard.FolderInUseError, match=r"in use by another run \(pid \d+ on host"):
@@ -374,7 +377,7 @@ def test_one_run_per_results_location_on_s3(s3_env, monkeypatch):
     first.release()
     second = guard.run_lock(url)
     assert second.acquire() is None  # released: no message
-    monkeypatch.setattr(guard.ObjectRunLock, "TTL", 0.0)  # its lease has lapsed
+    monkeypatch.setattr(lease.ObjectRunLock, "TTL", 0.0)  # its lease has lapsed
     third = guard.run_lock(url)
     msg = third.acquire()
     assert msg and "took over the lock" in msg and "lease lapsed" in msg

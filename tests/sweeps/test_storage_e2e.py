@@ -115,7 +115,8 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
 
     from sweeps.store.results import read_rows
 
-    for k, v in s3.env.items():
+    monkeypatch.delenv("UPCYCLE_SWEEPS_HMAC_KEY", raising=False)
+    for k, v in s3.reader_env(work).items():  # the sweep's HMAC key: its files are signed
         monkeypatch.setenv(k, v)
     rows = read_rows(f"{url}/s3e2e")
     assert sorted(r["step"] for r in rows) == [0, 2, 4, 6, 8]  # each row once
@@ -247,7 +248,8 @@ def test_wsd_stable_run_and_hf_exports_go_to_the_bucket(s3, work, monkeypatch):
     assert not [p for p in work.rglob("*") if "s3:" in p.parts or bucket in p.name]
     from sweeps.store.results import final_rows, read_rows
 
-    for k, v in s3.env.items():
+    monkeypatch.delenv("UPCYCLE_SWEEPS_HMAC_KEY", raising=False)
+    for k, v in s3.reader_env(work).items():  # the sweep's HMAC key: its files are signed
         monkeypatch.setenv(k, v)
     finals = final_rows(read_rows(f"s3://{bucket}/r/s3wsd"))
     assert {r["status"] for r in finals} == {"ok"} and len(finals) == 2

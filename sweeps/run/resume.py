@@ -1,0 +1,83 @@
+"""``--resume`` bound to the folder it resumes, and refused in one line when there is nothing
+sound to resume.
+
+Tune pickles its whole ``Tuner`` into ``tune/tuner.pkl``: the run config with our callbacks (the
+results sink, W&B's folder), the stopper and the searcher (the law search's state folder), each
+holding the *absolute* results folder the run started in. ``Tuner.restore(path)`` rewrites
+only Tune's own storage path and its trials' checkpoint paths (``Trial.set_storage``), so a
+folder that was copied or moved would be resumed by objects that write into the folder it was
+copied *from*. :func:`rebind` gives the restored tuner the callbacks, stopper and searcher of
+*this* run instead (built from the spec ``sweeps.run.guard.check_resume_spec`` just found equal to
+the recorded one); Tune restores their state from the experiment folder as it would the
+pickled ones (``Searcher.restore_from_dir``; the results callback rebuilds its rows from the
+folder). :func:`check_tune_state` reads the newest ``experiment_state-*.json`` before Tune does:
+Tune logs a traceback for an unreadable one and silently starts the experiment over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from moe_core.errors import UpcycleError, shown
+
+
+class UnsoundStateError(UpcycleError):
+    """The experiment state to resume from is missing or unreadable."""
+
+
+def _refuse(what: str, why: str) -> UnsoundStateError:
+    return UnsoundStateError(
+        f"--resume: {what} {why}, so the run cannot be resumed as it was; restore the folder "
+        "from a copy, or start afresh without --resume (the old run moves to previous/)")
+
+
+def check_tune_state(where: str, fs: pafs.FileSystem | None) -> str:
+    """The newest experiment state file under Tune's folder ``where`` (in ``fs``, local when
+    None), read and unpickled as Tune will: refused in one line when absent or unreadable.
+    Unpickle only state already checked (``sweeps.store.trust`` locally,
+    ``sweeps.store.signing`` on object storage)."""
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    from ray.tune.utils.serialization import _loads_with_cloudpickle
+
+    fs = fs or pafs.LocalFileSystem()
+    try:
+        newest = _find_newest_experiment_checkpoint(where, fs=fs)
+    except (OSError, ValueError) as e:
+        raise _refuse(where, f"cannot be listed ({type(e).__name__}: {shown(str(e), 120)})") \
+            from None
+    if newest is None:
+        raise _refuse(where, "holds tuner.pkl but no experiment_state-*.json")
+    try:
+        with fs.open_input_stream(newest) as f:
+            state = _loads_with_cloudpickle(f.read())  # as Tune reads it
+    except UpcycleError:  # a signature refused: its own one line
+        raise
+    except Exception as e:  # noqa: BLE001 - any decoding error: a garbage file
+        raise _refuse(newest, f"is unreadable ({type(e).__name__}: {shown(str(e), 120)})") \
+            from None
+    if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) \
+            or not isinstance(state.get("runner_data"), dict):
+        raise _refuse(newest, "is not Tune experiment state")
+    return newest
+
+
+def rebind(tuner: Any, callbacks: list[Any], stop: Any, search_alg: Any | None) -> Any:
+    """``tuner`` (restored) with this run's ``callbacks`` and ``stop`` (the stopper the results
+    callback reseeds: one object, as in a fresh run) and, when given, ``search_alg``, in place
+    of those unpickled from ``tuner.pkl`` (which name the folder the run started in). Refused in
+    one line if this Ray's Tuner does not keep them where this expects."""
+    inner = getattr(tuner, "_local_tuner", None)
+    run_config = getattr(inner, "_run_config", None)
+    tune_config = getattr(inner, "_tune_config", None)
+    if run_config is None or tune_config is None:
+        raise UnsoundStateError(
+            "--resume: this Ray's Tuner keeps its run config elsewhere, so the restored run "
+            "could write into the folder it was started in; use the Ray version in "
+            "pyproject.toml")
+    run_config.callbacks = callbacks
+    run_config.stop = stop
+    if search_alg is not None:
+        tune_config.search_alg = search_alg
+    return tuner
