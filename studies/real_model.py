@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def chain(args: argparse.Namespace) -> int:
-    from sweeps.plan import disk_estimate
-    from sweeps.preflight import trial_memory_bytes
+    from sweeps.plan.build import disk_estimate
+    from sweeps.plan.preflight import trial_memory_bytes
 
     args.work.mkdir(parents=True, exist_ok=True)
     for d in ("parents", "trial", "export", "results"):

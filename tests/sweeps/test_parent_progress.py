@@ -8,7 +8,7 @@ import json
 
 from moe_core.train.callbacks import Callback
 from moe_core.train.runner import load_pretrained_parent
-from sweeps.parents import ProgressFile, progress_part
+from sweeps.run.parents import ProgressFile, progress_part
 from tests.hf_util import tiny_dense
 
 
@@ -34,3 +34,22 @@ def test_a_pretrained_parent_announces_its_stages_with_sizes(tmp_path):
         f"hf-01234 {stages.seen[-1]} (42 s)"
     step = {"step": 3, "steps": 10, "val_loss": 2.5}
     assert progress_part("abcdefghij", step, 0.0) == "abcdefgh step 3/10 val 2.5000"
+
+
+def test_the_parent_cache_estimate_counts_tied_embeddings_twice(tmp_path):
+    """A tied checkpoint's parent cache holds tok_emb and lm_head each (safetensors has no
+    shared tensors): the dry run's estimate (sweeps.plan.build) adds the copy and matches the
+    file within its header."""
+    from moe_core.hf import load_dense
+    from moe_core.params import count_params
+    from sweeps.plan.build import tied_copy_bytes
+
+    src = tiny_dense("llama", tmp_path / "tied", tie=True)
+    cfg, _ = load_dense(src)
+    assert cfg.tie_embeddings
+    cache = tmp_path / "cache" / "hf-tied"
+    load_pretrained_parent(src, cache)
+    est = count_params(cfg).total * 4 + tied_copy_bytes(cfg)
+    got = (cache / "model.safetensors").stat().st_size
+    assert tied_copy_bytes(cfg) == cfg.vocab_size * cfg.d_model * 4
+    assert 0.97 < est / got <= 1.0, (est, got)
