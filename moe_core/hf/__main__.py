@@ -46,7 +46,9 @@ import torch
 
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import UpcycleError, cli_boundary
+from moe_core.fsio import publish_dir
 from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel_err
+from moe_core.hf.gguf import cached_hf_folder
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import TOKENIZER_FILES
@@ -146,16 +148,12 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def gguf(args: argparse.Namespace) -> dict[str, Any]:
-    from moe_core.hf.gguf import cached_hf_folder  # noqa: PLC0415
-
     if args.out is not None:
         guard_output_dir(args.out, sources=tuple(s for s in (args.file,) if s),
                          overwrite=args.overwrite)
     folder, res = cached_hf_folder(args.file, args.cache, dtype=args.dtype)
     print(f"{'found' if res['cached'] else 'wrote'} the Hugging Face folder {folder}")
     if args.out is not None:
-        from moe_core.fsio import publish_dir  # noqa: PLC0415
-
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".tmp-{out.name}-copy"

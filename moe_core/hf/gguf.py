@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from moe_core.data.config import default_cache_dir
 from moe_core.errors import ConfigError
 from moe_core.fsio import publish_dir
 from moe_core.outdir import mark_out_dir
@@ -157,8 +158,6 @@ def cached_hf_folder(gguf: str | Path | None = None, cache_dir: str | Path | Non
     next (a node-local file lock makes concurrent callers convert once). Returns (folder, facts
     with ``cached``)."""
     from filelock import FileLock  # noqa: PLC0415
-
-    from moe_core.data.config import default_cache_dir  # noqa: PLC0415
 
     src = Path(gguf) if gguf is not None else packaged_gguf()
     if not src.is_file():
