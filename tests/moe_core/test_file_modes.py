@@ -47,8 +47,8 @@ def test_checkpoints_parent_cache_and_exports_are_0644(tmp_path, umask_022):
 
 
 def test_secrets_stay_0600_whatever_the_umask(tmp_path, monkeypatch):
-    from sweeps.signing import KEY_ENV, KEY_FILE_ENV, key_file, load_key
-    from sweeps.trust import hide_wandb_key
+    from sweeps.store.signing import KEY_ENV, KEY_FILE_ENV, key_file, load_key
+    from sweeps.store.trust import hide_wandb_key
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "keys" / "hmac.key"))
