@@ -4,7 +4,7 @@ package (a GGUF, no hub) converted once per session into a Hugging Face Llama fo
 logits match the dense model's and that transformers loads, chats with and generates from, and
 two training steps of one upcycling trial on it.
 
-Measured (OMP_NUM_THREADS=1, one process): 55 s of CPU in all, the conversion about 25 of
+Measured (OMP_NUM_THREADS=1, one process): 49-55 s of CPU in all, the conversion about 25 of
 them; 5.2 GB peak RSS (docs/own-checkpoint.md, CI).
 """
 
