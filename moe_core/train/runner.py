@@ -20,7 +20,7 @@ import torch
 
 from moe_core.config import model_config_from_dict
 from moe_core.errors import CheckpointError, one_line
-from moe_core.hf.load import load_pretrained
+from moe_core.hf.load import load_pretrained, weight_files
 from moe_core.schedules import Phase
 from moe_core.train.callbacks import Callback, ParentState, TrainResult
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
@@ -31,11 +31,19 @@ from moe_core.train.loop import Trainer, train
 log = logging.getLogger(__name__)
 
 
-def load_pretrained_parent(path: str | Path, cache: Path) -> ParentState:
+def load_pretrained_parent(path: str | Path, cache: Path,
+                           callbacks: tuple[Callback, ...] = ()) -> ParentState:
     """Load a Hugging Face checkpoint, dense or MoE (``moe_core.hf.load_pretrained``), into the
     parent cache at ``cache`` (same format as a trained parent: fp32 safetensors, no optimizer
-    state; the learning rates are unknown, NaN) and return it."""
+    state; the learning rates are unknown, NaN) and return it. Each stage is announced to the
+    callbacks' ``on_stage`` with its size."""
+    size = sum(f.stat().st_size for f in weight_files(path))
+    for cb in callbacks:
+        cb.on_stage(f"loading {size / 1e6:,.0f} MB of safetensors from {Path(path).name}")
     cfg, state = load_pretrained(path)
+    out = sum(v.numel() * v.element_size() for v in state.values())
+    for cb in callbacks:
+        cb.on_stage(f"writing the parent cache ({out / 1e6:,.0f} MB fp32)")
     save_checkpoint(cache, model_state=state, optimizer_state=None, meta={
         "step": 0, "tokens": 0, "peak_lr": math.nan, "lr": math.nan, "val_loss": math.nan,
         "parent_key": cache.name, "from_pretrained": str(Path(path).resolve()),
@@ -62,7 +70,7 @@ def train_parent(
     if cached is not None:
         return cached, False
     if cfg.parent is not None and cfg.parent.from_pretrained is not None:
-        return load_pretrained_parent(cfg.parent.from_pretrained, path), True
+        return load_pretrained_parent(cfg.parent.from_pretrained, path, callbacks), True
     p = cfg.parent_run()
     trainer = Trainer(p, phase=parent_phase(cfg), callbacks=callbacks)
     res = trainer.fit()

@@ -197,6 +197,13 @@ def checkpoint_bytes_per_param(cfg: TrainConfig, gpus: float) -> int:
     return 14 if _bf16(cfg, gpus) else 12
 
 
+def tied_copy_bytes(m: Any) -> int:
+    """A checkpoint stores tied embeddings twice (``tok_emb`` and ``lm_head``: safetensors
+    refuses shared tensors, ``moe_core.train.checkpoint`` writes a copy), in fp32: V·D·4 bytes
+    that the parameter count, which counts them once, leaves out (SmolLM2-135M: 113 MB)."""
+    return m.vocab_size * m.d_model * 4 if m.tie_embeddings else 0
+
+
 @dataclass(frozen=True, slots=True)
 class DiskEstimate:
     """What a sweep writes besides its results (``--dry-run`` prints it)."""
@@ -228,8 +235,9 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     gpus = resolve_gpus(spec.resources.gpus, local_cluster())  # auto: as on this machine
 
     def size(cfg: TrainConfig) -> tuple[int, int]:
-        n = count_params(cfg.model_config()).total
-        return n, n * checkpoint_bytes_per_param(cfg, gpus)
+        m = cfg.model_config()
+        n = count_params(m).total
+        return n, n * checkpoint_bytes_per_param(cfg, gpus) + tied_copy_bytes(m)
 
     sizes = [size(t.config) for t in plan.trials] or [(0, 0)]
     params, biggest = max(sizes, key=lambda x: x[1])
@@ -237,7 +245,8 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     parent_bytes = 0
     for p in plan.parents.values():  # fp32 weights (the numpy export) + the optimizer state
         if p.child.parent.from_pretrained is not None:  # fp32 weights only
-            parent_bytes += count_params(p.child.model_config(moe="parent")).total * 4
+            pm = p.child.model_config(moe="parent")
+            parent_bytes += count_params(pm).total * 4 + tied_copy_bytes(pm)
             continue
         pc = p.child.parent_run()
         parent_bytes += count_params(pc.model_config()).total * (12 + 4 * _bf16(pc, gpus))

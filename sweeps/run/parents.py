@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,9 @@ def _train_parent_task(child: TrainConfig, cache_dir: str,
 
 
 class ProgressFile(Callback):
-    """The run's last eval (step of steps, val loss) in a small file the driver polls."""
+    """The run's last eval (step of steps, val loss), or the stage of a parent that has no
+    steps (loading a pretrained checkpoint, writing its cache), in a small file the driver
+    polls."""
 
     def __init__(self, path: Path, steps: int):
         self.path, self.steps = path, steps
@@ -187,12 +190,23 @@ class ProgressFile(Callback):
         atomic_write_text(self.path, json.dumps({"step": metrics["step"], "steps": self.steps,
                                                  "val_loss": metrics.get("val_loss")}))
 
+    def on_stage(self, text: str) -> None:
+        atomic_write_text(self.path, json.dumps({"stage": text, "since": time.time()}))
+
+
+def progress_part(key: str, p: dict[str, Any], now: float) -> str:
+    """One parent's part of the progress line: its stage and for how long, or its last eval."""
+    if "stage" in p:
+        return f"{key[:8]} {p['stage']} ({now - float(p['since']):.0f} s)"
+    return f"{key[:8]} step {p['step']}/{p['steps']} val {p['val_loss']:.4f}"
+
 
 def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Path],
                         every_s: float = 10.0) -> None:
     """Wait for Ray tasks, printing each unfinished one's step and val loss every ``every_s``
     (a parent that trains for minutes is not a silent minute)."""
     pending = dict(tasks)
+    t0 = time.time()
     while pending:
         ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=every_s)
         for k in [k for k, r in pending.items() if r in ready]:
@@ -200,10 +214,11 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
         parts = []
         for k in pending:
             try:
-                p = json.loads(progress[k].read_text())
-                parts.append(f"{k[:8]} step {p['step']}/{p['steps']} val {p['val_loss']:.4f}")
+                parts.append(progress_part(k, json.loads(progress[k].read_text()),
+                                           time.time()))
             except (OSError, ValueError, KeyError, TypeError):
-                parts.append(f"{k[:8]} starting")
+                parts.append(f"{k[:8]} starting: hashing its inputs "
+                             f"({time.time() - t0:.0f} s)")
         if pending:
             console.progress(f"{what}: {len(tasks) - len(pending)}/{len(tasks)} done; "
                              + "; ".join(parts))

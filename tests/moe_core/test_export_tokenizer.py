@@ -88,7 +88,10 @@ def test_a_from_pretrained_runs_export_copies_the_parents_tokenizer(tmp_path):
     parent.mkdir()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(),
                                                 eos_token="ÿ")
+    fast.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
     fast.save_pretrained(str(parent))
+    transformers.GenerationConfig(eos_token_id=255, max_new_tokens=7).save_pretrained(
+        str(parent))
     out = tmp_path / "out"
     out.mkdir()
     synth = DataConfig(source="synthetic", synthetic_vocab=32)
@@ -97,6 +100,11 @@ def test_a_from_pretrained_runs_export_copies_the_parents_tokenizer(tmp_path):
     assert (out / "tokenizer.json").read_bytes() == (parent / "tokenizer.json").read_bytes()
     tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     assert tok("ab").input_ids == [97, 98] and tok.eos_token == "ÿ"
+    # the chat template and the generation config travel with the tokenizer (#39)
+    for name in ("chat_template.jinja", "generation_config.json"):
+        assert (out / name).read_bytes() == (parent / name).read_bytes(), name
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
+        "<user>hi"
     text = tmp_path / "t.txt"
     text.write_text("hello " * 3000)
     other = tmp_path / "out2"

@@ -130,7 +130,8 @@ def test_trial_memory_estimate_by_hand():
     n = count_params(m).total
     s, b, h, a, L, V = 32, 8, m.d_model, m.n_head, m.n_layer, m.vocab_size
     act = s * b * h * (34 + 5 * a * s / h) * L * 2  # Korthikanti Eq. 2, fp32 doubles it
-    assert preflight.trial_memory_bytes(cfg, 0) == int(n * 16 + act + 2 * s * b * V * 4)
+    model = int(n * 16 + act + 2 * s * b * V * 4)
+    assert preflight.trial_memory_bytes(cfg, 0) == preflight.RUNTIME_BYTES + model  # no parent
 
 
 def test_custom_resources_must_exist(tmp_path):
