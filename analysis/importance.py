@@ -119,7 +119,7 @@ def _evaluate(records: list[dict[str, Any]], knobs: Sequence[str], metric: str, 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = {k: _distribution([r[k] for r in records]) for k in knobs}
     dists = {k: d for k, d in dists.items() if not d.single()}
-    if len(records) < 2 or not dists:
+    if len(records) < 3 or not dists:  # PED-ANOVA needs a top set smaller than all trials
         return {}
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
     study.add_trials([optuna.trial.create_trial(
@@ -127,7 +127,7 @@ def _evaluate(records: list[dict[str, Any]], knobs: Sequence[str], metric: str, 
         value=r[metric]) for r in records])
     ev = (FanovaImportanceEvaluator(seed=0) if evaluator == "fanova"
           else PedAnovaImportanceEvaluator(
-              target_quantile=max(0.1, min(1.0, TOP_LEAST / len(records)))))
+              target_quantile=max(0.1, min(0.9, TOP_LEAST / len(records)))))
     try:
         got = get_param_importances(study, evaluator=ev, normalize=True)
     except ImportError as e:
