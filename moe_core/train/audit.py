@@ -197,8 +197,9 @@ READ: dict[str, Check] = {
                                lambda t: t.model.rope_cos.shape[0],
                                "rows of the live model's RoPE table"),
     "model.compile": Check(lambda c, p: NA if c.model.compile == "auto" else c.model.compile,
-                           lambda t: t.model._compiled is not None,
-                           "whether the live model holds compiled blocks"),
+                           lambda t: t.model.compiled or t.model.compile_error is not None,
+                           "whether the live model's blocks are compiled (or ran eager after "
+                           "the one warning naming model.compile)"),
     "model.activation_checkpointing": Check(_c("model.activation_checkpointing"),
                                             lambda t: t.model.activation_checkpointing,
                                             "`model.activation_checkpointing` of the live model"),
@@ -259,9 +260,9 @@ READ: dict[str, Check] = {
     "optim.zero_stage": Check(_c("optim.zero_stage"), lambda t: _ds(t, "zero_optimization_stage"),
                               "the DeepSpeed engine's `zero_optimization_stage()`"),
     "optim.dtype": Check(lambda c, p: NA if c.optim.dtype == "auto" else c.optim.dtype,
-                         lambda t: str(next(t.model.parameters()).dtype).replace(
-                             "torch.float32", "fp32").replace("torch.bfloat16", "bf16"),
-                         "dtype of the live model's parameters"),
+                         lambda t: {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(
+                             str(t.dtype), str(t.dtype)),
+                         "the trainer's compute dtype (`trainer.dtype`)"),
     "optim.expert_parallel": Check(_ep, _layers(lambda m: m.ep_size),
                                    "`layer.ep_size` of every live MoE layer (0 = all ranks)"),
     "schedule.kind": Check(lambda c, p: _requested_lrs(c, p), lambda t: _lrs(t),
