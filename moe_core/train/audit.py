@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.errors import ConfigError
+from moe_core.hf_config import model_config as hf_model_config
 from moe_core.presets import PRESETS
 from moe_core.schedules import Phase, lr_at, run_schedule
 
@@ -126,6 +127,15 @@ def _pretrained(c: Any) -> dict[str, Any] | None:
     return json.loads((Path(c.parent.from_pretrained) / "config.json").read_text())
 
 
+def _requested_positions(c: Any, p: Any) -> int:
+    """model.max_seq_len; unset: data.seq_len, or a Hugging Face parent's positions (its
+    max_position_embeddings, as the child is built from the parent's ModelConfig)."""
+    hf = _pretrained(c)
+    if c.model.max_seq_len is None and hf is not None:
+        return hf_model_config(hf).max_seq_len
+    return c.model.max_seq_len or c.data.seq_len
+
+
 def _dims(t: Any) -> list[int]:
     """(d_model, n_layer, vocab rows) of the live model."""
     return [t.model.tok_emb.weight.shape[1], len(t.model.blocks), t.model.tok_emb.weight.shape[0]]
@@ -193,7 +203,7 @@ READ: dict[str, Check] = {
     "model.preset": Check(_scratch_only(lambda c, p: _requested_dims(c)),
                           lambda t: _dims(t)[:2],
                           "d_model and layers of the live model (embedding width, blocks)"),
-    "model.max_seq_len": Check(lambda c, p: c.model.max_seq_len or c.data.seq_len,
+    "model.max_seq_len": Check(_requested_positions,
                                lambda t: t.model.rope_cos.shape[0],
                                "rows of the live model's RoPE table"),
     "model.compile": Check(lambda c, p: NA if c.model.compile == "auto" else c.model.compile,

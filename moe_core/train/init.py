@@ -93,10 +93,7 @@ def build_initial_model(
     state = state_from_numpy(parent.model_state)
     new_state, new_cfg, expansion = UPCYCLERS[cfg.upcycle.method](state, parent.model_config,
                                                                   cfg, calib)
-    # the run's own moe and RoPE length, not the parent's (a Hugging Face parent's table is
-    # its max_position_embeddings; the knob audit, moe_core.train.audit, caught it)
-    model = build_model(dataclasses.replace(new_cfg, moe=mcfg.moe,
-                                            max_seq_len=mcfg.max_seq_len), **kw)
+    model = build_model(dataclasses.replace(new_cfg, moe=mcfg.moe), **kw)
     load_model_state(model, new_state, resume=False)  # its own config sets α^(l)
     return model, expansion
 

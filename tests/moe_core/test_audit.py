@@ -165,6 +165,19 @@ def test_a_planted_override_fails_the_audit_naming_the_key(tmp_path, monkeypatch
     assert "\n" not in str(e.value)
 
 
+def test_an_hf_parent_overrides_model_max_seq_len_and_the_audit_says_so(tmp_path):
+    """Found by this audit: a child of a Hugging Face parent is built from the parent's
+    ModelConfig, so its RoPE table keeps the checkpoint's positions (64 here) whatever
+    ``model.max_seq_len`` asks; the trial fails in one line instead of ignoring the knob."""
+    hf = tiny_dense("llama", tmp_path / "hf")
+    cfg = _cfg(tmp_path / "cache", model={"compile": False, "max_seq_len": 48},
+               moe=_moe(), parent={"from_pretrained": str(hf)},
+               upcycle={"method": "dense_to_moe"})
+    t = Trainer(cfg, parent=load_pretrained_parent(str(hf), tmp_path / "pc"))
+    with pytest.raises(ConfigError, match=r"^knob audit: model\.max_seq_len is 64 .* asks for 48"):
+        A.check(t)
+
+
 def doc_table(audited: dict[str, dict]) -> str:
     paths = [*audited, "multi_rank_ep"]
     head = "| key | " + " | ".join(f"`{p}`" for p in paths) + " | read back |\n"
