@@ -122,6 +122,8 @@ class Transformer(FixedDtypeBuffers):
         (``moe_core.loss``; ``enable_speedups``)."""
         self._compiled: list[Any] | None = None  # one compiled callable per block, unregistered
         self.compile_key = "model.compile"
+        self.compile_error: str | None = None
+        """Why torch.compile failed at set-up (the blocks then run eager); None otherwise."""
         self.reset_parameters()
 
     @torch.no_grad()
@@ -166,7 +168,7 @@ class Transformer(FixedDtypeBuffers):
         self.activation_checkpointing = activation_checkpointing
         self.chunked_loss = chunked_loss
         self.fused_head = fused_head  # Liger's fused linear cross-entropy (moe_core.loss)
-        self._compiled, self.compile_key = None, key
+        self._compiled, self.compile_key, self.compile_error = None, key, None
         if compile == "auto":
             compile = next(self.parameters()).is_cuda
         if compile:
@@ -185,6 +187,7 @@ class Transformer(FixedDtypeBuffers):
         self._compiled = None
         cause = getattr(e, "inner_exception", None) or e  # BackendCompilerFailed wraps the cause
         lines = str(cause).strip().splitlines()
+        self.compile_error = f"{type(cause).__name__}: {lines[0][:300] if lines else ''}"
         log.warning("%s=true: torch.compile failed (%s: %s); running eager. Set %s=false to "
                     "silence this.", self.compile_key, type(cause).__name__,
                     lines[0][:300] if lines else "", self.compile_key)

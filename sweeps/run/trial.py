@@ -33,6 +33,7 @@ from moe_core.hf.tokenizer import save_run_tokenizer
 from moe_core.outdir import claim_out_dir
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
+from moe_core.train.audit import check as audit_knobs
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
@@ -324,6 +325,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
                           out_dir=work / "ckpt", callbacks=(reporter,),
                           should_checkpoint=CheckpointCadence(spec.checkpoint,
                                                               t.config.eval.every_steps))
+        static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
         try:
             trainer.fit()
             if export_dir is not None:
@@ -380,6 +382,7 @@ def _train_rank(box: dict[str, Any]) -> None:
                       out_dir=own, out_dir_per_rank=True, callbacks=(reporter,),
                       should_checkpoint=CheckpointCadence(box["checkpoint"],
                                                           t.config.eval.every_steps))
+    reporter.static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
     try:
         trainer.fit()
     except DivergenceError as e:  # every rank sees the same all-reduced loss

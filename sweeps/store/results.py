@@ -14,6 +14,8 @@ Columns, in this order:
   layers, and for the health statistics (``moe_core.moe.stats.LAYER_HEALTH``) each MoE layer's
   ``router.<stat>.layer<i>`` (``i``: its block index) and the least healthy layer's
   ``router.<stat>.worst``;
+- effective columns ``effective.<YAML path>``: the value of each knob read back from the live
+  trainer at set-up (``moe_core.train.audit``; a trial whose value differs fails in one line);
 - compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
   dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``).
 
@@ -53,6 +55,8 @@ PROVENANCE_KEY = b"upcycle_sweeps.provenance"
 
 KNOB_PREFIX = "knob."
 """Knob columns: ``knob.`` + the knob's YAML path."""
+EFFECTIVE_PREFIX = "effective."
+"""Effective columns: ``effective.`` + a key, its value read back from the live run."""
 ROUTER_PREFIX = "router."
 """Router statistics reported at each eval (never configuration)."""
 CONFIG_SECTIONS = ("model", "moe", "upcycle", "optim", "data", "schedule", "batch", "parent",
@@ -124,7 +128,8 @@ def is_static(column: str) -> bool:
     """Configuration rather than a metric: W&B takes these as run config, not curves."""
     if column in _TYPES:
         return column in STATIC_COLUMNS
-    return column.startswith(KNOB_PREFIX) or column.split(".", 1)[0] in CONFIG_SECTIONS
+    return column.startswith((KNOB_PREFIX, EFFECTIVE_PREFIX)) or \
+        column.split(".", 1)[0] in CONFIG_SECTIONS
 
 
 # ---- values --------------------------------------------------------------------------------
