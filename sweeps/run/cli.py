@@ -18,6 +18,7 @@ from sweeps.plan.build import build_plan
 from sweeps.run import _signals as signals
 from sweeps.run import console, guard
 from sweeps.run.address import check_address, dry_run_address
+from sweeps.spec import budget as budget_flags
 from sweeps.spec.sweep import load_spec
 from sweeps.spec.trials import check_kernels
 
@@ -45,6 +46,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="cost forecast and memory check for this GPU (h100, h200, a100, l4...)")
     ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
                     help="price of one GPU-hour, for the forecast's cost")
+    for key, flag in budget_flags.FLAGS.items():
+        ap.add_argument(flag, type=float, default=None, dest=f"budget_{key}",
+                        metavar="HOURS" if "hours" in key else "$",
+                        help=f"stop the sweep when this much is spent (spec: budget.{key}; "
+                             "--resume with a raised one continues)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
     ap.add_argument("--verbose", action="store_true",
                     help="Ray Tune's status tables and the trials' own log lines")
@@ -84,6 +90,8 @@ def check_flags(args: argparse.Namespace) -> None:
                                "or l4")
 
 
+BUDGET_EXIT = 3
+"""Exit status of a sweep stopped by its budget (2: a configuration error, before launch)."""
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
@@ -94,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     check_flags(args)
     spec = load_spec(args.spec, args.overrides, results=args.results)
+    limits = budget_flags.with_flags(
+        spec.budget, {k: getattr(args, f"budget_{k}") for k in budget_flags.FLAGS}, args.price)
     plan = build_plan(spec)
     nodes = _cluster_nodes(args.address) if args.dry_run else None
     # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
@@ -124,9 +134,15 @@ def main(argv: list[str] | None = None) -> int:
             guard.check_resume_spec(spec, spec.results_uri, args.force_spec,
                                     console.progress)
         summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                            max_concurrent=args.max_concurrent, verbose=args.verbose)
+                            max_concurrent=args.max_concurrent, verbose=args.verbose,
+                            limits=limits)
     if args.json:
         print(json.dumps(summary, default=str))
+    if summary.get("budget", {}).get("status") == "spent":
+        print(f"budget spent ({summary['budget']['stopped_by']}): {summary['budget_stopped']} "
+              "trials stopped, rows kept; raise the limit and rerun with --resume to continue",
+              file=sys.stderr)
+        return BUDGET_EXIT
     if not summary.get("complete", True):
         print(f"{RESUME_HINT} ({len(summary['unfinished'])} unfinished, "
               f"{summary['not_started']} not started)", file=sys.stderr)
