@@ -13,11 +13,19 @@ import re
 import sys
 
 from moe_core.errors import SearchSpaceError, cli_boundary
+from sweeps.cluster.launcher import (
+    NodeType,
+    check_launcher,
+    cluster_gpu,
+    ray_nodes,
+    read_launcher,
+)
 from sweeps.plan import preflight, resources
 from sweeps.plan.build import build_plan
 from sweeps.run import _signals as signals
 from sweeps.run import console, guard
 from sweeps.run.address import check_address, dry_run_address
+from sweeps.spec import budget as budget_flags
 from sweeps.spec.sweep import load_spec
 from sweeps.spec.trials import check_kernels
 
@@ -34,6 +42,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="with --resume: resume although the spec changed since the run began")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate and print the plan without starting Ray")
+    ap.add_argument("--cluster", default=None, metavar="LAUNCHER.yaml",
+                    help="with --dry-run: check the spec against a Ray cluster launcher config's "
+                         "node types (sweeps/cluster/aws.yaml, gcp.yaml) without a cloud")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a spec key, e.g. base.optim.lr=1e-3 or num_samples=4")
     ap.add_argument("--results", default=None,
@@ -45,6 +56,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="cost forecast and memory check for this GPU (h100, h200, a100, l4...)")
     ap.add_argument("--price", type=float, default=None, metavar="$/GPU-h",
                     help="price of one GPU-hour, for the forecast's cost")
+    for key, flag in budget_flags.FLAGS.items():
+        ap.add_argument(flag, type=float, default=None, dest=f"budget_{key}",
+                        metavar="HOURS" if "hours" in key else "$",
+                        help=f"stop the sweep when this much is spent (spec: budget.{key}; "
+                             "--resume with a raised one continues)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON")
     ap.add_argument("--verbose", action="store_true",
                     help="Ray Tune's status tables and the trials' own log lines")
@@ -68,6 +84,23 @@ def _cluster_nodes(address: str | None) -> list[dict[str, float]] | None:
     return cluster_nodes(resolved)
 
 
+def _launcher(args: argparse.Namespace) -> list[NodeType] | None:
+    """``--cluster``'s node types (only with ``--dry-run``, without ``--address``)."""
+    if args.cluster is None:
+        return None
+    if not args.dry_run or args.address is not None:
+        raise SearchSpaceError(f"--cluster {args.cluster}: checks a spec in the dry run, without "
+                               "a cloud; use it with --dry-run and without --address")
+    return read_launcher(args.cluster)
+
+
+def _gpus(types: list[NodeType] | None, nodes: list[dict[str, float]] | None) -> float | None:
+    """GPUs of the cluster the forecast schedules on: every node type at its max_workers."""
+    if types:
+        return sum(t.gpus * t.max_workers for t in types)
+    return sum(n.get("GPU", 0) for n in nodes) if nodes else None
+
+
 MAX_PRICE = 1e4
 """Largest ``--price`` per GPU-hour accepted (list prices are a few dollars)."""
 
@@ -84,6 +117,8 @@ def check_flags(args: argparse.Namespace) -> None:
                                "or l4")
 
 
+BUDGET_EXIT = 3
+"""Exit status of a sweep stopped by its budget (2: a configuration error, before launch)."""
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
@@ -94,23 +129,31 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     check_flags(args)
     spec = load_spec(args.spec, args.overrides, results=args.results)
+    limits = budget_flags.with_flags(
+        spec.budget, {k: getattr(args, f"budget_{k}") for k in budget_flags.FLAGS}, args.price)
     plan = build_plan(spec)
-    nodes = _cluster_nodes(args.address) if args.dry_run else None
+    types = _launcher(args)
+    nodes = ray_nodes(types) if types else _cluster_nodes(args.address) if args.dry_run else None
+    gpu = args.gpu or (cluster_gpu(types) if types else None)
     # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
     # driver resolves it again against the running cluster)
     seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
                              else resources.local_cluster())
     check_kernels(seen)  # liger asked for on trials that resolve to the CPU
     checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
-        seen, plan, gpu=args.gpu, concurrent=args.max_concurrent, nodes=nodes,
-        local=args.address is None)
+        seen, plan, gpu=gpu, concurrent=args.max_concurrent, nodes=nodes,
+        local=args.address is None and not types)
+    if types:
+        problems, lines = check_launcher(seen, plan, types, args.cluster)
+        checks += problems
     checked = guard.preflight(spec, plan)  # before anything starts or moves
     if args.dry_run:
         console.print_plan(spec, plan)
-        console.print_forecast(seen, plan, gpu=args.gpu, price=args.price,
+        console.print_forecast(seen, plan, gpu=gpu, price=args.price,
                                max_concurrent=args.max_concurrent,
-                               cluster_gpus=sum(n.get("GPU", 0) for n in nodes)
-                               if nodes else None)
+                               cluster_gpus=_gpus(types, nodes))
+        for line in lines if types else []:
+            console.progress(line)
         for line in checked:
             console.progress(line)
     preflight.enforce(checks, console.progress)
@@ -124,9 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             guard.check_resume_spec(spec, spec.results_uri, args.force_spec,
                                     console.progress)
         summary = run_sweep(spec, plan, address=args.address, resume=args.resume,
-                            max_concurrent=args.max_concurrent, verbose=args.verbose)
+                            max_concurrent=args.max_concurrent, verbose=args.verbose,
+                            limits=limits)
     if args.json:
         print(json.dumps(summary, default=str))
+    if summary.get("budget", {}).get("status") == "spent":
+        print(f"budget spent ({summary['budget']['stopped_by']}): {summary['budget_stopped']} "
+              "trials stopped, rows kept; raise the limit and rerun with --resume to continue",
+              file=sys.stderr)
+        return BUDGET_EXIT
     if not summary.get("complete", True):
         print(f"{RESUME_HINT} ({len(summary['unfinished'])} unfinished, "
               f"{summary['not_started']} not started)", file=sys.stderr)

@@ -31,7 +31,7 @@ from sweeps.plan.build import SweepPlan, build_plan, extends_stable, on_demand_s
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.run import _signals as signals
-from sweeps.run import console
+from sweeps.run import budget, console
 from sweeps.run.address import check_address
 from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
@@ -39,6 +39,7 @@ from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
 from sweeps.run.parents import cache_paths, train_parents, train_stables
 from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.run.trial import TrialContext, run_trial
+from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.provenance import provenance
@@ -62,7 +63,7 @@ from sweeps.testing import faults
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
+            faults.COST_ENV, "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
             "AWS_SHARED_CREDENTIALS_FILE", *S3_SETTINGS)
 Results = Path | Location
 """A sweep's results folder: a local Path, or a Location on object storage."""
@@ -123,6 +124,7 @@ class ResultsCallback(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure_loaded()
+        budget.charge(result)  # the eval's time on the trial's devices; may stop the sweep
         row = row_from_result(result, trial.trial_id)
         verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
         if verdict is not None:  # Tune asked the stopper first: this row is where it fired
@@ -141,6 +143,7 @@ class ResultsCallback(tune.Callback):
         return self.ticker
 
     def on_step_end(self, iteration, trials, **info):
+        budget.tick()  # budget.wall_hours
         if not self._ticker().due():
             return
         running = [t for t in trials if getattr(t, "status", "") == "RUNNING"]
@@ -210,7 +213,7 @@ class ResultsCallback(tune.Callback):
 
     def on_experiment_end(self, trials, **info):
         self._ensure_loaded()
-        reconcile(self.sink, trials, signals.received())
+        reconcile(self.sink, trials, signals.received(), budget.stopped_by())
         self.sink.close()
 
 
@@ -484,7 +487,7 @@ def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
     for p in sink.load(results_dir / "tune").problems:
         console.progress(p)
     reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [],
-              signals.received())  # trials a stop signal cut are interrupted, not ok
+              signals.received(), budget.stopped_by())  # cut trials: interrupted or budget, not ok
     sink.close()
     if sink.write_errors:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
@@ -545,18 +548,34 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
     return loc
 
 
+def _law_outcome(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
+                 summary: dict[str, Any]) -> dict[str, Any] | None:
+    """``law``: the final refit Tune's searcher could not make (resumed, or at its cap)."""
+    settled = searcher(spec, plan, results_dir)
+    if settled.design.observed:
+        settled.design.settle()
+        settled.flush()
+    state = read_law_state(results_dir)
+    if state is not None:
+        summary["law"] = outcome(spec.law, state, len(candidates_from_plan(spec, plan)))
+    return state
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
-              verbose: bool = False) -> dict[str, Any]:
-    """Run the planned sweep to the end; returns the summary (also in ``summary.json``)."""
+              verbose: bool = False, limits: BudgetConfig | None = None) -> dict[str, Any]:
+    """Run the planned sweep to the end, or until ``limits`` (default: the spec's ``budget``)
+    are spent; returns the summary (also in ``summary.json``)."""
     os.environ.setdefault("WANDB_MODE", spec.wandb.mode)
     hide_cloud_keys()  # before any S3 filesystem is built: keys never reach Ray's logs
     results_dir = results_location(spec, resume)
+    ledger = budget.open_ledger(results_dir, resume, limits or spec.budget)
     check_address(address)  # an unreachable cluster fails here, before anything is moved
     allow_cpu_for_gpu()  # a bad value of the switch fails here, not in every trial
     hide_wandb_key()
     _start_ray(spec, address, verbose)
     spec = resources.resolve(spec, resources.ray_cluster())  # resources.gpus: auto -> 1 or 0
+    ledger.devices = budget.trial_devices(spec.resources.ranks, spec.resources.gpus)
     signals.install()  # after ray.init, which replaces the SIGTERM handler
     enforce(check_cluster(spec, [n["Resources"] for n in ray.nodes() if n.get("Alive")],
                           "the Ray cluster" if address else "the local Ray", fit=address is None,
@@ -582,6 +601,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     refs = {} if law else train_parents(spec, plan, cache_dir)
     stables = {} if law else train_stables(spec, plan, refs, cache_dir, results_dir)
     parent_wall = time.time() - t0
+    ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))  # parents, stables
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, ctx=TrialContext(
@@ -597,25 +617,21 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     conc = _concurrency(spec, max_concurrent)
     tuner = _tuner(spec, plan, trainable, results_dir,
                    _callbacks(spec, plan, results_dir, health), conc, resume, verbose, health)
-    with tune_settings(conc, plan.num_trials):
-        grid = tuner.fit()
-    finals = _final_results(results_dir, grid)
+    budget.activate(ledger, console.progress)
+    try:
+        with tune_settings(conc, plan.num_trials):
+            grid = tuner.fit()
+        finals = _final_results(results_dir, grid)
+    finally:
+        budget.deactivate()
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=_planned(spec, plan, results_dir),
                         results=join_uri(spec.results_uri, RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
+    summary["budget"] = ledger.record()  # limits, spent (earlier runs included), status
     summary["provenance"] = provenance()  # the code, libraries and device (sweeps.store.provenance)
-    if law:
-        # a search's final refit on every trial, where the searcher instance Tune ran could not
-        # make it (a --resume of a finished search, or one that stopped at its trial cap)
-        settled = searcher(spec, plan, results_dir)
-        if settled.design.observed:
-            settled.design.settle()
-            settled.flush()
-    state = read_law_state(results_dir) if law else None
-    if state is not None:
-        summary["law"] = outcome(spec.law, state, len(candidates_from_plan(spec, plan)))
+    state = _law_outcome(spec, plan, results_dir, summary) if law else None
     write_summary(results_dir, summary)
     console.print_ranked(spec, finals, summary)
     if state is not None:

@@ -29,6 +29,7 @@ from moe_core.train.config import TrainConfig, train_config_from_dict
 from scaling.predict import METHODS as PREDICTORS
 from sweeps.law.config import LawSearchConfig, parse_law_block
 from sweeps.run.prune import PruneConfig, parse_prune
+from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
 from sweeps.spec.trials import validate
 from sweeps.store.storage import check_uri, is_url, join_uri, local_form
@@ -243,6 +244,9 @@ class SweepSpec:
     fires."""
     law: LawSearchConfig | None = None
     """``algorithm: law``'s settings (:class:`sweeps.law.config.LawSearchConfig`)."""
+    budget: BudgetConfig | None = None
+    """Limits the driver enforces (:class:`sweeps.spec.budget.BudgetConfig`): at 100 % of one
+    it stops the sweep, resumable with a raised budget; None = no limit."""
     validated: dict[str, TrainConfig] = field(default_factory=dict, init=False, repr=False,
                                               compare=False)
     """The trial configs validation built, by search point (``sweeps.spec.trials.point_key``):
@@ -326,6 +330,7 @@ class _SpecFile:
     export: str | None = None
     prune: Any = None
     law: Any = None
+    budget: BudgetConfig | None = None
 
     def __post_init__(self) -> None:
         name = self.sweep
@@ -411,7 +416,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
         export=f.export, prune=parse_prune(f.prune),
-        law=parse_law_block(f.law) if f.algorithm == "law" else None,
+        law=parse_law_block(f.law) if f.algorithm == "law" else None, budget=f.budget,
     )
     validate(spec)
     return spec

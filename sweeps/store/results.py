@@ -393,6 +393,7 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
         "diverged": sum(r.get("status") == "diverged" for r in finals),
         "pruned": sum(r.get("status") == "pruned" for r in finals),
         "interrupted": sum(r.get("status") == "interrupted" for r in finals),
+        "budget_stopped": sum(r.get("status") == "budget" for r in finals),
         "best": best, "metric": metric, "wall_s": round(wall_s, 1),
         "parent_wall_s": round(parent_wall_s, 1), "parents": planned["parents"],
         "tokens_saved_by_sharing": planned["tokens_saved_by_sharing"],

@@ -111,7 +111,7 @@ class LoadReport:
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
 STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
 SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
-_OPEN = frozenset({None, "running", "interrupted"})
+_OPEN = frozenset({None, "running", "interrupted", "budget"})
 
 
 class ResultsSink:

@@ -10,14 +10,19 @@ from typing import Any
 from sweeps.store.results import PRUNE_COLUMNS
 
 
-def reconcile(sink: Any, trials: Iterable[Any], signal: int | None = None) -> None:
+def reconcile(sink: Any, trials: Iterable[Any], signal: int | None = None,
+              budget: str | None = None) -> None:
     """Set each trial's outcome from Tune's own trial states (covers trials that finished in an
     earlier run, whose statuses a lost file would otherwise leave as 'running'). After a stop
     ``signal`` Tune marks the trials it cut as TERMINATED too: a trial with no outcome yet is
-    then ``interrupted``, never ``ok`` (``--resume`` runs it on)."""
+    then ``interrupted``, never ``ok`` (``--resume`` runs it on); after the ``budget`` limit
+    named stopped the sweep (``sweeps.run.budget``), it is ``budget``."""
     for t in trials:
         status = getattr(t, "status", None)
-        if status == "TERMINATED" and signal is not None:
+        if status == "TERMINATED" and budget is not None:
+            sink.mark(t.trial_id, "budget", f"stopped when budget.{budget} was spent; raise it "
+                      "and rerun with --resume to finish it")
+        elif status == "TERMINATED" and signal is not None:
             sink.mark(t.trial_id, "interrupted", f"cut by signal {signal} before its end; "
                       "rerun with --resume to finish it")
         elif status == "TERMINATED":
@@ -73,7 +78,7 @@ def apply_mark(rows: Iterable[dict[str, Any]], status: str, reason: str | None) 
         cur = row.get("status")
         if cur == "diverged":
             continue
-        if cur in (None, "running", "interrupted") or status == "failed":
+        if cur in (None, "running", "interrupted", "budget") or status == "failed":
             row["status"] = status
             if reason:
                 row["reason"] = reason

@@ -6,7 +6,8 @@ group from its checkpoint); a marker file ``.failed-<trial>`` in the parent cach
 it did, so the restarted trial runs through, and ``.resumed-<trial>`` holds the step of the
 restarted trial's first report (the eval after the checkpoint it resumed from; 0 if it had
 none). The driver swaps this in for ``tune.report`` only when the variable is set; the
-trainable and its reporter know nothing of it.
+trainable and its reporter know nothing of it. ``UPCYCLE_SWEEPS_REPORT_COST_S=S`` makes every
+report claim S seconds of work (``CostedReport``): trials of known cost for the budget's test.
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ from typing import Any
 from ray import tune
 
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
+COST_ENV = "UPCYCLE_SWEEPS_REPORT_COST_S"
+"""Seconds of work every report claims (``time_this_iter_s``, which Tune keeps when a trial
+reports it): simulated trials of known cost for the budget's tests (``sweeps.run.budget``)."""
+
+
+class CostedReport:
+    """``report`` whose every call claims ``seconds`` of work."""
+
+    def __init__(self, seconds: float, report: Any):
+        self.seconds, self.report = seconds, report
+
+    def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        self.report({**metrics, "time_this_iter_s": self.seconds}, checkpoint=checkpoint)
 
 
 class FailOnceReport:
@@ -52,7 +66,8 @@ def report_function(marker_dir: str | Path, report: Any = None,
                     trial_id: Callable[[], str] | None = None) -> Any:
     """``report`` (default ``tune.report``), or the failing one when the test variable is set
     (``trial_id`` names the trial where Tune's context does not: a Ray Train worker)."""
-    after = os.environ.get(FAIL_ONCE_ENV)
+    after, cost = os.environ.get(FAIL_ONCE_ENV), os.environ.get(COST_ENV)
+    report = CostedReport(float(cost), report or tune.report) if cost else report
     if not after:
         return report or tune.report
     return FailOnceReport(int(after), marker_dir, report, trial_id)

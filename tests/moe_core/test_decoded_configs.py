@@ -22,7 +22,8 @@ from sweeps.spec.trials import trial_dict, validation_points
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("data") / "decoded_configs.json"
-FILES = sorted(str(p.relative_to(ROOT)) for d in ("configs", "search_spaces")
+FILES = sorted(str(p.relative_to(ROOT)) for d in ("configs", "search_spaces",
+                                                   "search_spaces/cluster")
                for p in (ROOT / d).glob("*.yaml"))
 
 

@@ -35,6 +35,7 @@ SHIPPED = {
     # its prune rules (each with all its fields, layers included) are recorded since issue 43
     # (before, it recorded as upcycle_lr.yaml did)
     "upcycle_lr_prune.yaml": "7a09d2b409851ea1",
+    "cluster/upcycle_lr_8xh100.yaml": "f882027ad2d9a24d",  # upcycle_lr at 8×H100 size
     "upcycle_vs_dense.yaml": "ab600c39146fecae",
 }
 BASE = {"model": {"preset": "debug"}, "moe": {"num_experts": 8, "top_k": 2},
