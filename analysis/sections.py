@@ -13,7 +13,7 @@ import numpy as np
 from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
-from analysis.sweep import Sweep, glossary_lines
+from analysis.sweep import Sweep, format_knob, glossary_lines
 from moe_core.errors import FitError
 from scaling.fit import FitResult, fit
 from scaling.laws import Points, get_law
@@ -252,15 +252,61 @@ def upcycled_law_section(s: Sweep, bootstrap: int,
     return Section(lines, info, figure)
 
 
+MIN_LAW_POINTS = 3
+"""Distinct points per stratum below which a law the sweep was not built for is not fitted (two
+points fit every form exactly: their leave-one-out errors tie and the exponents are arbitrary)."""
+
+
+def _point(g) -> tuple[float, float] | None:
+    r = g.rows[0] if g.rows else {}
+    try:
+        nt, n2 = float(r["N_total"]), float(r["N2"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (round(nt / n2, 6), round(n2)) if n2 else None
+
+
+def sparsity_points_per_stratum(s: Sweep) -> dict[str, int]:
+    """Distinct (P, N2) points in each stratum: the cells equal on every varied knob that does
+    not change the model's shape (an aux coefficient, an LR), keyed by their label ("all")."""
+    pts = {id(g): _point(g) for g in s.groups}
+    varied = list(s.varied)
+
+    def shapes(k: str) -> bool:  # does changing k alone change (P, N2)?
+        seen: dict[tuple, set] = {}
+        for g in s.groups:
+            key = tuple(format_knob(g.knob(o)) for o in varied if o != k)
+            seen.setdefault(key, set()).add(pts[id(g)])
+        return any(len(v) > 1 for v in seen.values())
+
+    free = [k for k in varied if not shapes(k)]
+    by: dict[str, set] = {}
+    for g in s.groups:
+        label = ", ".join(f"{k}={format_knob(g.knob(k))}" for k in free) or "all"
+        if pts[id(g)] is not None:
+            by.setdefault(label, set()).add(pts[id(g)])
+    return {k: len(v) for k, v in sorted(by.items())}
+
+
 def model_config_section(s: Sweep) -> Section:
     """000 §4.2, App. D.1: sparsity P = N_total/N2 and active parameters N2."""
     f = s.finals
     if "N_total" not in f.columns or "N2" not in f.columns:
         return Section([], {})
     P = f["N_total"] / f["N2"]
-    if P.nunique() < 2 or f["N2"].nunique() < 2 or len(f) < 7:
+    if P.nunique() < 2 or f["N2"].nunique() < 2:
         return Section([], {})
     lines = ["## Scaling law of sparsity and active parameters (000 §4.2, App. D.1)", ""]
+    per = sparsity_points_per_stratum(s)
+    worst = min(per, key=per.get) if per else "all"
+    if per.get(worst, 0) < MIN_LAW_POINTS:
+        return Section([*lines, f"Not fitted: {per.get(worst, 0)} distinct (P, N2) point(s) at "
+                        f"{worst}; a law of P and N2 needs ≥ {MIN_LAW_POINTS} distinct points "
+                        "per stratum before its forms can be told apart.", ""],
+                       {"not_fitted": per})
+    if len(f) < 7:
+        return Section([*lines, f"Not fitted: {len(f)} trials; its four forms need ≥ 7 for a "
+                        "leave-one-out comparison.", ""], {"not_fitted": per})
     fits = {}
     for name in CONFIG_FORMS:
         try:
