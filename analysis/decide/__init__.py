@@ -34,13 +34,13 @@ import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
 from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
-from analysis.decide.labels import cost_lines, legend, loss_text
+from analysis.decide.labels import cost_lines, legend, loss_text, widen_lines
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
 from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
 from scaling.crossing import sign_changes
 from scaling.fit import fit_shared
-from scaling.interval import MAX_WIDEN
+from scaling.interval import AUTO, MAX_WIDEN, noise_model_name, resolve_widen
 from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
 from sweeps.plan.cost import sustained_tflops
@@ -323,7 +323,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = "unexamined", widen: float = 1.0) -> dict[str, Any]:
+           measured: Any = "unexamined", widen: float | str = AUTO) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
@@ -333,8 +333,10 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     examined), for ``noise_model``, which says what the intervals assume and why. ``widen``:
     the D* interval's ends moved that many times as far from D̂* in ln D*
     (:func:`scaling.interval.widen`; a calibrated factor, docs/intervals.md), said in
-    ``widen``."""
+    ``widen`` (``auto``, the default: the calibrated factor for ``noise``,
+    :data:`scaling.interval.CALIBRATED`; an explicit number wins)."""
     check_interval_args(noise, length, widen)
+    widen, widen_source = resolve_widen(widen, noise_model_name(noise, length))
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -382,7 +384,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
         "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
                  "scratch": {"value": point["L_sc"], "ci": iv("L_sc")}},
         "d_star": _widened_dstar(ds, iv("dstar"), widen),
-        "widen": _widen_note(ds.value, widen),
+        "widen": {**_widen_note(ds.value, widen), "source": widen_source},
         "compute_optimal": _optimal(data, upc, D1, C2),
         "cost": {"upcycled": _cost(D2, N2, gpu_tflops, price),
                  "scratch": _cost(D2, N2, gpu_tflops, price),
@@ -420,10 +422,12 @@ NOISE_MODELS = ("trials", "groups", "fading")
 
 def check_interval_args(noise: str, length: float | None, widen: float) -> None:
     """The interval options, refused in one line each."""
-    if isinstance(widen, bool) or not widen >= 1:
+    if widen == AUTO:
+        pass
+    elif isinstance(widen, (bool, str)) or not widen >= 1:
         raise FitError(f"--widen {widen}: must be >= 1 (a calibrated widening of the D* "
                        "interval; 1: none)")
-    if not widen <= MAX_WIDEN:
+    elif not widen <= MAX_WIDEN:
         raise FitError(f"--widen {widen:g}: must be at most {MAX_WIDEN:g} (a calibrated "
                        "widening is a few)")
     if noise not in NOISE_MODELS:
@@ -553,8 +557,7 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         *([] if "noise_model" not in r else [
             f"intervals assume: {r['noise_model']['assumes']}",
             f"  why: {r['noise_model']['why']}"]),
-        *([] if (r.get("widen") or {}).get("factor", 1) == 1 else [
-            f"D* interval widened ×{r['widen']['factor']:g}: {r['widen']['how']}"]),
+        *widen_lines(r.get("widen") or {}),
         f"predicted loss, upcycled:     {loss_text(r, 'upcycled', xf, far)}   ({lvl} interval)",
         f"predicted loss, from scratch: {loss_text(r, 'scratch', xf, far)}",
         dline, *legend(r),

@@ -58,3 +58,14 @@ def cost_lines(r: Mapping[str, Any], far: str) -> list[str]:
         out.append(f"cost from scratch to match the upcycled loss ({size}, "
                    f"{_g(k['tokens'], '.3g')} tokens): {priced(k)}")
     return out
+
+
+def widen_lines(w: Mapping[str, Any]) -> list[str]:
+    """The D* interval's widening, said always: its factor, what it did and where it comes from
+    (``auto``: calibrated for the noise model; "given": ``--widen F``)."""
+    if not w:
+        return []
+    src = w.get("source", "given")
+    if w.get("factor", 1) == 1:
+        return [f"D* interval not widened (×1, {src})"]
+    return [f"D* interval widened ×{w['factor']:g} ({src}): {w['how']}"]
