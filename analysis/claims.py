@@ -354,7 +354,8 @@ def _transition(s: Sweep, efficiency=(), transition=(), **_) -> list[Claim]:
     """Expert upcycling (``upcycle.method: expand_experts``, 003) at several τ or CPT budgets:
     the warm start at the transition, and η's trends."""
     out = []
-    expanded = [r for r in transition if r.get("method") == "expand_experts"]
+    expanded = [r for r in transition if r.get("method") == "expand_experts"
+                and r.get("jump") is not None]  # a pretrained parent: no jump measured
     if expanded:
         jumps = [r["jump"] for r in expanded]
         v = (REPRODUCED if all(abs(j) < 1e-2 for j in jumps) else

@@ -379,20 +379,29 @@ def transition_rows(s: Sweep) -> list[dict[str, Any]]:
     start = s.rows[s.rows["step"] == 0].drop_duplicates("trial_id").set_index("trial_id")
     out = []
     for g in s.groups:
-        jumps = []
+        jumps, loaded = [], False
         for r in g.rows:
             key, tid, lp = r.get("parent_key"), r.get("trial_id"), _finite(r.get("parent_val_loss"))
-            if not (isinstance(key, str) and key) or tid not in start.index or lp is None:
+            if not (isinstance(key, str) and key) or tid not in start.index:
                 continue
             l0 = _finite(start.loc[tid, "val_loss"])
-            if l0 is not None:
+            if lp is None and pretrained(r):  # loaded, never evaluated: its step-0 eval
+                lp, loaded = l0, True
+            if l0 is not None and lp is not None:
                 jumps.append((lp, l0))
         if jumps:
             lp, l0 = np.mean([j[0] for j in jumps]), np.mean([j[1] for j in jumps])
             out.append({"label": g.label, "L_parent": float(lp), "L_start": float(l0),
-                        "jump": float(l0 - lp), "n": len(jumps),
+                        "jump": None if loaded else float(l0 - lp), "n": len(jumps),
+                        "parent_loss": "step-0 eval" if loaded else "parent's final eval",
                         "method": g.rows[0].get("upcycle.method")})
     return out
+
+
+def pretrained(r: Mapping[str, Any]) -> bool:
+    """The trial's parent is a ``parent.from_pretrained`` checkpoint (loaded, not trained)."""
+    v = r.get("parent.from_pretrained")
+    return isinstance(v, str) and v != ""
 
 
 def transition_section(s: Sweep) -> Section:
@@ -403,8 +412,12 @@ def transition_section(s: Sweep) -> Section:
              "The parent's final val loss against the trial's first eval right after upcycling "
              "(mean over seeds): a function-preserving operator keeps them equal.", ""]
     lines += md_table(["configuration", "parent", "after upcycling", "jump"],
-                      [[r["label"], r["L_parent"], r["L_start"], f"{r['jump']:+.4f}"]
-                       for r in rows])
+                      [[r["label"], r["L_parent"], r["L_start"],
+                        "—" if r["jump"] is None else f"{r['jump']:+.4f}"] for r in rows])
+    if any(r["jump"] is None for r in rows):
+        lines += ["—: a `parent.from_pretrained` parent is loaded, not trained, so its loss "
+                  "here is the trial's step-0 eval (the freshly upcycled model), and the jump "
+                  "is not measured.", ""]
     return Section(lines, rows)
 
 

@@ -42,3 +42,26 @@ def test_points_are_counted_per_stratum_of_shape_free_knobs(tmp_path):
     s = _sweep(tmp_path, [(a, k, e) for a in (1e-3, 0.1) for k in (1, 2) for e in (4, 8)])
     assert sparsity_points_per_stratum(s) == {"moe.router.aux_coef=0.001": 4,
                                               "moe.router.aux_coef=0.1": 4}
+
+
+def test_pretrained_parent_transition_and_curves(tmp_path):
+    """#38: a parent.from_pretrained parent (no parent_val_loss, D1 unknown: 0) gets its step-0
+    eval as the parent's loss, no jump claimed, and its step-0 eval stays inside the curves."""
+    from analysis.plots import curve_limits
+    from analysis.sections import transition_section
+    rows = []
+    for s in (0, 1):
+        base = {"sweep": "p", "trial_id": f"t{s}", "status": "ok", "kind": "upcycled",
+                "seed": s, "parent_key": "hf-abc", "knob.seed": s, "D1": 0,
+                "knob.upcycle.lr_policy.peak": 1e-4, "parent.from_pretrained": "ckpt/my-llama"}
+        rows += [dict(base, step=0, tokens=0, val_loss=3.5 + 0.01 * s),
+                 dict(base, step=10, tokens=1000, val_loss=2.0 + 0.01 * s)]
+    write_rows(tmp_path / "p" / RESULTS_FILE, rows)
+    sw = load_sweep(tmp_path / "p")
+    sec = transition_section(sw)
+    assert sec.lines[0] == "## Loss at the transition"
+    assert sec.data[0]["L_parent"] == sec.data[0]["L_start"] and sec.data[0]["jump"] is None
+    assert sec.data[0]["parent_loss"] == "step-0 eval"
+    assert any(x.startswith("—: a `parent.from_pretrained` parent") for x in sec.lines)
+    (_, _), (y0, y1) = curve_limits(sw.ok_rows(), "val_loss", False)
+    assert y1 > 3.51  # the step-0 eval is not cut off the top
