@@ -522,6 +522,10 @@ def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> 
     return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
 
 
+def _loss(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str:
+    return loss_text(r, key, xf, far) or _ci(r["loss"][key], factor=xf.get(key))
+
+
 def format_decision(r: Mapping[str, Any]) -> list[str]:
     """The decision as text lines (the CLI's and the report's)."""
     i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
@@ -558,8 +562,8 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
             f"intervals assume: {r['noise_model']['assumes']}",
             f"  why: {r['noise_model']['why']}"]),
         *widen_lines(r.get("widen") or {}),
-        f"predicted loss, upcycled:     {loss_text(r, 'upcycled', xf, far)}   ({lvl} interval)",
-        f"predicted loss, from scratch: {loss_text(r, 'scratch', xf, far)}",
+        f"predicted loss, upcycled:     {_loss(r, 'upcycled', xf, far)}   ({lvl} interval)",
+        f"predicted loss, from scratch: {_loss(r, 'scratch', xf, far)}",
         dline, *legend(r),
     ]
     co = r["compute_optimal"]

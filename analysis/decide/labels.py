@@ -13,12 +13,12 @@ def _g(v: Any, fmt: str = ".4g") -> str:
     return "—" if v is None else format(v, fmt)
 
 
-def loss_text(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str:
+def loss_text(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str | None:
+    """"not meaningful beyond N× the data" for a predicted loss evaluated that far outside it;
+    None when its number stands."""
     if f"loss.{key}" in (r.get("limits") or {}).get("beyond", ()):
         return f"{far} (evaluated {xf.get(key, 1.0):.3g}× outside it; --json has the number)"
-    from analysis.decide import _ci  # the number's own format
-
-    return _ci(r["loss"][key], factor=xf.get(key))
+    return None
 
 
 def legend(r: Mapping[str, Any]) -> list[str]:
