@@ -166,6 +166,8 @@ class LawSearchConfig:
         for name in ("loss_at", "fix", "scratch"):
             object.__setattr__(self, name, _numbers(getattr(self, name), f"law.{name}"))
         object.__setattr__(self, "variables", _names(self.variables))
+        if isinstance(self.widen, str) and self.widen != AUTO:  # "1e308" from --set
+            object.__setattr__(self, "widen", _widen_value(self.widen))
         object.__setattr__(self, "box", _box(self.box))
         self._check()
 
