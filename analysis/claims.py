@@ -82,6 +82,19 @@ def _by_seed(g: Group, metric: str) -> dict[Any, float]:
     return out if len(out) == len(g.rows) else {}
 
 
+def paired_verdict(d: np.ndarray, floor: float) -> tuple[str, float, float]:
+    """The paired-by-seed rule on per-seed differences ``d`` (claimed direction positive, ≥ 2
+    seeds): reproduced only if every seed agrees in sign and the mean exceeds max(2·SE, floor);
+    not reproduced mirrors it; else inconclusive. Returns (verdict, mean, threshold)."""
+    mean = float(d.mean())
+    thr = max(2 * float(d.std(ddof=1) / math.sqrt(len(d))), floor)
+    if (d > 0).all() and mean > thr:
+        return REPRODUCED, mean, thr
+    if (d < 0).all() and mean < -thr:
+        return NOT_REPRODUCED, mean, thr
+    return INCONCLUSIVE, mean, thr
+
+
 def compare(better: Group, worse: Group, metric: str = "val_loss",
             higher_is_better: bool = False, seed_noise: float | None = None) -> tuple[str, str]:
     """Verdict and numbers for "``better`` beats ``worse`` on ``metric``".
@@ -103,16 +116,8 @@ def compare(better: Group, worse: Group, metric: str = "val_loss",
     common = sorted(set(sa) & set(sb), key=str)
     if len(common) >= 2:
         d = np.array([sign * (sa[k] - sb[k]) for k in common])
-        mean = float(d.mean())
-        se = float(d.std(ddof=1) / math.sqrt(len(d)))
         floor = MIN_LOSS if "loss" in metric else 0.005 * max(abs(a.mean), abs(b.mean))
-        thr = max(2 * se, floor)
-        if (d > 0).all() and mean > thr:
-            verdict = REPRODUCED
-        elif (d < 0).all() and mean < -thr:
-            verdict = NOT_REPRODUCED
-        else:
-            verdict = INCONCLUSIVE
+        verdict, mean, thr = paired_verdict(d, floor)
         per = ", ".join(f"{x:+.4f}" for x in d)
         return verdict, (f"{fmt(better, a)}; {fmt(worse, b)}; paired by seed Δ = {mean:+.4f} "
                          f"(per seed {per}; threshold {thr:.4f})")
@@ -349,7 +354,8 @@ def _transition(s: Sweep, efficiency=(), transition=(), **_) -> list[Claim]:
     """Expert upcycling (``upcycle.method: expand_experts``, 003) at several τ or CPT budgets:
     the warm start at the transition, and η's trends."""
     out = []
-    expanded = [r for r in transition if r.get("method") == "expand_experts"]
+    expanded = [r for r in transition if r.get("method") == "expand_experts"
+                and r.get("jump") is not None]  # a pretrained parent: no jump measured
     if expanded:
         jumps = [r["jump"] for r in expanded]
         v = (REPRODUCED if all(abs(j) < 1e-2 for j in jumps) else

@@ -310,13 +310,24 @@ def _decide_parser() -> argparse.ArgumentParser:
     ap.add_argument("--icc", type=float, default=None,
                     help="with --noise groups: the shared share of a trial's noise variance "
                          "(python -m analysis.noise measures it); default: estimated")
-    ap.add_argument("--widen", type=float, default=1.0, metavar="F",
+    ap.add_argument("--widen", type=_widen_arg, default="auto", metavar="F",
                     help="widen the D* interval F times about D* in ln D* (a calibrated factor: "
-                         "studies/law_search.py's calibration; default 1, none)")
+                         "studies/law_search.py's calibration); default auto: the committed "
+                         "studies' factor for --noise (trials 1, groups 1.55, fading 1.35)")
     ap.add_argument("--ci", type=float, default=0.9, help="interval level (default 0.9)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
+
+
+def _widen_arg(v: str) -> float | str:
+    """``--widen``: ``auto`` or a number."""
+    if v == "auto":
+        return v
+    try:
+        return float(v)
+    except ValueError:
+        raise FitError(f"--widen {v}: use auto or a number >= 1") from None
 
 
 @one_line_errors

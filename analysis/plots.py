@@ -64,6 +64,8 @@ def curve_limits(rows, metric: str, total: bool = False
     m = rows[metric].astype(float)
     step = rows["step"].fillna(0).astype(float) if "step" in rows.columns else m * 0
     upcycled = rows["D1"].fillna(0).astype(float) > 0 if "D1" in rows.columns else m < -np.inf
+    if "kind" in rows.columns:  # a pretrained parent's D1 may be unknown (0): still upcycled
+        upcycled = upcycled | (rows["kind"] == "upcycled")
     keep = (upcycled | (step > 0)) & np.isfinite(m)
     if not keep.any():
         keep = np.isfinite(m)

@@ -13,7 +13,7 @@ import numpy as np
 from analysis.data import final_evals, load_points
 from analysis.decide import decide, format_decision, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
-from analysis.sweep import Sweep, glossary_lines
+from analysis.sweep import Sweep, format_knob, glossary_lines
 from moe_core.errors import FitError
 from scaling.fit import FitResult, fit
 from scaling.laws import Points, get_law
@@ -252,15 +252,61 @@ def upcycled_law_section(s: Sweep, bootstrap: int,
     return Section(lines, info, figure)
 
 
+MIN_LAW_POINTS = 3
+"""Distinct points per stratum below which a law the sweep was not built for is not fitted (two
+points fit every form exactly: their leave-one-out errors tie and the exponents are arbitrary)."""
+
+
+def _point(g) -> tuple[float, float] | None:
+    r = g.rows[0] if g.rows else {}
+    try:
+        nt, n2 = float(r["N_total"]), float(r["N2"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (round(nt / n2, 6), round(n2)) if n2 else None
+
+
+def sparsity_points_per_stratum(s: Sweep) -> dict[str, int]:
+    """Distinct (P, N2) points in each stratum: the cells equal on every varied knob that does
+    not change the model's shape (an aux coefficient, an LR), keyed by their label ("all")."""
+    pts = {id(g): _point(g) for g in s.groups}
+    varied = list(s.varied)
+
+    def shapes(k: str) -> bool:  # does changing k alone change (P, N2)?
+        seen: dict[tuple, set] = {}
+        for g in s.groups:
+            key = tuple(format_knob(g.knob(o)) for o in varied if o != k)
+            seen.setdefault(key, set()).add(pts[id(g)])
+        return any(len(v) > 1 for v in seen.values())
+
+    free = [k for k in varied if not shapes(k)]
+    by: dict[str, set] = {}
+    for g in s.groups:
+        label = ", ".join(f"{k}={format_knob(g.knob(k))}" for k in free) or "all"
+        if pts[id(g)] is not None:
+            by.setdefault(label, set()).add(pts[id(g)])
+    return {k: len(v) for k, v in sorted(by.items())}
+
+
 def model_config_section(s: Sweep) -> Section:
     """000 §4.2, App. D.1: sparsity P = N_total/N2 and active parameters N2."""
     f = s.finals
     if "N_total" not in f.columns or "N2" not in f.columns:
         return Section([], {})
     P = f["N_total"] / f["N2"]
-    if P.nunique() < 2 or f["N2"].nunique() < 2 or len(f) < 7:
+    if P.nunique() < 2 or f["N2"].nunique() < 2:
         return Section([], {})
     lines = ["## Scaling law of sparsity and active parameters (000 §4.2, App. D.1)", ""]
+    per = sparsity_points_per_stratum(s)
+    worst = min(per, key=per.get) if per else "all"
+    if per.get(worst, 0) < MIN_LAW_POINTS:
+        return Section([*lines, f"Not fitted: {per.get(worst, 0)} distinct (P, N2) point(s) at "
+                        f"{worst}; a law of P and N2 needs ≥ {MIN_LAW_POINTS} distinct points "
+                        "per stratum before its forms can be told apart.", ""],
+                       {"not_fitted": per})
+    if len(f) < 7:
+        return Section([*lines, f"Not fitted: {len(f)} trials; its four forms need ≥ 7 for a "
+                        "leave-one-out comparison.", ""], {"not_fitted": per})
     fits = {}
     for name in CONFIG_FORMS:
         try:
@@ -333,20 +379,29 @@ def transition_rows(s: Sweep) -> list[dict[str, Any]]:
     start = s.rows[s.rows["step"] == 0].drop_duplicates("trial_id").set_index("trial_id")
     out = []
     for g in s.groups:
-        jumps = []
+        jumps, loaded = [], False
         for r in g.rows:
             key, tid, lp = r.get("parent_key"), r.get("trial_id"), _finite(r.get("parent_val_loss"))
-            if not (isinstance(key, str) and key) or tid not in start.index or lp is None:
+            if not (isinstance(key, str) and key) or tid not in start.index:
                 continue
             l0 = _finite(start.loc[tid, "val_loss"])
-            if l0 is not None:
+            if lp is None and pretrained(r):  # loaded, never evaluated: its step-0 eval
+                lp, loaded = l0, True
+            if l0 is not None and lp is not None:
                 jumps.append((lp, l0))
         if jumps:
             lp, l0 = np.mean([j[0] for j in jumps]), np.mean([j[1] for j in jumps])
             out.append({"label": g.label, "L_parent": float(lp), "L_start": float(l0),
-                        "jump": float(l0 - lp), "n": len(jumps),
+                        "jump": None if loaded else float(l0 - lp), "n": len(jumps),
+                        "parent_loss": "step-0 eval" if loaded else "parent's final eval",
                         "method": g.rows[0].get("upcycle.method")})
     return out
+
+
+def pretrained(r: Mapping[str, Any]) -> bool:
+    """The trial's parent is a ``parent.from_pretrained`` checkpoint (loaded, not trained)."""
+    v = r.get("parent.from_pretrained")
+    return isinstance(v, str) and v != ""
 
 
 def transition_section(s: Sweep) -> Section:
@@ -357,8 +412,12 @@ def transition_section(s: Sweep) -> Section:
              "The parent's final val loss against the trial's first eval right after upcycling "
              "(mean over seeds): a function-preserving operator keeps them equal.", ""]
     lines += md_table(["configuration", "parent", "after upcycling", "jump"],
-                      [[r["label"], r["L_parent"], r["L_start"], f"{r['jump']:+.4f}"]
-                       for r in rows])
+                      [[r["label"], r["L_parent"], r["L_start"],
+                        "—" if r["jump"] is None else f"{r['jump']:+.4f}"] for r in rows])
+    if any(r["jump"] is None for r in rows):
+        lines += ["—: a `parent.from_pretrained` parent is loaded, not trained, so its loss "
+                  "here is the trial's step-0 eval (the freshly upcycled model), and the jump "
+                  "is not measured.", ""]
     return Section(lines, rows)
 
 

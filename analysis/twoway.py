@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from analysis.claims import MIN_LOSS, NEEDS_SEEDS, REPRODUCED, paired_verdict
 from moe_core.fsio import atomic_write
 from sweeps.spec.naming import short_keys
 from sweeps.store.results import CONFIG_SECTIONS, KNOB_PREFIX, final_rows, format_knob
@@ -52,15 +55,76 @@ def varied_knobs(finals: Sequence[Mapping[str, Any]]) -> list[str]:
     return [c for c in cols if len({format_knob(r.get(c)) for r in finals}) > 1]
 
 
+def follows(finals: Sequence[Mapping[str, Any]], knob: str, leader: str) -> bool:
+    """Every trial with the same ``leader`` value has the same ``knob`` value, and ``knob``
+    takes no more values than ``leader``: ``knob`` is tied to ``leader`` (an ``expr`` knob such
+    as ``num_experts: {expr: 8 * moe.granularity}``), not a second factor of the design."""
+    seen: dict[str, str] = {}
+    for r in finals:
+        if seen.setdefault(format_knob(r.get(leader)), format_knob(r.get(knob))) != \
+                format_knob(r.get(knob)):
+            return False
+    return len(set(seen.values())) <= len(seen)
+
+
+def folded_knobs(finals: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The varied knobs that are factors of the design, each with the knobs tied to it (folded
+    in: a 2 × 2 design whose knobs each carry an ``expr`` knob is one table, not six)."""
+    out: dict[str, list[str]] = {}
+    for k in varied_knobs(finals):
+        lead = next((f for f in out if follows(finals, k, f)), None)
+        if lead is None:
+            out[k] = []
+        else:
+            out[lead].append(k)
+    return out
+
+
+def seed_verdict(better: Mapping[Any, float], worse: Mapping[Any, float],
+                 metric: str = "val_loss", mode: str = "min") -> str:
+    """"``better`` beats ``worse``" by the claims' paired-by-seed rule
+    (``analysis.claims.paired_verdict``): ``needs ≥ 2 seeds`` when fewer than 2 seeds are
+    common to both cells."""
+    common = sorted(set(better) & set(worse), key=str)
+    if len(common) < 2:
+        return NEEDS_SEEDS
+    sign = -1 if mode == "min" else 1
+    d = np.array([sign * (better[k] - worse[k]) for k in common])
+    scale = max(abs(float(np.mean(list(better.values())))), 1e-12)
+    return paired_verdict(d, MIN_LOSS if "loss" in metric else 0.005 * scale)[0]
+
+
 @dataclass(frozen=True)
 class JointTable:
-    """The final metric of every (a, b) cell: its values over seeds."""
+    """The final metric of every (a, b) cell: its values over seeds (and, where the rows name
+    their seeds, the value per seed, for the per-seed agreement a "best" needs)."""
 
     a: str
     b: str
     a_values: tuple[str, ...]
     b_values: tuple[str, ...]
     cells: Mapping[tuple[str, str], tuple[float, ...]]
+    by_seed: Mapping[tuple[str, str], Mapping[Any, float]] | None = None
+    metric: str = "val_loss"
+
+    def supported_best(self, va: str, mode: str = "min") -> tuple[str | None, str]:
+        """The best b at ``a = va`` when it beats every other b of the row by the claims' rule
+        (paired by seed), else None; and why not (``needs ≥ 2 seeds`` or ``inconclusive``)."""
+        best = self.best_b(va, mode)
+        seeds = self.by_seed or {}
+        if best is None:
+            return None, "empty"
+        why = REPRODUCED
+        for vb in self.b_values:
+            if vb == best or not self.cells.get((va, vb)):
+                continue
+            v = seed_verdict(seeds.get((va, best), {}), seeds.get((va, vb), {}),
+                             self.metric, mode)
+            if v == NEEDS_SEEDS:
+                return None, NEEDS_SEEDS
+            if v != REPRODUCED:
+                why = v
+        return (best, why) if why == REPRODUCED else (None, "inconclusive")
 
     @property
     def names(self) -> tuple[str, str]:
@@ -82,16 +146,30 @@ class JointTable:
     def transposed(self) -> JointTable:
         """The same cells with a and b swapped."""
         return JointTable(self.b, self.a, self.b_values, self.a_values,
-                          {(vb, va): v for (va, vb), v in self.cells.items()})
+                          {(vb, va): v for (va, vb), v in self.cells.items()},
+                          {(vb, va): v for (va, vb), v in (self.by_seed or {}).items()},
+                          self.metric)
 
     def _best_line(self, mode: str) -> str:
+        """What the data hold about the best b at each a: a best only where it beats the rest
+        of its row on every seed (the claims' rule); "depends on" only between such bests."""
         a, b = self.names
-        shown = {va: vb for va in self.a_values if (vb := self.best_b(va, mode)) is not None}
-        if len(set(shown.values())) <= 1:
-            return (f"best {b} = {next(iter(shown.values()), '—')} at every {a}" if shown
-                    else "no cell has a value")
+        got = {va: self.supported_best(va, mode) for va in self.a_values}
+        shown = {va: vb for va, (vb, _) in got.items() if vb is not None}
+        if any(why == NEEDS_SEEDS for _, why in got.values()):
+            return f"best {b} at each {a}: {NEEDS_SEEDS}"
+        if not shown:
+            return (f"no {b} is best at any {a} on every seed (paired by seed, as the claims: "
+                    "inconclusive)")
+        open_ = [va for va in self.a_values if va not in shown]
+        rest = (f"; at {', '.join(f'{a}={va}' for va in open_)} no {b} is best on every seed"
+                if open_ else "")
+        if len(set(shown.values())) == 1:
+            where = f"at every {a}" if not open_ else "at " + ", ".join(
+                f"{a}={va}" for va in shown)
+            return f"best {b} = {next(iter(shown.values()))} {where}{rest}"
         return f"best {b} depends on {a}: " + ", ".join(
-            f"{vb} at {a}={va}" for va, vb in shown.items())
+            f"{vb} at {a}={va}" for va, vb in shown.items()) + rest
 
     def interaction(self, mode: str = "min") -> str:
         """One line: whether the best b is the same at every a (and the best a at every b),
@@ -115,18 +193,24 @@ def joint_table(finals: Sequence[Mapping[str, Any]], a: str, b: str,
                 metric: str = "val_loss") -> JointTable:
     """The ``a`` × ``b`` table of ``metric`` over ``finals`` (one row per trial)."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_seed: dict[tuple[str, str], dict[Any, float]] = defaultdict(dict)
     for r in finals:
         v = _finite(r.get(metric))
         if v is not None:
-            cells[(format_knob(r.get(a)), format_knob(r.get(b)))].append(v)
+            k = (format_knob(r.get(a)), format_knob(r.get(b)))
+            cells[k].append(v)
+            seed = r.get(SEED_KNOB, r.get("seed"))
+            if seed is not None:
+                by_seed[k][seed] = v
     return JointTable(a, b, tuple(_order({k[0] for k in cells})),
                       tuple(_order({k[1] for k in cells})),
-                      {k: tuple(v) for k, v in cells.items()})
+                      {k: tuple(v) for k, v in cells.items()}, dict(by_seed), metric)
 
 
 def knob_pairs(finals: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """Every pair of varied knobs (seed excluded)."""
-    return list(itertools.combinations(varied_knobs(finals), 2))
+    """Every pair of the design's factors (seed excluded; ``expr``-tied knobs folded into the
+    knob they follow, :func:`folded_knobs`)."""
+    return list(itertools.combinations(folded_knobs(finals), 2))
 
 
 def markdown(jt: JointTable, metric: str, mode: str = "min") -> list[str]:
@@ -136,7 +220,7 @@ def markdown(jt: JointTable, metric: str, mode: str = "min") -> list[str]:
     lines = [f"| {a} \\ {b} | " + " | ".join(jt.b_values) + " |",
              "|---|" + "---|" * len(jt.b_values)]
     for va in jt.a_values:
-        best = jt.best_b(va, mode)
+        best = jt.supported_best(va, mode)[0]
         cells = []
         for vb in jt.b_values:
             vals = jt.cells.get((va, vb), ())
@@ -148,6 +232,11 @@ def markdown(jt: JointTable, metric: str, mode: str = "min") -> list[str]:
             cells.append(f"**{txt}**" if vb == best else txt)
         lines.append(f"| {va} | " + " | ".join(cells) + " |")
     return [*lines, "", f"{metric}: {jt.interaction(mode)}.", ""]
+
+
+def empty_cells(jt: JointTable) -> int:
+    """How many (a, b) cells of the table hold no trial."""
+    return sum(1 for va in jt.a_values for vb in jt.b_values if not jt.cells.get((va, vb)))
 
 
 def _plt():
@@ -303,12 +392,23 @@ def twoway_lines(name: str, rows: Sequence[Mapping[str, Any]], metric: str, out:
     finals = ok_finals(rows)
     lines: list[str] = []
     pngs: list[Path] = []
+    tied = folded_knobs(finals)
+    for k, ks in tied.items():
+        if ks:
+            lines += [f"{', '.join(x[len(KNOB_PREFIX):] for x in ks)} follow(s) "
+                      f"{k[len(KNOB_PREFIX):]} in every trial (an `expr` or tied knob): folded "
+                      "into it, not a second factor.", ""]
     for a, b in knob_pairs(finals):
         jt = joint_table(finals, a, b, metric)
         sa, sb = a[len(KNOB_PREFIX):], b[len(KNOB_PREFIX):]
+        if (n := empty_cells(jt)):
+            lines += [f"**{sa} × {sb}**: not shown: {n} of {len(jt.a_values) * len(jt.b_values)}"
+                      " cells hold no trial (the design does not cross these knobs).", ""]
+            continue
         png = plot_interaction(jt, metric, out / f"{stem}_{sa}_x_{sb}.png".replace("/", "_"),
                                f"{name}: final {metric}, {sa} × {sb}")
         pngs.append(png)
-        lines += [f"**{sa} × {sb}** (mean over seeds per cell; best of each row in bold)", "",
+        lines += [f"**{sa} × {sb}** (mean over seeds per cell; bold: the best of its row on "
+                  "every seed, by the claims' paired rule)", "",
                   *markdown(jt, metric, mode), f"![{sa} x {sb}]({png.name})", ""]
     return lines, pngs

@@ -13,6 +13,15 @@ import math
 
 from moe_core.errors import FitError
 
+AUTO = "auto"
+"""``law.widen: auto`` / ``--widen auto`` (the default): the calibrated factor for the noise
+model the interval is bootstrapped under (:data:`CALIBRATED`)."""
+CALIBRATED = {"fading": 1.35, "equicorrelated": 1.55, "independent": 1.0}
+"""The smallest factor that brought the searcher's 90 % D* interval to nominal on the committed
+simulated studies (studies/law_search.py, docs/intervals.md; ``studies_out/summary_*.json``):
+fading noise ×1.35 (out of sample, studies 60–119: 0.88 ± 0.04,
+``summary_fading_widen135_oos.json``), equicorrelated ×1.55, independent 1.0 (0.90 unwidened).
+A fixed parent (``parent_fixed``) has no searcher interval to calibrate."""
 MAX_WIDEN = 100.0
 """Largest widening factor accepted: a calibrated factor is a few (docs/intervals.md); a larger
 one overflows ``(end/value)**F`` and means a typo."""
@@ -37,3 +46,21 @@ def widen(value: float | None, lo: float | None, hi: float | None,
         return value * (end / value) ** factor
 
     return move(lo), move(hi)
+
+
+def noise_model_name(noise: str, length: float | None = None) -> str:
+    """The calibrated noise model a bootstrap assumes: ``trials`` → independent, ``groups`` →
+    equicorrelated, ``groups`` with a fading ``length`` (or ``fading``) → fading."""
+    if noise == "trials":
+        return "independent"
+    return "fading" if noise == "fading" or length is not None else "equicorrelated"
+
+
+def resolve_widen(widen: float | str | None, model: str) -> tuple[float, str]:
+    """The factor to widen by and where it comes from: an explicit number wins ("given");
+    ``auto`` (or None) is :data:`CALIBRATED`'s factor for ``model``."""
+    if widen is None or widen == AUTO:
+        f = CALIBRATED[model]
+        return f, (f"auto: calibrated for {model} noise (studies_out/summary_{model}.json, "
+                   "docs/intervals.md)")
+    return float(widen), "given"

@@ -50,8 +50,9 @@ ANALYSIS_GRAPH = {
     "derived": set(),
     "derived.__main__": {"cli"},
     "data": set(),
-    "decide": {"data", "decide.extrapolation", "derived"},
+    "decide": {"data", "decide.extrapolation", "decide.labels", "derived"},
     "decide.extrapolation": set(),
+    "decide.labels": set(),
     "decide.plan": {"decide.extrapolation", "derived"},
     "decide.__main__": {"cli"},
     "noise": {"data"},
@@ -65,7 +66,7 @@ ANALYSIS_GRAPH = {
                "twoway"},
     "best": set(),
     "compare": {"html_page", "importance", "twoway"},
-    "twoway": set(),
+    "twoway": {"claims"},  # the claims' paired-by-seed rule for a "best" (#38)
     "importance": set(),
     "html_page": {"importance", "twoway"},
 }

@@ -34,12 +34,13 @@ import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
 from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
+from analysis.decide.labels import cost_lines, legend, loss_text, widen_lines
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
 from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
 from scaling.crossing import sign_changes
 from scaling.fit import fit_shared
-from scaling.interval import MAX_WIDEN
+from scaling.interval import AUTO, MAX_WIDEN, noise_model_name, resolve_widen
 from scaling.interval import widen as widen_interval
 from scaling.laws import Points, get_law
 from sweeps.plan.cost import sustained_tflops
@@ -49,6 +50,12 @@ D_RANGE = (1e3, 1e17)
 DEFAULT_TFLOPS = 400.0
 """000 App. A's sustained TFLOP/s per GPU (no longer the default: see :func:`_rate`)."""
 DEFAULT_GPU = "h100"
+MAX_EXTRAPOLATION = 10.0
+"""How far beyond its data (a factor on any input, ``analysis.decide.extrapolation``) a fitted
+law's prediction is still printed as a number: the laws are fitted over about one decade of
+tokens, and past another decade the 90 % interval spans orders of magnitude (1e11 tokens on a
+6.6e5-token proxy grid: "152.2 [0.0067, 4915]" nats). Beyond it the text says "not meaningful
+beyond 10×"; ``--json`` keeps the numbers, flagged in ``limits``."""
 
 
 def _rate(gpu_tflops: float | None, gpu: str) -> tuple[float, str]:
@@ -316,7 +323,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = "unexamined", widen: float = 1.0) -> dict[str, Any]:
+           measured: Any = "unexamined", widen: float | str = AUTO) -> dict[str, Any]:
     """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
@@ -326,8 +333,10 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     examined), for ``noise_model``, which says what the intervals assume and why. ``widen``:
     the D* interval's ends moved that many times as far from D̂* in ln D*
     (:func:`scaling.interval.widen`; a calibrated factor, docs/intervals.md), said in
-    ``widen``."""
+    ``widen`` (``auto``, the default: the calibrated factor for ``noise``,
+    :data:`scaling.interval.CALIBRATED`; an explicit number wins)."""
     check_interval_args(noise, length, widen)
+    widen, widen_source = resolve_widen(widen, noise_model_name(noise, length))
     N1 = float(n1) if n1 is not None else data.N1
     if not data.joint and not math.isclose(N1, data.N1, rel_tol=1e-2):
         raise FitError(f"--n1 {N1:g}: the data hold one dense size, N1 = {data.N1:g}; the "
@@ -375,7 +384,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
         "loss": {"upcycled": {"value": point["L_up"], "ci": iv("L_up")},
                  "scratch": {"value": point["L_sc"], "ci": iv("L_sc")}},
         "d_star": _widened_dstar(ds, iv("dstar"), widen),
-        "widen": _widen_note(ds.value, widen),
+        "widen": {**_widen_note(ds.value, widen), "source": widen_source},
         "compute_optimal": _optimal(data, upc, D1, C2),
         "cost": {"upcycled": _cost(D2, N2, gpu_tflops, price),
                  "scratch": _cost(D2, N2, gpu_tflops, price),
@@ -387,7 +396,25 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
                  "shared": ["E"]},
         "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
         "extrapolation_factor": _factors(data, N1, D1, D2),
+        "limits": _limits(data, N1, D1, D2, ds.value, point["match"]),
     })
+
+
+def _limits(data: DecisionData, N1: float, D1: float, D2: float, dstar: float | None,
+            match: float) -> dict[str, Any]:
+    """Which predictions lie beyond :data:`MAX_EXTRAPOLATION` times the data (their numbers are
+    then not meaningful), and the model size every cost is priced at."""
+    f = _factors(data, N1, D1, D2)
+    lo, hi = data.ranges["D1"][0], min(data.ranges["D2"][1], data.ranges["D1"][1])
+    sc_lo, sc_hi = data.ranges["D_scratch"]
+    far = {"loss.upcycled": f["upcycled"], "loss.scratch": f["scratch"],
+           "d_star": outside_factor(dstar, lo, hi) if dstar else 1.0,
+           "cost.scratch_to_match": max(f["scratch"], outside_factor(match, sc_lo, sc_hi)
+                                        if math.isfinite(match) else math.inf)}
+    return {"max_extrapolation": MAX_EXTRAPOLATION,
+            "beyond": sorted(k for k, v in far.items() if v > MAX_EXTRAPOLATION),
+            "priced_at": {"N2_active": data.N2 * (N1 / data.N1), "N1_dense": N1,
+                          "fitted_N1": data.N1}}
 
 
 NOISE_MODELS = ("trials", "groups", "fading")
@@ -395,10 +422,12 @@ NOISE_MODELS = ("trials", "groups", "fading")
 
 def check_interval_args(noise: str, length: float | None, widen: float) -> None:
     """The interval options, refused in one line each."""
-    if isinstance(widen, bool) or not widen >= 1:
+    if widen == AUTO:
+        pass
+    elif isinstance(widen, (bool, str)) or not widen >= 1:
         raise FitError(f"--widen {widen}: must be >= 1 (a calibrated widening of the D* "
                        "interval; 1: none)")
-    if not widen <= MAX_WIDEN:
+    elif not widen <= MAX_WIDEN:
         raise FitError(f"--widen {widen:g}: must be at most {MAX_WIDEN:g} (a calibrated "
                        "widening is a few)")
     if noise not in NOISE_MODELS:
@@ -493,12 +522,20 @@ def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> 
     return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
 
 
+def _loss(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str:
+    return loss_text(r, key, xf, far) or _ci(r["loss"][key], factor=xf.get(key))
+
+
 def format_decision(r: Mapping[str, Any]) -> list[str]:
     """The decision as text lines (the CLI's and the report's)."""
     i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
     xf = r.get("extrapolation_factor") or {}
+    lim = r.get("limits") or {"beyond": [], "max_extrapolation": MAX_EXTRAPOLATION}
+    far = f"not meaningful beyond {lim['max_extrapolation']:g}× the data"
     ds = r["d_star"]
-    if ds["value"] is not None:
+    if "d_star" in lim["beyond"]:
+        dline = f"D* (000 Eq. 13): {far} (the laws cross far outside the grid; --json has it)"
+    elif ds["value"] is not None:
         dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
     elif ds["winner_everywhere"]:
         dline = (f"D* (000 Eq. 13): no crossing in {ds['range'][0]:.0e} … {ds['range'][1]:.0e} "
@@ -508,10 +545,12 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
     if len(ds["crossings"]) > 1:
         cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
         dline += f" (crossings: {cross})"
+    verdict = (f"{far} (the laws, evaluated there, say {r['verdict']})"
+               if {"loss.upcycled", "loss.scratch"} & set(lim["beyond"]) else r["verdict"])
     lines = [
         f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
         f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
-        f"verdict: {r['verdict']}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
+        f"verdict: {verdict}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
         f"({r['bootstrap']['n']} bootstrap fits "
         f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
         *([] if "noise" not in r["bootstrap"] else [
@@ -522,27 +561,20 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
         *([] if "noise_model" not in r else [
             f"intervals assume: {r['noise_model']['assumes']}",
             f"  why: {r['noise_model']['why']}"]),
-        *([] if (r.get("widen") or {}).get("factor", 1) == 1 else [
-            f"D* interval widened ×{r['widen']['factor']:g}: {r['widen']['how']}"]),
-        f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'], factor=xf.get('upcycled'))}"
-        f"   ({lvl} interval)",
-        f"predicted loss, from scratch: {_ci(r['loss']['scratch'], factor=xf.get('scratch'))}",
-        dline,
+        *widen_lines(r.get("widen") or {}),
+        f"predicted loss, upcycled:     {_loss(r, 'upcycled', xf, far)}   ({lvl} interval)",
+        f"predicted loss, from scratch: {_loss(r, 'scratch', xf, far)}",
+        dline, *legend(r),
     ]
     co = r["compute_optimal"]
     lines.append(f"compute-optimal split of C2 = {i['budget_flops']:.3g} FLOPs: "
                  + (f"D2 = {co['D2_opt']:.3g} tokens, N1 = {co['N1_opt']:.3g}" if co["available"]
                     else f"n/a ({co['reason']})"))
-    c = r["cost"]
-    for name in ("upcycled", "scratch", "scratch_to_match"):
-        k = c[name]
-        lines.append(f"cost, {name.replace('_', ' ')}: {_g(k['tokens'], '.3g')} tokens, "
-                     f"{_g(k['flops'], '.3g')} FLOPs, {_g(k['gpu_hours'], '.3g')} GPU-h at "
-                     f"{i['gpu_tflops']:.4g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
-                                                          is not None else ""))
+    lines += cost_lines(r, far)
     if "gpu_tflops_source" in i:
         lines.append(f"GPU throughput: {i['gpu_tflops']:.4g} TFLOP/s sustained per "
                      f"{i.get('gpu', 'GPU')}, {i['gpu_tflops_source']}")
     lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
                                      "within the data)"))
     return lines
+

@@ -229,7 +229,9 @@ class ParentConfig:
 
     tokens: int | None = None
     """D1: tokens the parent is trained for (or, for expand_experts, the transition point τ).
-    Required unless ``from_pretrained`` is given."""
+    Required unless ``from_pretrained`` is given; with it, optional: the tokens the checkpoint
+    was pretrained on when known (its model card), recorded as the trials' D1 (nothing is
+    trained), so that the D1 × D2 laws and "Should I upcycle?" apply to your own model."""
     from_pretrained: str | None = None
     """A local ``save_pretrained`` folder (``moe_core.hf.load_pretrained``): a dense Llama /
     Mistral / Qwen2 / Qwen3 / Phi-3 (``dense_to_moe``, ``continue``) or a Mixtral / Qwen2-MoE /
@@ -253,7 +255,10 @@ class ParentConfig:
         if self.from_pretrained is not None:
             _check(isinstance(self.from_pretrained, str) and self.from_pretrained != "",
                    "parent.from_pretrained must be the path of a save_pretrained folder")
-            for key in ("tokens", "moe", "lr", "schedule", "batch", "seed"):
+            _check(self.tokens is None or self.tokens >= 1,
+                   f"parent.tokens={self.tokens} must be >= 1 (with parent.from_pretrained: the "
+                   "tokens the checkpoint was pretrained on), or be left out")
+            for key in ("moe", "lr", "schedule", "batch", "seed"):
                 _check(getattr(self, key) is None,
                        f"parent.{key} contradicts parent.from_pretrained (the parent is loaded, "
                        f"not trained, and its architecture is the checkpoint's); remove "

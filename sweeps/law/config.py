@@ -26,7 +26,7 @@ from pydantic import BeforeValidator
 
 from moe_core.configio import coerce_number, decode
 from moe_core.errors import ConfigError, SearchSpaceError, shown
-from scaling.interval import MAX_WIDEN
+from scaling.interval import AUTO, MAX_WIDEN, noise_model_name, resolve_widen
 from sweeps.law.limits import check_law, finite_range
 
 
@@ -87,6 +87,11 @@ LAW_VARIABLES = {"eq8": ("D1", "D2"), "eq9": ("D1", "D2"), "eq12": ("D1", "D2", 
 DEFAULT_VARIABLE_KEYS = {"D1": "parent.tokens", "D2": "tokens", "D": "tokens"}
 
 
+def _widen_value(v: Any) -> Any:
+    """``auto`` as is; anything else a number (``"1.35"`` from ``--set`` included)."""
+    return v if v == AUTO else coerce_number(v)
+
+
 @dataclass(frozen=True, slots=True)
 class LawSearchConfig:
     """``algorithm: law``'s ``law:`` block (:mod:`sweeps.law`): which law to fit after
@@ -140,15 +145,29 @@ class LawSearchConfig:
     (000 Eq. 3 at one size), or chinchilla's A, alpha, B, beta, E with eq12."""
     dstar_range: Annotated[tuple[float, float], BeforeValidator(_finite_range)] = (1e3, 1e17)
     """Token range searched for D* crossings (000 Eq. 13)."""
-    widen: float = 1.0
+    widen: Annotated[float | str, BeforeValidator(_widen_value)] = AUTO
     """Calibrated widening of the target's interval: its ends moved this many times as far from
     the estimate in ln(target), before the stopping rule and in every report (the ``calibration``
-    factor ``studies/law_search.py`` prints for the noise model; 1: as bootstrapped)."""
+    factor ``studies/law_search.py`` prints for the noise model; 1: as bootstrapped). ``auto``
+    (default): the committed studies' factor for this search's noise model
+    (``scaling.interval.CALIBRATED``: fading ×1.35, equicorrelated ×1.55, independent 1)."""
+
+    @property
+    def widen_factor(self) -> float:
+        """The factor ``widen`` resolves to (``auto``: calibrated for the noise model)."""
+        return resolve_widen(self.widen, noise_model_name(self.noise, self.length))[0]
+
+    @property
+    def widen_source(self) -> str:
+        """Where the factor comes from: "given", or "auto: calibrated for ... noise"."""
+        return resolve_widen(self.widen, noise_model_name(self.noise, self.length))[1]
 
     def __post_init__(self) -> None:
         for name in ("loss_at", "fix", "scratch"):
             object.__setattr__(self, name, _numbers(getattr(self, name), f"law.{name}"))
         object.__setattr__(self, "variables", _names(self.variables))
+        if isinstance(self.widen, str) and self.widen != AUTO:  # "1e308" from --set
+            object.__setattr__(self, "widen", _widen_value(self.widen))
         object.__setattr__(self, "box", _box(self.box))
         self._check()
 
@@ -209,10 +228,14 @@ class LawSearchConfig:
             raise _err(f"law.ci={self.ci} must lie in (0, 1), e.g. 0.9")
         if not 0 < self.dstar_range[0] < self.dstar_range[1]:
             raise _err(f"law.dstar_range={list(self.dstar_range)} needs 0 < low < high")
-        if not self.widen >= 1:
+        if isinstance(self.widen, str):
+            if self.widen != AUTO:
+                raise _err(f"law.widen={self.widen!r}: use auto (the calibrated factor for "
+                           "the noise model, the default) or a number >= 1")
+        elif not self.widen >= 1:
             raise _err(f"law.widen={self.widen} must be >= 1 (a calibrated widening of the "
                        "target's interval)")
-        if not self.widen <= MAX_WIDEN:
+        elif not self.widen <= MAX_WIDEN:
             raise _err(f"law.widen={self.widen:g} must be at most {MAX_WIDEN:g} (a calibrated "
                        "widening is a few)")
         check_law(self)  # values, names, finite bounds, caps (sweeps.law.limits)

@@ -15,7 +15,7 @@ from moe_core.errors import FitError
 from scaling.bootstrap import NoiseComponents, group_noise_bootstrap, kernel_matrix, log2_axis
 from scaling.crossing import sign_changes
 from scaling.fit import fit
-from scaling.interval import widen
+from scaling.interval import noise_model_name, resolve_widen, widen
 from scaling.laws import Points, get_law
 
 CONFIRM = 2
@@ -156,7 +156,13 @@ class LawDesign:
     def widen(self) -> float:
         """``law.widen``: the calibrated factor the target's interval is widened by (1: none;
         a config from before the key: 1)."""
-        return float(getattr(self.cfg, "widen", 1.0))
+        return self._widen()[0]
+
+    def _widen(self) -> tuple[float, str]:
+        """``law.widen`` resolved (``auto``: calibrated for the noise model) and its source."""
+        cfg = self.cfg
+        return resolve_widen(getattr(cfg, "widen", 1.0), noise_model_name(
+            getattr(cfg, "noise", "groups"), getattr(cfg, "length", None)))
 
     def __init__(self, cfg, candidates: Sequence[Candidate], seed: int = 0):
         if not candidates:
@@ -327,6 +333,7 @@ class LawDesign:
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
                              "widen": self.widen,
+                             "widen_source": self._widen()[1],
                              "noise": {"sigma": math.sqrt(self._noise.total),
                                        "icc": self._noise.icc,
                                        "by": "groups" if by_group else "trials",

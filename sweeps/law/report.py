@@ -24,7 +24,10 @@ def _estimate_text(cfg, e: Mapping[str, Any]) -> str:
     lo, hi = e["ci"]
     w = e["rel_width"]
     f = float(e.get("widen") or 1.0)
-    wide = "" if f == 1 else f" (widened ×{f:g} in ln {_target_name(cfg)}: law.widen)"
+    src = e.get("widen_source") or "given"
+    how = "law.widen" if src == "given" else f"law.widen {src.split(' (')[0]}"
+    wide = (f" (widened ×{f:g} in ln {_target_name(cfg)}: {how})" if f != 1 else
+            "" if src == "given" else f" (not widened: {how})")
     return (f"{_target_name(cfg)} = {_num(cfg, e['value'])}, {cfg.ci:.0%} interval "
             f"[{_num(cfg, lo)}, {_num(cfg, hi)}]{wide}, relative width "
             f"{'unbounded' if w is None else format(w, '.3g')}")
@@ -58,12 +61,14 @@ def outcome(cfg, state: Mapping[str, Any], n_candidates: int) -> dict[str, Any]:
     else:
         stop = "exhausted"
     return {"target": cfg.target, "ci": cfg.ci, "ci_width": cfg.ci_width, "stop": stop,
-            "widen": float(getattr(cfg, "widen", 1.0)),
+            "widen": float(getattr(cfg, "widen_factor", getattr(cfg, "widen", 1.0))),
+            "widen_source": getattr(cfg, "widen_source", "given"),
             "trials": issued, "max_trials": cap, "failed": len(d["failed"]),
             "refits": len(d["history"]), "flops": float(d["spent"]),
             "estimate": None if last is None else {
                 **{k: last[k] for k in ("value", "ci", "rel_width", "trials")},
-                "widen": last.get("widen", 1.0)}}
+                "widen": last.get("widen", 1.0),
+                "widen_source": last.get("widen_source", "given")}}
 
 
 def describe_outcome(cfg, out: Mapping[str, Any]) -> str:

@@ -203,9 +203,10 @@ keeps them is as before; a run recorded before them that used another value is r
 ``--resume`` (``--force-spec`` records it)."""
 
 
-LAW_ADDED = {"widen": 1.0}
+LAW_ADDED = {"widen": "auto"}
 """``law:`` keys added after runs were recorded, with their defaults: a key at its default is
-left out of the record, so that a run recorded before it existed resumes."""
+left out of the record, so that a run recorded before it existed resumes (``widen``'s default
+became ``auto`` in #38: such a run resumes with the calibrated factor, said in its reports)."""
 
 
 def _law_record(law: Any) -> dict[str, Any]:

@@ -166,7 +166,9 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
     if parent is not None:
         kind = "upcycled" if cfg.upcycle.method != "continue" else kind
         n1, d1 = count_params(parent.model_config).non_embedding_total, parent.tokens
-        lp = parent.val_loss
+        if cfg.parent is not None and cfg.parent.from_pretrained is not None:
+            d1 = d1 or cfg.parent.tokens or 0  # D1 from the spec when the user knows it
+        lp = parent.val_loss if math.isfinite(parent.val_loss) else None
     row = {
         "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,

@@ -65,7 +65,9 @@ def test_decision_on_csv_holds_the_truth_and_is_valid_json(tmp_path, capsys):
     assert "Should I upcycle?" in out and "D2 = " in out
     assert "GPU throughput: 346.1 TFLOP/s sustained per h100, assumed: 35% MFU" in out
     assert "x the largest fitted D2 (" in out  # how far outside, not only that it is
-    assert "(extrapolated " in out.split("predicted loss, upcycled:")[1].splitlines()[0]
+    # 11.9x beyond the largest fitted D2: past MAX_EXTRAPOLATION (10x), no number, how far said
+    assert "not meaningful beyond 10× the data (evaluated 11.9× outside it" in out.split(
+        "predicted loss, upcycled:")[1].splitlines()[0]
 
 
 def test_no_crossing_is_an_answer(tmp_path):

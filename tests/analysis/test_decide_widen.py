@@ -17,9 +17,10 @@ def test_widen_moves_the_dstar_interval_and_says_so(tmp_path, capsys):
     f = tmp_path / "three_seeds.csv"
     _frame(3).to_csv(f, index=False)
     base = [str(f), "--bootstrap", "20", "--noise", "fading", "--icc", "0.9", "--length", "2"]
-    assert decide_main(base + ["--json"]) == 0
+    assert decide_main(base + ["--json", "--widen", "1"]) == 0  # an explicit number wins
     plain = json.loads(capsys.readouterr().out)
     assert plain["widen"]["factor"] == 1 and "ci_unwidened" not in plain["d_star"]
+    assert plain["widen"]["source"] == "given"
     assert decide_main(base + ["--json", "--widen", "1.3"]) == 0
     wide = json.loads(capsys.readouterr().out)
     v = wide["d_star"]["value"]
@@ -37,8 +38,27 @@ def test_widen_moves_the_dstar_interval_and_says_so(tmp_path, capsys):
     assert decide_main(base + ["--widen", "1.3"]) == 0
     out = capsys.readouterr().out
     assert "D* interval widened ×1.3" in out and "intervals assume:" in out
-    assert decide_main(base) == 0
-    assert "widened" not in capsys.readouterr().out
+    assert decide_main(base + ["--widen", "1"]) == 0
+    assert "D* interval not widened (×1, given)" in capsys.readouterr().out
+
+
+def test_widen_auto_is_the_calibrated_factor_of_the_noise_model(tmp_path, capsys):
+    """#38: no --widen is ``auto``: fading ×1.35, groups ×1.55, trials 1 (the committed
+    studies' factors, docs/intervals.md), said on stdout and in --json."""
+    from analysis.decide.labels import widen_lines
+    from scaling.interval import noise_model_name, resolve_widen
+    assert [resolve_widen("auto", noise_model_name(n, ln))[0] for n, ln in
+            (("fading", 2.0), ("groups", None), ("trials", None))] == [1.35, 1.55, 1.0]
+    assert resolve_widen(1.2, "fading") == (1.2, "given")  # an explicit number wins
+    f = tmp_path / "three_seeds.csv"
+    _frame(3).to_csv(f, index=False)
+    assert decide_main([str(f), "--bootstrap", "20", "--noise", "fading", "--icc", "0.9",
+                        "--length", "2", "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["widen"]
+    assert w["factor"] == 1.35 and w["source"].startswith("auto: calibrated for fading noise")
+    assert widen_lines(w)[0].startswith("D* interval widened ×1.35 (auto: calibrated for fading")
+    assert widen_lines({"factor": 1.0, "source": "given"}) == [
+        "D* interval not widened (×1, given)"]
 
 
 def test_widen_below_one_is_refused(tmp_path, capsys):

@@ -67,7 +67,8 @@ def test_pretrained_parent_config_key_and_cache(tmp_path):
 
 @pytest.mark.parametrize("key, value, match", [
     ("model.preset", "tiny", "model.preset='tiny' contradicts parent.from_pretrained"),
-    ("parent.tokens", 1000, "parent.tokens contradicts parent.from_pretrained"),
+    ("parent.tokens", 0, r"parent.tokens=0 must be >= 1 \(with parent.from_pretrained"),
+    ("parent.seed", 1, "parent.seed contradicts parent.from_pretrained"),
     ("parent.lr", 1e-3, "parent.lr contradicts parent.from_pretrained"),
     ("upcycle.lr_policy", {"policy": "constant"}, "upcycle.lr_policy.policy=constant needs"),
     ("data.seq_len", 128, "data.seq_len .*=128 exceeds the checkpoint's 64 positions"),
@@ -78,6 +79,13 @@ def test_contradictory_settings_are_refused(tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match) as e:
         cfg_with(path, **{key: value})
     assert "\n" not in str(e.value)
+
+
+def test_a_pretrained_parent_may_state_its_d1(tmp_path):
+    """#38: parent.tokens with from_pretrained is the checkpoint's known pretraining tokens
+    (recorded as D1, nothing trained), so the D1 × D2 laws apply to the user's own model."""
+    cfg = cfg_with(tiny_dense("llama", tmp_path / "llama"), **{"parent.tokens": 2_000_000})
+    assert cfg.parent.tokens == 2_000_000 and cfg.parent.from_pretrained
 
 
 @pytest.mark.slow

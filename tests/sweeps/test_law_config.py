@@ -32,7 +32,7 @@ def test_new_shape_decodes_into_the_held_form(capsys):
     assert cfg.fix == (("E", 1e-4),) and cfg.scratch == (("A", 40.0), ("alpha", 0.25),
                                                           ("E", 0.0))
     assert cfg.dstar_range == (1000.0, 1e17) and type(cfg.dstar_range[0]) is float
-    assert cfg.widen == 1.0
+    assert cfg.widen == "auto"  # #38: the calibrated factor of the noise model
     assert capsys.readouterr().err == ""  # no deprecation for the new shape
 
 

@@ -40,9 +40,19 @@ def test_law_widen_below_one_is_refused_naming_the_key(v):
         parse_law_block({"target": "alpha3", "widen": v})
 
 
-def test_law_widen_parses_with_default_one():
-    assert parse_law_block({"target": "alpha3"}).widen == 1.0
-    assert parse_law_block({"target": "alpha3", "widen": 1.15}).widen == 1.15
+def test_law_widen_defaults_to_the_calibrated_factor_and_a_number_wins():
+    # #38: auto is the committed studies' factor for the noise model (docs/intervals.md)
+    auto = parse_law_block({"target": "alpha3"})
+    assert auto.widen == "auto" and auto.widen_factor == 1.55  # groups: equicorrelated
+    assert auto.widen_source.startswith("auto: calibrated for equicorrelated noise")
+    fading = parse_law_block({"target": "alpha3", "length": 2.73})
+    assert fading.widen_factor == 1.35 and "fading" in fading.widen_source
+    assert parse_law_block({"target": "alpha3", "noise": "trials"}).widen_factor == 1.0
+    given = parse_law_block({"target": "alpha3", "widen": 1.15, "length": 2.73})
+    assert given.widen == 1.15 and given.widen_factor == 1.15 and given.widen_source == "given"
+    assert parse_law_block({"target": "alpha3", "widen": "1.15"}).widen_factor == 1.15
+    with pytest.raises(SearchSpaceError, match=r"law\.widen='wide': use auto"):
+        parse_law_block({"target": "alpha3", "widen": "wide"})
 
 
 GRID = np.geomspace(0.5e9, 8e9, 5)
@@ -154,3 +164,16 @@ def test_fading_limits_are_the_equicorrelated_and_the_independent_case():
             indep._gain(indep._condition(Ci, a), b))
     # equicorrelated by hand (k = τ² = 1): the second branch's gain (1 − 1/2.5)² / (2.5 − 1/2.5)
     assert equi._gain(equi._condition(Ce, 0), 2) == pytest.approx(0.36 / 2.1)
+
+
+def test_law_reports_say_where_the_factor_comes_from():
+    from sweeps.law.report import _estimate_text
+    cfg = parse_law_block({"target": "alpha3", "length": 2.73})
+    e = {"value": 0.05, "ci": [0.04, 0.06], "rel_width": 0.4, "widen": cfg.widen_factor,
+         "widen_source": cfg.widen_source}
+    assert "(widened ×1.35 in ln alpha3: law.widen auto: calibrated for fading noise)" in \
+        _estimate_text(cfg, e).replace("α3", "alpha3")
+    e1 = {**e, "widen": 1.0, "widen_source": parse_law_block(
+        {"target": "alpha3", "noise": "trials"}).widen_source}
+    assert "(not widened: law.widen auto: calibrated for independent noise)" in \
+        _estimate_text(cfg, e1)

@@ -52,8 +52,11 @@ def test_joint_table_shows_the_interaction_the_marginals_hide():
 def test_one_seed_says_so_and_seed_is_not_a_compare_knob():
     finals = [r for r in _rows() if r["step"] == 10]
     jt = joint_table(finals, "knob.moe.router.aux_coef", "knob.moe.top_k")
-    assert jt.interaction().startswith("best top_k = 2 at every aux_coef")
+    # one seed: no best and no "depends on" is stated, nothing bold (the claims' rule)
+    assert jt.interaction().startswith("best top_k at each aux_coef: needs ≥ 2 seeds; "
+                                       "best aux_coef at each top_k: needs ≥ 2 seeds")
     assert jt.interaction().endswith("(one seed per cell: no noise estimate)")
+    assert "**" not in "".join(markdown(jt, "val_loss"))
     assert knob_columns(_rows()) == ["knob.moe.router.aux_coef", "knob.moe.top_k"]
 
 
@@ -84,3 +87,44 @@ def test_two_values_get_two_distinct_saturated_hues():
     h1, l1, s1 = colorsys.rgb_to_hls(r1, g1, b1)
     h2, l2, s2 = colorsys.rgb_to_hls(r2, g2, b2)
     assert abs(h1 - h2) > 0.05 and max(l1, l2) < 0.75 and min(s1, s2) > 0.4
+
+
+def test_depends_on_needs_every_seed_to_agree():
+    """The issue's case: row bests differ on the means, but the per-seed differences change
+    sign, so no "depends on" and no bold (the claims table calls it inconclusive)."""
+    rows = []
+    for (aux, k), per_seed in {("0.001", 1): (1.70, 1.72), ("0.1", 1): (1.71, 1.71),
+                               ("0.001", 2): (1.66, 1.68), ("0.1", 2): (1.67, 1.66)}.items():
+        for seed, loss in enumerate(per_seed):
+            rows.append({"status": "ok", "knob.seed": seed, "knob.moe.router.aux_coef": aux,
+                         "knob.moe.top_k": k, "val_loss": loss})
+    jt = joint_table(rows, "knob.moe.top_k", "knob.moe.router.aux_coef")
+    assert jt.best_b("1") == "0.001" and jt.best_b("2") == "0.1"  # means differ...
+    line = jt.interaction()
+    assert "depends on" not in line.split(";")[0]  # ...but the seeds disagree
+    assert line.startswith("no aux_coef is best at any top_k on every seed")
+    assert "best top_k = 2 at every aux_coef" in line  # every seed agrees here
+    md = markdown(jt, "val_loss")
+    assert md[3] == "| 2 | 1.6700 (n=2) | 1.6650 (n=2) |"  # no bold: the seeds disagree
+
+
+def test_expr_tied_knobs_are_folded_and_no_table_of_empty_cells(tmp_path):
+    from analysis.twoway import folded_knobs, twoway_lines
+    rows = []
+    for g in (1, 2):
+        for lr in (1e-3, 3e-3):
+            for seed in (0, 1):
+                rows.append({"status": "ok", "trial_id": f"{g}-{lr}-{seed}", "step": 1,
+                             "knob.seed": seed, "knob.moe.granularity": g,
+                             "knob.moe.num_experts": 8 * g, "knob.moe.top_k": 2 * g,
+                             "knob.optim.lr": lr, "val_loss": 1.5 + 0.1 * g + lr + 0.01 * seed})
+    assert folded_knobs(rows) == {"knob.moe.granularity": ["knob.moe.num_experts",
+                                                           "knob.moe.top_k"],
+                                  "knob.optim.lr": []}
+    assert knob_pairs(rows) == [("knob.moe.granularity", "knob.optim.lr")]  # 1 table, not 6
+    lines, pngs = twoway_lines("g", rows, "val_loss", tmp_path, "tw")
+    assert len(pngs) == 1 and "folded into it" in "\n".join(lines)
+    # a pair the design does not cross is not drawn as a table of empty cells
+    rows2 = [r for r in rows if (r["knob.moe.granularity"], r["knob.optim.lr"]) != (2, 3e-3)]
+    lines, pngs = twoway_lines("g", rows2, "val_loss", tmp_path, "tw2")
+    assert not pngs and any("cells hold no trial" in x for x in lines)
