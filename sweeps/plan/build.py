@@ -31,6 +31,7 @@ from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig
 from moe_core.train.keys import parent_key
 from sweeps.plan.resources import local_cluster, resolve_gpus
+from sweeps.spec.algorithm import plugin
 from sweeps.spec.sweep import SweepSpec
 from sweeps.spec.trials import iter_grid, knob_values, point_key, take_config, trial_dict
 
@@ -290,12 +291,14 @@ def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, Branch
 
 
 def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
-    """``algorithm: law``: ``t`` decays from its branch group's stable run (keyed by
+    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t``
+    decays from its branch group's stable run (keyed by
     ``t.stable_key``), which the first trial that needs it trains, or extends, to ``t``'s decay
     start (``sweeps.run.parents.extend_stable``); a grid point or not, as long as its config
     branches (WSD with a decay, no constant-LR policy) on one rank."""
-    return (spec.algorithm == "law" and spec.wsd_branches and spec.resources.ranks == 1
-            and _branchable(t.config) and t.decay_start < t.config.steps)
+    return (not plugin(spec.algorithm).trains_up_front and spec.wsd_branches
+            and spec.resources.ranks == 1 and _branchable(t.config)
+            and t.decay_start < t.config.steps)
 
 
 def on_demand_starts(spec: SweepSpec, trials: Iterable[TrialPlan]) -> dict[str, dict[int, int]]:

@@ -27,15 +27,16 @@ from moe_core.configio import (
 from moe_core.errors import ConfigError, SearchSpaceError, shown
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from scaling.predict import METHODS as PREDICTORS
-from sweeps.law.config import LawSearchConfig, parse_law_block
+from sweeps.law.config import LawSearchConfig
 from sweeps.run.prune import PruneConfig, parse_prune
+from sweeps.spec import algorithm as algorithm_plugins
 from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
 from sweeps.spec.trials import validate
 from sweeps.store.storage import check_uri, is_url, join_uri, local_form
 
-ALGORITHMS = ("grid", "random", "optuna", "law")
-SCHEDULERS = ("fifo", "asha")
+ALGORITHMS = tuple(algorithm_plugins.SEARCHERS)
+SCHEDULERS = tuple(algorithm_plugins.SCHEDULERS)
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
 (``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
@@ -354,11 +355,12 @@ class _SpecFile:
                        "once")
         if self.export is not None and self.export not in EXPORTS:
             raise _err(f"export={shown(self.export)} is not known; use hf, or leave it out")
-        if self.algorithm != "law" and self.law is not None:
-            raise _err("law: is set but algorithm is not law; set algorithm: law or drop it")
-        if self.algorithm == "law" and self.law is None:
-            raise _err("algorithm=law needs a law: block, e.g. law: {law: eq8, target: alpha3, "
-                       "ci_width: 0.1}")
+        algorithm_plugins.check_settings(self.algorithm, self.blocks)
+
+    @property
+    def blocks(self) -> dict[str, Any]:
+        """The spec file's top-level blocks by key (an algorithm's settings among them)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @property
     def scheduler_kind(self) -> Any:
@@ -416,7 +418,8 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
         export=f.export, prune=parse_prune(f.prune),
-        law=parse_law_block(f.law) if f.algorithm == "law" else None, budget=f.budget,
+        **algorithm_plugins.decode_settings(f.algorithm, f.blocks),
+        budget=f.budget,
     )
     validate(spec)
     return spec
