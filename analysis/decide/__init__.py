@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
-from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
+from analysis.decide.extrapolation import describe_outside, outside_factor
+from analysis.decide.result import Decision
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
 from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
@@ -316,8 +317,8 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = "unexamined", widen: float = 1.0) -> dict[str, Any]:
-    """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
+           measured: Any = "unexamined", widen: float = 1.0) -> Decision:
+    """The decision (see the module's docstring; ``Decision.to_dict``: as JSON). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
@@ -359,7 +360,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     verdict = "upcycle" if wins >= (1 + ci) / 2 else (
         "from_scratch" if wins <= (1 - ci) / 2 else "uncertain")
     C2 = flops_6nd(N2, D2)
-    return _finite({
+    return Decision.from_dict(_finite({
         "verdict": verdict, "p_upcycle_wins": wins, "ci_level": ci,
         "bootstrap": {"n": len(draws), "unit": "trial (each data set resampled on its own)"}
         if comps is None else {
@@ -387,7 +388,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
                  "shared": ["E"]},
         "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
         "extrapolation_factor": _factors(data, N1, D1, D2),
-    })
+    }))
 
 
 NOISE_MODELS = ("trials", "groups", "fading")
@@ -479,70 +480,3 @@ def noise_model(noise: str, icc: float | None, length: float | None,
         out["why"] = (f"--noise {noise} as given; the replicates share ICC {measured.icc:.2f} "
                       f"within a group: it {fits} that")
     return out
-
-
-def _g(v: Any, fmt: str = ".4g") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> str:
-    """``value  [lo, hi]``, and ``(extrapolated 40x)`` inside it when the law was evaluated
-    that far outside its data."""
-    lo, hi = d["ci"]
-    note = interval_note([factor or 1.0])
-    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
-
-
-def format_decision(r: Mapping[str, Any]) -> list[str]:
-    """The decision as text lines (the CLI's and the report's)."""
-    i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
-    xf = r.get("extrapolation_factor") or {}
-    ds = r["d_star"]
-    if ds["value"] is not None:
-        dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
-    elif ds["winner_everywhere"]:
-        dline = (f"D* (000 Eq. 13): no crossing in {ds['range'][0]:.0e} … {ds['range'][1]:.0e} "
-                 f"tokens: {ds['winner_everywhere']} wins everywhere")
-    else:
-        dline = f"D* (000 Eq. 13): none; crossings {ds['crossings']}"
-    if len(ds["crossings"]) > 1:
-        cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
-        dline += f" (crossings: {cross})"
-    lines = [
-        f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
-        f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
-        f"verdict: {r['verdict']}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
-        f"({r['bootstrap']['n']} bootstrap fits "
-        f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
-        *([] if "noise" not in r["bootstrap"] else [
-            "noise (parametric, by group): " + "; ".join(
-                f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
-                f"{' (given)' if v['icc_given'] is not None else ''}"
-                for k, v in r["bootstrap"]["noise"].items())]),
-        *([] if "noise_model" not in r else [
-            f"intervals assume: {r['noise_model']['assumes']}",
-            f"  why: {r['noise_model']['why']}"]),
-        *([] if (r.get("widen") or {}).get("factor", 1) == 1 else [
-            f"D* interval widened ×{r['widen']['factor']:g}: {r['widen']['how']}"]),
-        f"predicted loss, upcycled:     {_ci(r['loss']['upcycled'], factor=xf.get('upcycled'))}"
-        f"   ({lvl} interval)",
-        f"predicted loss, from scratch: {_ci(r['loss']['scratch'], factor=xf.get('scratch'))}",
-        dline,
-    ]
-    co = r["compute_optimal"]
-    lines.append(f"compute-optimal split of C2 = {i['budget_flops']:.3g} FLOPs: "
-                 + (f"D2 = {co['D2_opt']:.3g} tokens, N1 = {co['N1_opt']:.3g}" if co["available"]
-                    else f"n/a ({co['reason']})"))
-    c = r["cost"]
-    for name in ("upcycled", "scratch", "scratch_to_match"):
-        k = c[name]
-        lines.append(f"cost, {name.replace('_', ' ')}: {_g(k['tokens'], '.3g')} tokens, "
-                     f"{_g(k['flops'], '.3g')} FLOPs, {_g(k['gpu_hours'], '.3g')} GPU-h at "
-                     f"{i['gpu_tflops']:.4g} TFLOP/s" + (f", ${k['cost']:.3g}" if k["cost"]
-                                                          is not None else ""))
-    if "gpu_tflops_source" in i:
-        lines.append(f"GPU throughput: {i['gpu_tflops']:.4g} TFLOP/s sustained per "
-                     f"{i.get('gpu', 'GPU')}, {i['gpu_tflops_source']}")
-    lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
-                                     "within the data)"))
-    return lines
