@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from moe_core.errors import SearchSpaceError
+
+AlgorithmName = Literal["grid", "random", "optuna", "law"]
+"""The spec's ``algorithm:`` (one registry entry each, below)."""
+SchedulerName = Literal["fifo", "asha"]
+"""The spec's ``scheduler:``."""
 
 SEARCHERS: Mapping[str, str] = {
     "grid": "sweeps.spec.searchers:Grid", "random": "sweeps.spec.searchers:Random",

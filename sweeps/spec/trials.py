@@ -52,10 +52,12 @@ def validation_points(spec: SweepSpec) -> list[dict[str, Any]]:
     return spec.space.corner_points()
 
 
-def knob_values(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
-    """The value each searched knob (and each expr knob) has in the trial's config: a
-    conditional knob whose ``when`` does not hold shows the base value the trial really ran."""
-    cfg = trial_dict(spec, point)
+def knob_values(spec: SweepSpec, point: dict[str, Any],
+                cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The value each searched knob (and each expr knob) has in the trial's config (``cfg``:
+    its ``trial_dict``, built here if not given): a conditional knob whose ``when`` does not
+    hold shows the base value the trial really ran."""
+    cfg = trial_dict(spec, point) if cfg is None else cfg
     keys = list(point) + [p.key for p in spec.space.exprs() if p.key not in point]
     return {k: cfg.get("seed") if k == "seed" else get_dotted(cfg, k, point.get(k))
             for k in keys}
@@ -89,17 +91,21 @@ def _merged(cfg: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 
 def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:
-    """The trial config of ``point``, kept on the spec for the plan (:func:`take_config`)."""
-    cfg = train_config_from_dict(trial_dict(spec, point))
-    spec.validated[point_key(point)] = cfg
+    """The trial config of ``point``, kept on the spec with its ``trial_dict`` for the plan
+    (:func:`take_config`)."""
+    d = trial_dict(spec, point)
+    cfg = train_config_from_dict(d)
+    spec.validated[point_key(point)] = (d, cfg)
     return cfg
 
 
-def take_config(spec: SweepSpec, point: dict[str, Any], d: dict[str, Any]) -> TrainConfig:
-    """The config validation built for ``point``, else one built now from its ``trial_dict``
-    ``d``."""
-    cfg = spec.validated.get(point_key(point))
-    return cfg if cfg is not None else train_config_from_dict(d)
+def take_config(spec: SweepSpec, point: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig]:
+    """(``trial_dict``, config) of ``point`` as validation built them, else built now."""
+    got = spec.validated.get(point_key(point))
+    if got is not None:
+        return got
+    d = trial_dict(spec, point)
+    return d, train_config_from_dict(d)
 
 
 # ---- validation --------------------------------------------------------------------------------
