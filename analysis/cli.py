@@ -24,7 +24,6 @@ from analysis.decide import (
     DEFAULT_TFLOPS,
     check_interval_args,
     decide,
-    format_decision,
     load_decision_data,
 )
 from analysis.decide.plan import add_plan_args, plan_main
@@ -357,9 +356,9 @@ def decide_main(argv: Sequence[str] | None = None) -> int:
                bootstrap=args.bootstrap, ci=args.ci, noise=args.noise, icc=args.icc,
                length=args.length, measured=_measured_noise(args.results), widen=args.widen)
     if args.json:
-        print(json.dumps(r, allow_nan=False))
+        print(json.dumps(r.to_dict(), allow_nan=False))
     else:
-        print("\n".join(format_decision(r)))
+        print("\n".join(r.lines()))
     return 0
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points
-from analysis.decide import decide, format_decision, load_decision_data
+from analysis.decide import decide, load_decision_data
 from analysis.derived import eta_interval, upcycling_efficiency
 from analysis.sweep import Sweep, format_knob, glossary_lines
 from moe_core.errors import FitError
@@ -455,5 +455,5 @@ def decision_section(s: Sweep, baseline: Sweep | None, bootstrap: int) -> Sectio
              f"{'`' + str(baseline.path) + '`' if baseline is not None else 'its moe rows'}, "
              "E shared; at the data's largest D1 and D2 (`python -m analysis.decide` for other "
              "inputs); intervals resample trials.", "", "```",
-             *format_decision(r), "```", ""]
-    return Section(lines, r)
+             *r.lines(), "```", ""]
+    return Section(lines, r.to_dict())

@@ -69,15 +69,15 @@ def hold_out(results, baseline, *, bootstrap: int = 200, ci: float = 0.9,
         for name, kw in _models(measured):
             r = decide(data, bootstrap=bootstrap, ci=ci, seed=int(k), measured=measured,
                        widen=widen, **kw)
-            lo, hi = r["d_star"]["ci"]
+            lo, hi = r.d_star["ci"]
             holds = None if target is None else bool(
                 (lo or 0.0) <= target <= (math.inf if hi is None else hi))
             rows.append({"held_out": int(k), "model": name, **{k_: v for k_, v in kw.items()
                                                                 if k_ != "noise"},
-                         "held_out_dstar": target, "dstar": r["d_star"]["value"],
+                         "held_out_dstar": target, "dstar": r.d_star["value"],
                          "ci": [lo, hi], "holds": holds,
-                         "rel_width": None if None in (lo, hi) or not r["d_star"]["value"]
-                         else (hi - lo) / r["d_star"]["value"],
+                         "rel_width": None if None in (lo, hi) or not r.d_star["value"]
+                         else (hi - lo) / r.d_star["value"],
                          "measured": None if measured is None else {
                              "icc": measured.icc, "share": measured.share,
                              "length": measured.length, "sigma": measured.sigma}})

@@ -32,7 +32,9 @@ SPEC_YAML = {"name": "sweep", "wandb": "logging.wandb", "max_failures": "failure
 # Modules whose string literals hold the validation messages.
 RULE_MODULES = ("moe_core.config", "moe_core.train.config", "moe_core.data.config",
                 "moe_core.schedules", "sweeps.spec.sweep", "sweeps.spec.space", "sweeps.spec.space",
-                "sweeps.spec.trials", "sweeps.law.config", "sweeps.run.prune", "sweeps.spec.budget")
+                "sweeps.spec.trials", "sweeps.spec.searchers", "sweeps.law.algorithm",
+                "sweeps.law.config", "sweeps.run.prune",
+                "sweeps.spec.budget")
 
 
 def _class_docstrings(cls: type) -> dict[str, str]:

@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from analysis.data import final_evals, load_points, read_table
-from analysis.decide.extrapolation import describe_outside, interval_note, outside_factor
-from analysis.decide.labels import cost_lines, legend, loss_text, widen_lines
+from analysis.decide.extrapolation import describe_outside, outside_factor
+from analysis.decide.labels import MAX_EXTRAPOLATION, format_decision  # noqa: F401
+from analysis.decide.result import Decision
 from analysis.derived import compute_optimal, flops_6nd, gpu_hours
 from moe_core.errors import FitError
 from scaling.bootstrap import bootstrap_shared, group_noise_bootstrap_shared
@@ -50,7 +51,6 @@ D_RANGE = (1e3, 1e17)
 DEFAULT_TFLOPS = 400.0
 """000 App. A's sustained TFLOP/s per GPU (no longer the default: see :func:`_rate`)."""
 DEFAULT_GPU = "h100"
-MAX_EXTRAPOLATION = 10.0
 """How far beyond its data (a factor on any input, ``analysis.decide.extrapolation``) a fitted
 law's prediction is still printed as a number: the laws are fitted over about one decade of
 tokens, and past another decade the 90 % interval spans orders of magnitude (1e11 tokens on a
@@ -323,8 +323,8 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
            gpu_tflops: float | None = None, price: float | None = None, gpu: str = DEFAULT_GPU,
            bootstrap: int = 200, ci: float = 0.9, seed: int = 0, noise: str = "trials",
            icc: float | None = None, length: float | None = None,
-           measured: Any = "unexamined", widen: float | str = AUTO) -> dict[str, Any]:
-    """The decision as a JSON-safe dict (see the module's docstring). ``noise="groups"``:
+           measured: Any = "unexamined", widen: float | str = AUTO) -> Decision:
+    """The decision (see the module's docstring; ``Decision.to_dict``: as JSON). ``noise="groups"``:
     parametric resamples that keep the noise a parent's (stable run's) trials share
     (:func:`scaling.bootstrap.group_noise_bootstrap_shared`, ``icc`` as in a law search's
     ``law.icc``); ``"fading"``: the same with the shared part fading along D2 over ``length``
@@ -368,7 +368,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
     verdict = "upcycle" if wins >= (1 + ci) / 2 else (
         "from_scratch" if wins <= (1 - ci) / 2 else "uncertain")
     C2 = flops_6nd(N2, D2)
-    return _finite({
+    return Decision.from_dict(_finite({
         "verdict": verdict, "p_upcycle_wins": wins, "ci_level": ci,
         "bootstrap": {"n": len(draws), "unit": "trial (each data set resampled on its own)"}
         if comps is None else {
@@ -397,7 +397,7 @@ def decide(data: DecisionData, *, n1: float | None = None, d1: float | None = No
         "extrapolated": _extrapolated(data, N1, D1, D2) + _dstar_note(data, ds.value),
         "extrapolation_factor": _factors(data, N1, D1, D2),
         "limits": _limits(data, N1, D1, D2, ds.value, point["match"]),
-    })
+    }))
 
 
 def _limits(data: DecisionData, N1: float, D1: float, D2: float, dstar: float | None,
@@ -508,73 +508,3 @@ def noise_model(noise: str, icc: float | None, length: float | None,
         out["why"] = (f"--noise {noise} as given; the replicates share ICC {measured.icc:.2f} "
                       f"within a group: it {fits} that")
     return out
-
-
-def _g(v: Any, fmt: str = ".4g") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> str:
-    """``value  [lo, hi]``, and ``(extrapolated 40x)`` inside it when the law was evaluated
-    that far outside its data."""
-    lo, hi = d["ci"]
-    note = interval_note([factor or 1.0])
-    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
-
-
-def _loss(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str:
-    return loss_text(r, key, xf, far) or _ci(r["loss"][key], factor=xf.get(key))
-
-
-def format_decision(r: Mapping[str, Any]) -> list[str]:
-    """The decision as text lines (the CLI's and the report's)."""
-    i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
-    xf = r.get("extrapolation_factor") or {}
-    lim = r.get("limits") or {"beyond": [], "max_extrapolation": MAX_EXTRAPOLATION}
-    far = f"not meaningful beyond {lim['max_extrapolation']:g}× the data"
-    ds = r["d_star"]
-    if "d_star" in lim["beyond"]:
-        dline = f"D* (000 Eq. 13): {far} (the laws cross far outside the grid; --json has it)"
-    elif ds["value"] is not None:
-        dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
-    elif ds["winner_everywhere"]:
-        dline = (f"D* (000 Eq. 13): no crossing in {ds['range'][0]:.0e} … {ds['range'][1]:.0e} "
-                 f"tokens: {ds['winner_everywhere']} wins everywhere")
-    else:
-        dline = f"D* (000 Eq. 13): none; crossings {ds['crossings']}"
-    if len(ds["crossings"]) > 1:
-        cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
-        dline += f" (crossings: {cross})"
-    verdict = (f"{far} (the laws, evaluated there, say {r['verdict']})"
-               if {"loss.upcycled", "loss.scratch"} & set(lim["beyond"]) else r["verdict"])
-    lines = [
-        f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
-        f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
-        f"verdict: {verdict}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
-        f"({r['bootstrap']['n']} bootstrap fits "
-        f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
-        *([] if "noise" not in r["bootstrap"] else [
-            "noise (parametric, by group): " + "; ".join(
-                f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
-                f"{' (given)' if v['icc_given'] is not None else ''}"
-                for k, v in r["bootstrap"]["noise"].items())]),
-        *([] if "noise_model" not in r else [
-            f"intervals assume: {r['noise_model']['assumes']}",
-            f"  why: {r['noise_model']['why']}"]),
-        *widen_lines(r.get("widen") or {}),
-        f"predicted loss, upcycled:     {_loss(r, 'upcycled', xf, far)}   ({lvl} interval)",
-        f"predicted loss, from scratch: {_loss(r, 'scratch', xf, far)}",
-        dline, *legend(r),
-    ]
-    co = r["compute_optimal"]
-    lines.append(f"compute-optimal split of C2 = {i['budget_flops']:.3g} FLOPs: "
-                 + (f"D2 = {co['D2_opt']:.3g} tokens, N1 = {co['N1_opt']:.3g}" if co["available"]
-                    else f"n/a ({co['reason']})"))
-    lines += cost_lines(r, far)
-    if "gpu_tflops_source" in i:
-        lines.append(f"GPU throughput: {i['gpu_tflops']:.4g} TFLOP/s sustained per "
-                     f"{i.get('gpu', 'GPU')}, {i['gpu_tflops_source']}")
-    lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
-                                     "within the data)"))
-    return lines
-

@@ -8,6 +8,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from analysis.decide.extrapolation import interval_note
+
+MAX_EXTRAPOLATION = 10.0
+"""Beyond this many times the data in D or N (``analysis.decide.extrapolation``), a prediction is
+printed as "not meaningful" (its number stays in ``--json``)."""
+
 
 def _g(v: Any, fmt: str = ".4g") -> str:
     return "—" if v is None else format(v, fmt)
@@ -69,3 +75,68 @@ def widen_lines(w: Mapping[str, Any]) -> list[str]:
     if w.get("factor", 1) == 1:
         return [f"D* interval not widened (×1, {src})"]
     return [f"D* interval widened ×{w['factor']:g} ({src}): {w['how']}"]
+
+
+def _ci(d: Mapping[str, Any], fmt: str = ".4g", factor: float | None = None) -> str:
+    """``value  [lo, hi]``, and ``(extrapolated 40x)`` inside it when the law was evaluated
+    that far outside its data."""
+    lo, hi = d["ci"]
+    note = interval_note([factor or 1.0])
+    return f"{_g(d['value'], fmt)}  [{_g(lo, fmt)}, {_g(hi, fmt)}]{note}"
+
+
+def _loss(r: Mapping[str, Any], key: str, xf: Mapping[str, float], far: str) -> str:
+    return loss_text(r, key, xf, far) or _ci(r["loss"][key], factor=xf.get(key))
+
+
+def format_decision(r: Mapping[str, Any]) -> list[str]:
+    """The decision as text lines (the CLI's and the report's)."""
+    i, lvl = r["inputs"], f"{r['ci_level']:.0%}"
+    xf = r.get("extrapolation_factor") or {}
+    lim = r.get("limits") or {"beyond": [], "max_extrapolation": MAX_EXTRAPOLATION}
+    far = f"not meaningful beyond {lim['max_extrapolation']:g}× the data"
+    ds = r["d_star"]
+    if "d_star" in lim["beyond"]:
+        dline = f"D* (000 Eq. 13): {far} (the laws cross far outside the grid; --json has it)"
+    elif ds["value"] is not None:
+        dline = f"D* (000 Eq. 13): {_ci(ds, '.3g')} tokens"
+    elif ds["winner_everywhere"]:
+        dline = (f"D* (000 Eq. 13): no crossing in {ds['range'][0]:.0e} … {ds['range'][1]:.0e} "
+                 f"tokens: {ds['winner_everywhere']} wins everywhere")
+    else:
+        dline = f"D* (000 Eq. 13): none; crossings {ds['crossings']}"
+    if len(ds["crossings"]) > 1:
+        cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
+        dline += f" (crossings: {cross})"
+    verdict = (f"{far} (the laws, evaluated there, say {r['verdict']})"
+               if {"loss.upcycled", "loss.scratch"} & set(lim["beyond"]) else r["verdict"])
+    lines = [
+        f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
+        f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
+        f"verdict: {verdict}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
+        f"({r['bootstrap']['n']} bootstrap fits "
+        f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
+        *([] if "noise" not in r["bootstrap"] else [
+            "noise (parametric, by group): " + "; ".join(
+                f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"
+                f"{' (given)' if v['icc_given'] is not None else ''}"
+                for k, v in r["bootstrap"]["noise"].items())]),
+        *([] if "noise_model" not in r else [
+            f"intervals assume: {r['noise_model']['assumes']}",
+            f"  why: {r['noise_model']['why']}"]),
+        *widen_lines(r.get("widen") or {}),
+        f"predicted loss, upcycled:     {_loss(r, 'upcycled', xf, far)}   ({lvl} interval)",
+        f"predicted loss, from scratch: {_loss(r, 'scratch', xf, far)}",
+        dline, *legend(r),
+    ]
+    co = r["compute_optimal"]
+    lines.append(f"compute-optimal split of C2 = {i['budget_flops']:.3g} FLOPs: "
+                 + (f"D2 = {co['D2_opt']:.3g} tokens, N1 = {co['N1_opt']:.3g}" if co["available"]
+                    else f"n/a ({co['reason']})"))
+    lines += cost_lines(r, far)
+    if "gpu_tflops_source" in i:
+        lines.append(f"GPU throughput: {i['gpu_tflops']:.4g} TFLOP/s sustained per "
+                     f"{i.get('gpu', 'GPU')}, {i['gpu_tflops_source']}")
+    lines.append("extrapolated: " + ("; ".join(r["extrapolated"]) or "nothing (every input lies "
+                                     "within the data)"))
+    return lines

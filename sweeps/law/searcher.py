@@ -17,12 +17,13 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from sweeps.law.algorithm import STATE_FILE, read_law_state
 from sweeps.law.design import Candidate, LawDesign
 from sweeps.law.report import describe_refit
 from sweeps.run import console
 from sweeps.store.storage import Location
 
-STATE_FILE = "law_search.json"
+__all__ = ["STATE_FILE", "LawSearcher", "read_law_state"]
 
 
 class LawSearcher(Searcher):
@@ -111,9 +112,3 @@ class LawSearcher(Searcher):
     def _load_json(self, path: Location) -> None:
         self.set_state(json.loads(path.read_text()))
 
-
-def read_law_state(results_dir: str | Path | Location) -> dict[str, Any] | None:
-    """The searcher's state file in a results folder, local or on object storage (None when
-    absent)."""
-    path = Location.of(results_dir).signed() / STATE_FILE
-    return json.loads(path.read_text()) if path.exists() else None

@@ -31,8 +31,9 @@ from moe_core.schedules import run_schedule
 from moe_core.train.config import TrainConfig
 from moe_core.train.keys import parent_key
 from sweeps.plan.resources import local_cluster, resolve_gpus
+from sweeps.spec.algorithm import plugin
 from sweeps.spec.sweep import SweepSpec
-from sweeps.spec.trials import iter_grid, knob_values, point_key, take_config, trial_dict
+from sweeps.spec.trials import iter_grid, knob_values, point_key, take_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +164,7 @@ def _stable_key(cfg_dict: dict[str, Any]) -> str:
 def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
     """Config, knob values, size, parent and branch facts of one search point."""
     point = dict(point)
-    d = trial_dict(spec, point)
-    cfg = take_config(spec, point, d)  # as validation built it, if it did
+    d, cfg = take_config(spec, point)  # as validation built them, if it did
     if spec.export == "hf":  # refuse a model with no exact HF form before any training
         from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: only for export: hf)
 
@@ -176,7 +176,7 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
         except ConfigError as e:
             raise ConfigError(f"export: hf cannot write this sweep's models: {e}") from None
     return TrialPlan(
-        point=point, config=cfg, knobs=knob_values(spec, point),
+        point=point, config=cfg, knobs=knob_values(spec, point, d),
         tokens=cfg.steps * cfg.tokens_per_step,
         N_active=count_params(cfg.model_config()).non_embedding_active,
         parent_key=parent_key(cfg) if cfg.parent is not None else None,
@@ -290,12 +290,14 @@ def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, Branch
 
 
 def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
-    """``algorithm: law``: ``t`` decays from its branch group's stable run (keyed by
+    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t``
+    decays from its branch group's stable run (keyed by
     ``t.stable_key``), which the first trial that needs it trains, or extends, to ``t``'s decay
     start (``sweeps.run.parents.extend_stable``); a grid point or not, as long as its config
     branches (WSD with a decay, no constant-LR policy) on one rank."""
-    return (spec.algorithm == "law" and spec.wsd_branches and spec.resources.ranks == 1
-            and _branchable(t.config) and t.decay_start < t.config.steps)
+    return (not plugin(spec.algorithm).trains_up_front and spec.wsd_branches
+            and spec.resources.ranks == 1 and _branchable(t.config)
+            and t.decay_start < t.config.steps)
 
 
 def on_demand_starts(spec: SweepSpec, trials: Iterable[TrialPlan]) -> dict[str, dict[int, int]]:

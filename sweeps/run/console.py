@@ -19,6 +19,7 @@ from rich.table import Table
 from sweeps.plan.build import SweepPlan, disk_estimate
 from sweeps.plan.cost import forecast, jobs_from_plan, trial_gpus
 from sweeps.plan.resources import describe, local_cluster, resolve
+from sweeps.spec.algorithm import plugins
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.results import KNOB_PREFIX, format_knob
 
@@ -54,26 +55,17 @@ def print_plan(spec: SweepSpec, plan: SweepPlan) -> None:
     con = make_console()
     con.print(f"[bold]sweep[/] {spec.name}  ({spec.path})  algorithm={spec.algorithm} "
               f"scheduler={spec.scheduler} num_samples={spec.num_samples}")
-    if spec.scheduler == "asha" and spec.asha.rung_metric:
-        con.print(f"ASHA rungs compare {spec.asha.rung_metric} ({spec.asha.predictor}, "
-                  f"calibrated on {spec.asha.calibration})", markup=False)
+    search, sched = plugins(spec)
+    for line in sched.describe_plan(spec, plan):
+        con.print(line, markup=False)
     if spec.prune:
         con.print("prune: " + "; ".join(
             f"{name} above {r.above:g}" + (f" for {r.for_evals} evals" if r.for_evals > 1 else "")
             + (f" after {r.after_tokens:,.0f} tokens" if r.after_tokens else "")
             for name, r in spec.prune.rules), markup=False)
-    law = spec.algorithm == "law" and spec.law is not None
-    if law:
-        cap = spec.law.max_trials or plan.num_trials
-        con.print(f"algorithm=law: the searcher picks at most {min(cap, plan.num_trials)} of "
-                  f"these {plan.num_trials} candidates at run time (target {spec.law.target}); "
-                  "the totals below are for all of them", markup=False)
-        if plan.branch_groups:
-            con.print("WSD stable runs are not trained up front: a trial trains its group's on "
-                      "demand, extended from the furthest checkpoint earlier trials left to its "
-                      "own decay start (so only as far as the longest budget picked so far)",
-                      markup=False)
-    t = Table(title="candidates" if law else "trials (grid points × num_samples)")
+    for line in search.describe_plan(spec, plan):
+        con.print(line, markup=False)
+    t = Table(title=search.plan_title)
     keys = sorted({k for tr in plan.trials for k in tr.point})
     for k in keys + ["tokens", "N_active", "parent"]:
         t.add_column(k)

@@ -1,9 +1,11 @@
 """The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
 
 Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared first (``sweeps.run.parents``; under ``algorithm: law`` the trials train
-them on demand instead), then Ray Tune runs the trials
+stable runs are prepared first (``sweeps.run.parents``; or the trials train them on demand,
+where the search algorithm says so), then Ray Tune runs the trials
 (``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
+What differs between search algorithms and schedulers is asked of the spec's two plug-ins
+(``sweeps.spec.algorithm``); this module has no branch on either.
 """
 
 from __future__ import annotations
@@ -23,22 +25,19 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps.law.candidates import candidates_from_plan
-from sweeps.law.report import describe_outcome, outcome
-from sweeps.law.searcher import LawSearcher, read_law_state
 from sweeps.plan import resources
-from sweeps.plan.build import SweepPlan, build_plan, extends_stable, on_demand_starts
+from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.run import _signals as signals
 from sweeps.run import budget, console
 from sweeps.run.address import check_address
-from sweeps.run.curves import load_calibration
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
-from sweeps.run.health import HealthStopper, ResumableASHA, RungMetricASHA
+from sweeps.run.health import HealthStopper
 from sweeps.run.parents import cache_paths, train_parents, train_stables
 from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.run.trial import TrialContext, run_trial
+from sweeps.spec.algorithm import plugin, plugins
 from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
@@ -76,11 +75,8 @@ class ResultsCallback(tune.Callback):
 
     def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Results,
                  flush_s: float = 10.0, health: HealthStopper | None = None):
-        self.spec, self.plan, self.total = spec, plan, plan.num_trials
-        # algorithm: law runs at most max_trials of its candidates (and may stop sooner)
-        self.at_most = spec.algorithm == "law"
-        if self.at_most and spec.law.max_trials:
-            self.total = min(self.total, spec.law.max_trials)
+        self.spec, self.plan = spec, plan
+        self.total, self.at_most = plugin(spec.algorithm).trial_cap(spec, plan)
         self.health = health
         self.results_dir = results_dir
         self.sink = ResultsSink(results_dir, flush_s, types=config_types(TrainConfig))
@@ -171,26 +167,13 @@ class ResultsCallback(tune.Callback):
         self._progress(trials, trial)
 
     def _scheduler_stop(self, trial) -> dict[str, Any] | None:
-        """ASHA stopped ``trial`` before its last step (Tune reports that as a completion): its
-        last row gets the columns of a pruned trial (rule ``asha``, the rung metric and its
-        value there), so its pre-decay curve is not taken for a finished run's. None if the
-        trial ran to its last step, or diverged."""
-        if self.spec.scheduler != "asha":
-            return None
+        """The scheduler stopped ``trial`` before its last step (``Algorithm.stopped_early``):
+        its last row gets the columns of a pruned trial. None if it did not."""
         mine = self.sink.rows_of(trial.trial_id)
-        if not mine or any(r.get("status") == "diverged" for r in mine.values()):
-            return None
-        step = max(mine)
-        end = self.plan.trial(self.spec, dict(trial.config)).config.steps
-        if step >= end:
-            return None
-        metric = self.spec.asha.rung_metric or self.spec.metric
-        value = mine[step].get(metric)
-        cols = {"prune_rule": "asha", "prune_metric": metric, "prune_value": value,
-                "prune_threshold": None, "prune_step": step,
-                "reason": f"stopped by ASHA at step {step} of {end} ({metric}="
-                          f"{value if value is None else format(value, '.4g')} at its rung)"}
-        self.sink.add({**mine[step], **cols})
+        cols = plugin(self.spec.scheduler).stopped_early(
+            self.spec, mine, self.plan.trial(self.spec, dict(trial.config)).config.steps)
+        if cols is not None:
+            self.sink.add({**mine[max(mine)], **cols})
         return cols
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -227,53 +210,14 @@ def static_keys(plan: SweepPlan) -> list[str]:
     return sorted(keys)
 
 
-def param_space(spec: SweepSpec) -> dict[str, Any]:
-    if spec.algorithm == "law":
-        return {}  # the law searcher suggests whole search points
-    return spec.space.tune_space()
+def searcher(spec: SweepSpec, plan: SweepPlan, results_dir: Results | None = None) -> Any:
+    """Tune's ``search_alg`` for the spec's algorithm (None: Tune's variant generator)."""
+    return plugin(spec.algorithm).searcher(spec, plan, results_dir)
 
 
-def searcher(spec: SweepSpec, plan: SweepPlan | None = None, results_dir: Path | None = None):
-    """None (Tune's variant generator: grid and random), Optuna TPE / GridSampler, or the
-    law-driven :class:`sweeps.law.searcher.LawSearcher` (``algorithm: law``; it keeps its state
-    in ``results_dir``)."""
-    if spec.algorithm == "law":
-        plan = plan if plan is not None else build_plan(spec)
-        return LawSearcher(spec.law, candidates_from_plan(spec, plan), metric=spec.metric,
-                           mode=spec.mode, state_dir=results_dir)
-    if spec.algorithm != "optuna":
-        return None
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    grid = spec.grid_params()
-    if grid and spec.sampled_params():
-        raise SearchSpaceError(
-            f"search.{grid[0].key} is a grid, but algorithm=optuna (TPE) cannot mix grids with "
-            "sampled knobs (Ray's OptunaSearch refuses grid_search); use choice for it, or make "
-            "every knob a grid to use Optuna's GridSampler"
-        )
-    if grid:
-        gs = {p.key: list(p.values) for p in grid}
-        if spec.seeds:
-            gs["seed"] = list(spec.seeds)
-        space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in gs.items()}
-        return OptunaSearch(space=space, sampler=optuna.samplers.GridSampler(gs, seed=0),
-                            metric=spec.metric, mode=spec.mode)
-    return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=0), metric=spec.metric,
-                        mode=spec.mode)
-
-
-def scheduler(spec: SweepSpec):
-    if spec.scheduler != "asha":
-        return None
-    base = spec.base_config
-    max_t = spec.asha.max_t or (base.steps // base.eval.every_steps + 2)
-    kw = dict(time_attr="training_iteration", max_t=max_t, grace_period=spec.asha.grace_period,
-              reduction_factor=spec.asha.reduction_factor)
-    if spec.asha.rung_metric is not None:  # rungs compare the prediction, not the metric
-        return RungMetricASHA(metric=spec.asha.rung_metric, mode=spec.mode, **kw)
-    return ResumableASHA(**kw)
+def scheduler(spec: SweepSpec) -> Any:
+    """Tune's ``scheduler`` for the spec's scheduler (None: FIFO)."""
+    return plugin(spec.scheduler).scheduler(spec)
 
 
 def cluster_nodes(address: str) -> list[dict[str, float]]:
@@ -412,7 +356,7 @@ def tune_settings(conc: int, trials: int) -> Iterator[None]:
 def pending_trials(conc: int) -> Iterator[None]:
     """Let as many trials wait for resources as may run at once, whatever the searcher: an
     autoscaler sees only the pending trials' resource requests, and Tune lets a custom
-    searcher's (Optuna, law) pend one at a time by default. A value the user set is kept."""
+    searcher's trials pend one at a time by default. A value the user set is kept."""
     key = "TUNE_MAX_PENDING_TRIALS_PG"
     before = os.environ.get(key)
     os.environ.setdefault(key, str(conc))
@@ -448,15 +392,18 @@ def _restore(where: str, trainable: Any, fs: Any) -> tune.Tuner:
 def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Results,
            callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
+    algorithm, sched = plugins(spec)
     exp_dir = results_dir / "tune"
     # object storage: Tune writes and reads through the HMAC-signing filesystem, so each file
     # of its experiment state and each trial checkpoint is signed as written (sweeps.store.signing)
     fs = results_dir.signed().fs if isinstance(results_dir, Location) else None
     where = exp_dir.path if fs is not None else str(exp_dir)
     if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
-        # bound to this folder; law: the fresh searcher reads law_search.json here (ray#30861)
+        # bound to this folder; a searcher that keeps its state in the results folder is made
+        # afresh and reads it back (ray#30861)
         return rebind(_restore(where, trainable, fs), callbacks, health,
-                      searcher(spec, plan, results_dir) if spec.algorithm == "law" else None)
+                      algorithm.searcher(spec, plan, results_dir)
+                      if algorithm.keeps_state else None)
     run_config = tune.RunConfig(
         name="tune", storage_path=results_dir.path if fs is not None else str(results_dir),
         storage_filesystem=fs,
@@ -464,14 +411,12 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0, stop=health,
     )
-    search = searcher(spec, plan, results_dir)
+    search = algorithm.searcher(spec, plan, results_dir)
     return tune.Tuner(
-        trainable, param_space=param_space(spec),
+        trainable, param_space=algorithm.param_space(spec),
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, search_alg=search,
-            scheduler=scheduler(spec),
-            num_samples=search.design.max_trials if spec.algorithm == "law" else
-            spec.num_samples,
+            scheduler=sched.scheduler(spec), num_samples=algorithm.num_samples(spec, search),
             max_concurrent_trials=conc, reuse_actors=True,
             trial_dirname_creator=trial_dirname,  # lr=3e-05, not Ray's peak=0.0000
         ),
@@ -495,39 +440,6 @@ def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
     return sink.final_rows()
 
 
-def _planned(spec: SweepSpec, plan: SweepPlan, results_dir: Path) -> dict[str, Any]:
-    """The plan's compute estimates; for ``algorithm: law``, those of the trials the searcher
-    chose (from its state file, whichever searcher instance Tune ran): a finished search
-    leaves no trial "not started", and its branch groups' stable runs were trained only to
-    their longest chosen member's decay start."""
-    est = plan.estimates()
-    state = read_law_state(results_dir) if spec.algorithm == "law" else None
-    if state is None:
-        return est
-    cands = candidates_from_plan(spec, plan)
-    d = state["design"]
-    chosen = [int(i) for i in d["observed"]] + list(d["failed"]) + list(d["pending"])
-    trials = [plan.trial(spec, cands[i].point) for i in chosen]
-    parents: dict[str, int] = {}
-    groups: dict[str, list[int]] = {}
-    for t in trials:
-        if t.parent_key is not None:
-            parents[t.parent_key] = t.config.parent_run().steps * \
-                t.config.parent_run().tokens_per_step
-        if extends_stable(spec, t):
-            groups.setdefault(t.stable_key, []).append(t.decay_start * t.config.tokens_per_step)
-    per_trial = sum(parents.get(t.parent_key, 0) for t in trials if t.parent_key is not None)
-    finished = not d["queue"] and not d["pending"]
-    return {**est, "trials": len(trials) if finished else est["trials"],
-            "grid_points": len(cands), "parents": len(parents),
-            "trial_tokens": sum(t.tokens for t in trials),
-            "trial_flops": sum(6 * t.N_active * t.tokens for t in trials),
-            "parent_tokens": sum(parents.values()),
-            "tokens_saved_by_sharing": per_trial - sum(parents.values()),
-            "branch_groups": sum(len(g) > 1 for g in groups.values()),
-            "tokens_saved_by_branches": sum(sum(g) - max(g) for g in groups.values())}
-
-
 def results_location(spec: SweepSpec, resume: bool) -> Results:
     """The sweep's results folder (a resolved local Path, or a Location on object storage),
     its Tune state checked before anything unpickles it: locally its owners and modes
@@ -546,19 +458,6 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
         if (loc / "tune" / "tuner.pkl").exists():
             check_tune_state((loc / "tune").path, loc.signed().fs)
     return loc
-
-
-def _law_outcome(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
-                 summary: dict[str, Any]) -> dict[str, Any] | None:
-    """``law``: the final refit Tune's searcher could not make (resumed, or at its cap)."""
-    settled = searcher(spec, plan, results_dir)
-    if settled.design.observed:
-        settled.design.settle()
-        settled.flush()
-    state = read_law_state(results_dir)
-    if state is not None:
-        summary["law"] = outcome(spec.law, state, len(candidates_from_plan(spec, plan)))
-    return state
 
 
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
@@ -590,16 +489,12 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         record_spec(spec, results_dir)  # what a later --resume must match
     cache_dir = spec.storage.parent_cache or join_uri(str(results_dir), "parents")
     cache_dir = cache_dir if "://" in cache_dir else str(Path(cache_dir).resolve())
-    predictor = None  # fitted before any training: a bad calibration fails in seconds
-    if spec.asha.rung_metric == "predicted_final" and spec.scheduler == "asha":
-        predictor = (spec.asha.predictor, load_calibration(spec.asha.calibration))
+    algorithm, sched = plugins(spec)
+    predictor = sched.predictor(spec)  # fitted before any training: fails in seconds
     t0 = time.time()
-    # algorithm=law runs only the trials it picks: each trains (or loads) its own parent when
-    # it starts, and trains its branch group's WSD stable run on to its own decay start where
-    # no earlier trial did (nothing is trained up front for budgets it may never pick)
-    law = spec.algorithm == "law"
-    refs = {} if law else train_parents(spec, plan, cache_dir)
-    stables = {} if law else train_stables(spec, plan, refs, cache_dir, results_dir)
+    up_front = algorithm.trains_up_front  # else each trial trains its own when it starts
+    refs = train_parents(spec, plan, cache_dir) if up_front else {}
+    stables = train_stables(spec, plan, refs, cache_dir, results_dir) if up_front else {}
     parent_wall = time.time() - t0
     ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))  # parents, stables
     health = HealthStopper(spec.prune) if spec.prune else None
@@ -608,10 +503,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
             spec=spec, plan=plan, parents=dict(refs), cache_dir=cache_dir, stables=stables,
             report=faults.report_function(cache_paths(cache_dir)[1]), predictor=predictor,
             export_dir=str(results_dir / "export") if spec.export else None,
-            stable_dir=str(results_dir / "stable") if law else None,
-            stable_starts=on_demand_starts(spec, (
-                plan.trial(spec, c.point) for c in
-                candidates_from_plan(spec, plan))) if law else None)),
+            **algorithm.trial_options(spec, plan, results_dir))),
         {**resources.trial_resources(spec), **custom_resources(spec)},
     )
     conc = _concurrency(spec, max_concurrent)
@@ -625,15 +517,16 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     finally:
         budget.deactivate()
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
-                        planned=_planned(spec, plan, results_dir),
+                        planned=algorithm.planned(spec, plan, results_dir),
                         results=join_uri(spec.results_uri, RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
     summary["errors"] = grid.num_errors
     summary["budget"] = ledger.record()  # limits, spent (earlier runs included), status
     summary["provenance"] = provenance()  # the code, libraries and device (sweeps.store.provenance)
-    state = _law_outcome(spec, plan, results_dir, summary) if law else None
+    summary.update(algorithm.after_run(spec, plan, results_dir))
     write_summary(results_dir, summary)
     console.print_ranked(spec, finals, summary)
-    if state is not None:
-        console.progress(describe_outcome(spec.law, summary["law"]))
+    closing = algorithm.closing_line(spec, summary)
+    if closing is not None:
+        console.progress(closing)
     return summary

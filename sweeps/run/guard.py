@@ -32,6 +32,7 @@ from moe_core.fsio import atomic_write_text
 from moe_core.hf_config import check_checkpoint
 from moe_core.outdir import confined
 from sweeps.run.curves import load_calibration
+from sweeps.spec.algorithm import settings_records
 from sweeps.store.lease import (  # noqa: F401 - the holder record, shared with the lease
     LOCK_FILE,
     FolderInUseError,
@@ -174,14 +175,15 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def spec_record(spec: Any) -> dict[str, Any]:
     """What decides which trials a run trains and how they are judged: the search space, seeds,
-    algorithm, samples, the base config, the law search, and (:data:`RUN_ADDED`) the metric and
-    its mode, the scheduler with its settings, the prune rules and WSD branching (as JSON)."""
+    algorithm, samples, the base config, the algorithm's own settings, and (:data:`RUN_ADDED`)
+    the metric and its mode, the scheduler with its settings, the prune rules and WSD branching
+    (as JSON)."""
     rec = {
         "search": {p.key: {"kind": p.kind, "values": list(p.values), "expr": p.expr,
                            "when": {k: list(v) for k, v in p.when}} for p in spec.search},
         "seeds": list(spec.seeds), "algorithm": spec.algorithm,
         "num_samples": spec.num_samples, "base": spec.base_config.to_dict(),
-        "law": _law_record(spec.law) if spec.law is not None else None,
+        **settings_records(spec),  # each algorithm's own settings block
     }
     run = {"metric": spec.metric, "mode": spec.mode, "scheduler": spec.scheduler,
            "asha": {k: v for k, v in dataclasses.asdict(spec.asha).items()
@@ -201,17 +203,6 @@ RUN_ADDED: dict[str, Any] = {
 ``asha``: each of its fields): a key at its default is left out, so the record of a spec that
 keeps them is as before; a run recorded before them that used another value is refused on
 ``--resume`` (``--force-spec`` records it)."""
-
-
-LAW_ADDED = {"widen": "auto"}
-"""``law:`` keys added after runs were recorded, with their defaults: a key at its default is
-left out of the record, so that a run recorded before it existed resumes (``widen``'s default
-became ``auto`` in #38: such a run resumes with the calibrated factor, said in its reports)."""
-
-
-def _law_record(law: Any) -> dict[str, Any]:
-    rec = dataclasses.asdict(law)
-    return {k: v for k, v in rec.items() if not (k in LAW_ADDED and v == LAW_ADDED[k])}
 
 
 def _spec_file(results_dir: Any) -> Any:

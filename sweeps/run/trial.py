@@ -13,13 +13,14 @@ nothing finished. A diverged trial, single- or multi-rank, reports a final row w
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -289,10 +290,8 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
-    check_reserved_device()  # a GPU reservation without CUDA: one line, before any training
-    compile_stats.start_trial()  # a reused actor: no dynamo cache from the trials before
     try:
-        parent = get_parent(t.config, t.parent_key, parents, cache_dir)
+        parent = _start(t, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
         TrialReporter(static_columns(spec, t, None, trial_id), report, tune.Checkpoint
                       ).diverged(e, t.config.tokens_per_step, 0.0)
@@ -304,7 +303,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         group = plan.branch_of(t) if stables else None
         st = stables.get(group.key) if group is not None else None
         on_demand = stable_dir is not None and extends_stable(spec, t)
-        if on_demand and resume_from is None:  # algorithm=law: train what the stable run lacks
+        if on_demand and resume_from is None:  # trained on demand: what the stable run lacks
             starts = {**plan.branch_starts(t), **(ctx.stable_starts or {}).get(t.stable_key, {})}
             st = extend_stable_in(t, parent, join_uri(stable_dir, t.stable_key), starts)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
@@ -319,23 +318,13 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
                         reporter.report(reporter.row(m))
                 fetch_stable(st)  # on object storage: this node's copy
                 resume_from = Path(st.checkpoints[t.config.tokens])
+        run = RankRun(trial=t, static=static, checkpoint=spec.checkpoint, predictor=predictor,
+                      export_dir=export_dir, parents=parents, cache_dir=cache_dir,
+                      resume=str(resume_from) if resume_from else None, stable=st)
         if spec.resources.ranks > 1:
-            run_multi_rank(spec, t, parents, cache_dir, static, resume_from, predictor,
-                           export_dir, stable=st)
-            return
-        trainer = Trainer(t.config, parent=parent, resume_from=resume_from,
-                          out_dir=work / "ckpt", callbacks=(reporter,),
-                          should_checkpoint=CheckpointCadence(spec.checkpoint,
-                                                              t.config.eval.every_steps))
-        static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
-        try:
-            trainer.fit()
-            if export_dir is not None:
-                with publishing(join_uri(export_dir, trial_id), "config.json") as dest:
-                    export_model(trainer.full_model_state(), trainer.model.config, t, dest)
-        except DivergenceError as e:
-            reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
-        del trainer
+            run_multi_rank(spec, run)
+        else:
+            fit_rank(run, parent, resume_from, work / "ckpt", reporter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         free_accelerator_memory()
@@ -344,45 +333,45 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
 
 
-def _train_worker(box: dict[str, Any]) -> None:
-    """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train). A
-    deterministic configuration error (``sweeps.run.not_retried``) fails alike on every rank: each
-    reports the trial's failed row once and returns, so neither Ray Train nor Tune retries it."""
-    import ray.train
+@dataclass(frozen=True)
+class RankRun:
+    """What a rank trains (a single-rank trial is rank 0 of one): built once per trial by
+    :func:`run_trial`, and handed as is to each Ray Train worker of a multi-rank trial."""
 
-    try:
-        _train_rank(box)
-    except DETERMINISTIC as e:
-        ray.train.report(json_safe(failed_row(None, lambda: dict(box["static"]), e)))
+    trial: TrialPlan
+    static: Mapping[str, Any]
+    """The columns every row of the trial carries (:func:`static_columns`)."""
+    checkpoint: CheckpointSpec
+    predictor: tuple[str, Calibration] | None = None
+    export_dir: str | None = None
+    parents: Mapping[str, Any] = field(default_factory=dict)
+    """Parent key → its ObjectRef (each rank fetches its parent on its own node)."""
+    cache_dir: str = ""
+    resume: str | None = None
+    """The checkpoint the trial restarts or branches from."""
+    stable: StableRun | None = None
+    """A WSD branch's stable run (fetched on each rank's node)."""
+    ckpt_root: str | None = None
+    """Multi-rank: the node-local root of the ranks' checkpoint folders (``rank<r>``)."""
 
 
-def _train_rank(box: dict[str, Any]) -> None:
-    import ray.train
-
-    t: TrialPlan = box["trial"]
+def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentState | None:
+    """Every rank's set-up: refuse a GPU reservation without CUDA (one line, before any
+    training), no dynamo cache from a reused actor's earlier trials, and the trial's parent."""
     check_reserved_device()
     compile_stats.start_trial()
-    parent = get_parent(t.config, t.parent_key, box["parents"], box["cache_dir"])
-    rank = ray.train.get_context().get_world_rank()
-    own = Path(box["ckpt_root"]) / f"rank{rank}"  # this rank's node-local folder, unshared
-    resume = box["resume"]
-    if box.get("stable") is not None:  # a WSD branch: its stable run's checkpoint, on this node
-        fetch_stable(box["stable"])
-    ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
-    if ck is not None:
-        resume = local_checkpoint(ck, own / "resume")
-    pred = box.get("predictor")
-    report = ray.train.report if rank else faults.report_function(
-        cache_paths(box["cache_dir"])[1], ray.train.report, lambda: box["static"]["trial_id"])
-    # every rank attaches its own files: Ray Train uploads them all into one checkpoint folder
-    # and commits it once every rank's report (after its upload) is in
-    reporter = TrialReporter(box["static"], report, ray.train.Checkpoint,
-                             predictor=None if pred is None else
-                             PostDecayPredictor.for_trial(*pred, t, parent),
-                             extra=compile_stats.snapshot)
-    trainer = Trainer(t.config, parent=parent, resume_from=resume, phase=Phase.full(),
-                      out_dir=own, out_dir_per_rank=True, callbacks=(reporter,),
-                      should_checkpoint=CheckpointCadence(box["checkpoint"],
+    return get_parent(t.config, t.parent_key, parents, cache_dir)
+
+
+def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
+             out_dir: Path, reporter: TrialReporter, *, rank: int = 0,
+             per_rank: bool = False) -> None:
+    """Train one rank of the trial to its end (or its divergence, reported as the final row);
+    with ``export_dir`` every rank gathers its experts and rank 0 writes the model."""
+    t = run.trial
+    trainer = Trainer(t.config, parent=parent, resume_from=resume_from, phase=Phase.full(),
+                      out_dir=out_dir, out_dir_per_rank=per_rank, callbacks=(reporter,),
+                      should_checkpoint=CheckpointCadence(run.checkpoint,
                                                           t.config.eval.every_steps))
     reporter.static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
     try:
@@ -390,12 +379,53 @@ def _train_rank(box: dict[str, Any]) -> None:
     except DivergenceError as e:  # every rank sees the same all-reduced loss
         reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         return
-    if box.get("export_dir") is not None:  # every rank gathers its experts; rank 0 writes
+    if run.export_dir is not None:
         state = trainer.full_model_state()
         if rank == 0:
-            with publishing(join_uri(box["export_dir"], box["static"]["trial_id"]),
+            with publishing(join_uri(run.export_dir, run.static["trial_id"]),
                             "config.json") as dest:
                 export_model(state, trainer.model.config, t, dest)
+
+
+# ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
+
+
+def _train_worker(config: dict[str, Any]) -> None:
+    """Ray Train worker: one DeepSpeed rank (torch.distributed already set up by Ray Train) of
+    ``config["run"]``, a :class:`RankRun`. A deterministic configuration error
+    (``sweeps.run.not_retried``) fails alike on every rank: each reports the trial's failed row
+    once and returns, so neither Ray Train nor Tune retries it."""
+    import ray.train
+
+    run: RankRun = config["run"]
+    try:
+        _train_rank(run)
+    except DETERMINISTIC as e:
+        ray.train.report(json_safe(failed_row(None, lambda: dict(run.static), e)))
+
+
+def _train_rank(run: RankRun) -> None:
+    import ray.train
+
+    t = run.trial
+    parent = _start(t, run.parents, run.cache_dir)
+    rank = ray.train.get_context().get_world_rank()
+    own = Path(run.ckpt_root) / f"rank{rank}"  # this rank's node-local folder, unshared
+    resume = run.resume
+    if run.stable is not None:  # a WSD branch: its stable run's checkpoint, on this node
+        fetch_stable(run.stable)
+    ck = ray.train.get_checkpoint()  # a worker-group restart after a failure
+    if ck is not None:
+        resume = local_checkpoint(ck, own / "resume")
+    report = ray.train.report if rank else faults.report_function(
+        cache_paths(run.cache_dir)[1], ray.train.report, lambda: run.static["trial_id"])
+    # every rank attaches its own files: Ray Train uploads them all into one checkpoint folder
+    # and commits it once every rank's report (after its upload) is in
+    reporter = TrialReporter(dict(run.static), report, ray.train.Checkpoint,
+                             predictor=None if run.predictor is None else
+                             PostDecayPredictor.for_trial(*run.predictor, t, parent),
+                             extra=compile_stats.snapshot)
+    fit_rank(run, parent, resume, own, reporter, rank=rank, per_rank=True)
 
 
 def local_checkpoint(ck: Any, dest: Path) -> Path:
@@ -408,36 +438,28 @@ def local_checkpoint(ck: Any, dest: Path) -> Path:
     return Path(ck.to_directory(str(dest)))
 
 
-def run_multi_rank(spec: SweepSpec, t: TrialPlan, parents: dict[str, Any], cache_dir: str,
-                   static: dict[str, Any], resume_from: Path | None,
-                   predictor: tuple[str, Calibration] | None = None,
-                   export_dir: str | None = None, stable: StableRun | None = None) -> None:
-    """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism
-    across them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold
-    the trial's resources (the Tune trial itself reserves none). With ``export_dir`` the
-    finished model's expert shards are gathered and rank 0 writes it as a Hugging Face folder
-    in ``<trial_id>/``. The ranks may run on different nodes and share no local folder: each
-    writes its checkpoint files in its own staging folder, Ray Train uploads every rank's
-    files into one checkpoint folder under ``<results>/train`` and commits it after all ranks
-    reported; a restarted rank downloads it whole. A WSD branch's ``stable`` run is fetched
-    on each rank's node."""
+def run_multi_rank(spec: SweepSpec, run: RankRun) -> None:
+    """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism across
+    them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold the
+    trial's resources (the Tune trial itself reserves none). With ``export_dir`` the finished
+    model's expert shards are gathered and rank 0 writes it as a Hugging Face folder in
+    ``<trial_id>/`` (:func:`fit_rank`, as a single-rank trial). The ranks may run on different
+    nodes and share no local folder: each writes its checkpoint files in its own staging folder,
+    Ray Train uploads every rank's files into one checkpoint folder under ``<results>/train`` and
+    commits it after all ranks reported; a restarted rank downloads it whole. A WSD branch's
+    ``stable`` run is fetched on each rank's node."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     r = spec.resources
-    trial_id = static["trial_id"]
+    trial_id = run.static["trial_id"]
     storage = Location.of(join_uri(spec.results_uri, "train"))
     # each rank writes into its own subfolder (``rank<r>``), on its own node
     ckpt_root = staging_dir(storage) / "rank_checkpoints" / trial_id
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"trial": t, "parents": parents, "cache_dir": cache_dir,
-                           "static": static,
-                           "resume": str(resume_from) if resume_from else None,
-                           "ckpt_root": str(ckpt_root), "checkpoint": spec.checkpoint,
-                           "predictor": predictor, "export_dir": export_dir,
-                           "stable": stable},
+        train_loop_config={"run": dataclasses.replace(run, ckpt_root=str(ckpt_root))},
         torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
                                      resources_per_worker=resources.rank_resources(spec)),

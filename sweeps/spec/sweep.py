@@ -10,6 +10,7 @@ and the fix.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,15 +28,17 @@ from moe_core.configio import (
 from moe_core.errors import ConfigError, SearchSpaceError, shown
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from scaling.predict import METHODS as PREDICTORS
-from sweeps.law.config import LawSearchConfig, parse_law_block
+from sweeps.law.config import LawSearchConfig
 from sweeps.run.prune import PruneConfig, parse_prune
+from sweeps.spec import algorithm as algorithm_plugins
+from sweeps.spec.algorithm import AlgorithmName, SchedulerName
 from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
 from sweeps.spec.trials import validate
 from sweeps.store.storage import check_uri, is_url, join_uri, local_form
 
-ALGORITHMS = ("grid", "random", "optuna", "law")
-SCHEDULERS = ("fifo", "asha")
+ALGORITHMS = typing.get_args(AlgorithmName)
+SCHEDULERS = typing.get_args(SchedulerName)
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
 (``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
@@ -198,10 +201,10 @@ class SweepSpec:
     """Knobs: dotted key into ``base`` → one distribution (``grid``, ``choice``, ``uniform``,
     ``loguniform``, ``int``, ``expr``; :mod:`sweeps.spec.space`), optionally with ``when: {key:
     value}``."""
-    algorithm: str = "grid"
+    algorithm: AlgorithmName = "grid"
     """``grid`` (every grid point), ``random``, ``optuna`` (TPE; GridSampler if every knob is a
     grid) or ``law`` (``law:`` block: trials picked from the fitted scaling law)."""
-    scheduler: str = "fifo"
+    scheduler: SchedulerName = "fifo"
     """``fifo`` or ``asha``; the mapping form ``{kind: asha, grace_period: ..., ...}`` also sets
     the ASHA keys below."""
     asha: AshaConfig = field(default_factory=AshaConfig)
@@ -210,7 +213,7 @@ class SweepSpec:
     """Samples per grid point (random, optuna)."""
     metric: str = "val_loss"
     """The reported column trials are ranked by (and ASHA compares, unless ``rung_metric``)."""
-    mode: str = "min"
+    mode: Literal["min", "max"] = "min"
     """``min`` or ``max``: whether a lower or a higher ``metric`` is better."""
     resources: Resources = field(default_factory=Resources)
     """What each trial reserves on the cluster."""
@@ -247,10 +250,11 @@ class SweepSpec:
     budget: BudgetConfig | None = None
     """Limits the driver enforces (:class:`sweeps.spec.budget.BudgetConfig`): at 100 % of one
     it stops the sweep, resumable with a raised budget; None = no limit."""
-    validated: dict[str, TrainConfig] = field(default_factory=dict, init=False, repr=False,
-                                              compare=False)
-    """The trial configs validation built, by search point (``sweeps.spec.trials.point_key``):
-    ``sweeps.plan.build.build_plan`` takes them instead of building them again (not a YAML key)."""
+    validated: dict[str, tuple[dict[str, Any], TrainConfig]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    """The trial config dicts and configs validation built, by search point
+    (``sweeps.spec.trials.point_key``): ``sweeps.plan.build.build_plan`` takes them instead of
+    building them again (not a YAML key)."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -354,11 +358,12 @@ class _SpecFile:
                        "once")
         if self.export is not None and self.export not in EXPORTS:
             raise _err(f"export={shown(self.export)} is not known; use hf, or leave it out")
-        if self.algorithm != "law" and self.law is not None:
-            raise _err("law: is set but algorithm is not law; set algorithm: law or drop it")
-        if self.algorithm == "law" and self.law is None:
-            raise _err("algorithm=law needs a law: block, e.g. law: {law: eq8, target: alpha3, "
-                       "ci_width: 0.1}")
+        algorithm_plugins.check_settings(self.algorithm, self.blocks)
+
+    @property
+    def blocks(self) -> dict[str, Any]:
+        """The spec file's top-level blocks by key (an algorithm's settings among them)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @property
     def scheduler_kind(self) -> Any:
@@ -416,7 +421,8 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
         export=f.export, prune=parse_prune(f.prune),
-        law=parse_law_block(f.law) if f.algorithm == "law" else None, budget=f.budget,
+        **algorithm_plugins.decode_settings(f.algorithm, f.blocks),
+        budget=f.budget,
     )
     validate(spec)
     return spec

@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from moe_core.configio import unknown_key
 from moe_core.errors import ConfigError, SearchSpaceError
 from moe_core.train.config import TrainConfig, train_config_from_dict
+from sweeps.spec.algorithm import plugins
 from sweeps.spec.space import eval_expr, get_dotted, set_dotted
 
 SweepSpec = Any
@@ -52,10 +52,12 @@ def validation_points(spec: SweepSpec) -> list[dict[str, Any]]:
     return spec.space.corner_points()
 
 
-def knob_values(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
-    """The value each searched knob (and each expr knob) has in the trial's config: a
-    conditional knob whose ``when`` does not hold shows the base value the trial really ran."""
-    cfg = trial_dict(spec, point)
+def knob_values(spec: SweepSpec, point: dict[str, Any],
+                cfg: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The value each searched knob (and each expr knob) has in the trial's config (``cfg``:
+    its ``trial_dict``, built here if not given): a conditional knob whose ``when`` does not
+    hold shows the base value the trial really ran."""
+    cfg = trial_dict(spec, point) if cfg is None else cfg
     keys = list(point) + [p.key for p in spec.space.exprs() if p.key not in point]
     return {k: cfg.get("seed") if k == "seed" else get_dotted(cfg, k, point.get(k))
             for k in keys}
@@ -89,17 +91,21 @@ def _merged(cfg: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
 
 
 def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:
-    """The trial config of ``point``, kept on the spec for the plan (:func:`take_config`)."""
-    cfg = train_config_from_dict(trial_dict(spec, point))
-    spec.validated[point_key(point)] = cfg
+    """The trial config of ``point``, kept on the spec with its ``trial_dict`` for the plan
+    (:func:`take_config`)."""
+    d = trial_dict(spec, point)
+    cfg = train_config_from_dict(d)
+    spec.validated[point_key(point)] = (d, cfg)
     return cfg
 
 
-def take_config(spec: SweepSpec, point: dict[str, Any], d: dict[str, Any]) -> TrainConfig:
-    """The config validation built for ``point``, else one built now from its ``trial_dict``
-    ``d``."""
-    cfg = spec.validated.get(point_key(point))
-    return cfg if cfg is not None else train_config_from_dict(d)
+def take_config(spec: SweepSpec, point: dict[str, Any]) -> tuple[dict[str, Any], TrainConfig]:
+    """(``trial_dict``, config) of ``point`` as validation built them, else built now."""
+    got = spec.validated.get(point_key(point))
+    if got is not None:
+        return got
+    d = trial_dict(spec, point)
+    return d, train_config_from_dict(d)
 
 
 # ---- validation --------------------------------------------------------------------------------
@@ -113,17 +119,8 @@ def validate(spec: SweepSpec) -> None:
     if dup:
         raise _err(f"search.{sorted(dup)[0]} appears twice")
     _check_counts(spec)
-    if spec.algorithm == "grid" and spec.sampled_params():
-        p = spec.sampled_params()[0]
-        raise _err(
-            f"search.{p.key} uses {p.kind}, but algorithm=grid only enumerates grid values; "
-            "use algorithm: random or optuna, or turn it into a grid"
-        )
-    if spec.law is not None:
-        _validate_law(spec)
-    if spec.scheduler == "asha" and spec.algorithm == "grid" and spec.num_samples == 1 and \
-            len(list(iter_grid(spec))) < 2:
-        raise _err("scheduler=asha needs several trials to compare; raise num_samples")
+    for algorithm in plugins(spec):  # the search algorithm's and the scheduler's own checks
+        algorithm.validate(spec)
     _check_resources(spec)
     try:
         _ = spec.base_config
@@ -176,30 +173,6 @@ def _check_resources(spec: SweepSpec) -> None:
     if not 0 <= spec.resources.trial_driver < math.inf:
         raise _err(f"resources.trial_driver={spec.resources.trial_driver} must be >= 0 (e.g. "
                    "0.01: a share of a node's trial_driver slots; 0 turns it off)")
-
-
-def _validate_law(spec: SweepSpec) -> None:
-    law = spec.law
-    if spec.sampled_params():
-        raise _err(f"search.{spec.sampled_params()[0].key}: algorithm=law picks its trials from "
-                   "candidates (the grid, or law.box); make the knob a grid")
-    if spec.scheduler != "fifo":
-        raise _err("algorithm=law needs every trial's final loss: use scheduler: fifo")
-    if spec.num_samples != 1:
-        raise _err("algorithm=law decides how many trials to run: leave num_samples at 1 "
-                   "(bound it with law.max_trials)")
-    keys = law.variable_keys()
-    if law.candidates == "grid" and not spec.grid_params():
-        raise _err("law.candidates=grid needs grid knobs under search:")
-    for var, key in keys.items():
-        problem = unknown_key(TrainConfig, key)
-        if problem is not None:
-            raise _err(f"law.variables.{var}={key}: {problem}")
-    if law.candidates == "box":
-        for k, _, _ in law.box:
-            problem = unknown_key(TrainConfig, k)
-            if problem is not None:
-                raise _err(f"law.box.{k}: {problem}")
 
 
 def _check_counts(spec: SweepSpec) -> None:

@@ -3,6 +3,7 @@ size), on CSV and on sweep Parquet, JSON without Infinity/NaN, and the extrapola
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -76,8 +77,11 @@ def test_no_crossing_is_an_answer(tmp_path):
     # from scratch far worse: upcycling wins on the whole range, D* is None (not inf)
     df.loc[df["kind"] == "moe", "val_loss"] *= 1.5
     r = decide(load_decision_data(df), bootstrap=20)
-    assert r["d_star"]["value"] is None and r["d_star"]["winner_everywhere"] == "upcycled"
-    json.dumps(r, allow_nan=False)
+    assert r.d_star["value"] is None and r.d_star["winner_everywhere"] == "upcycled"
+    assert r.verdict == "upcycle" and r.inputs.N1 == 1e9  # typed, frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.verdict = "uncertain"
+    json.dumps(r.to_dict(), allow_nan=False)
 
 
 def test_decision_needs_baselines_and_one_size(tmp_path):

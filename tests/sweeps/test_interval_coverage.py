@@ -118,7 +118,7 @@ def test_decide_dstar_interval_under_fading_noise_is_nominal_within_sampling_err
         true = _dstar(data, upc, sc, 1e9).value
         assert true == pytest.approx(2e9, rel=1e-3)
         r = decide(data, bootstrap=60, noise="fading", icc=0.9, length=2.73, seed=k, widen=1.3)
-        for out, (lo, hi) in ((hits, r["d_star"]["ci"]), (raw, r["d_star"]["ci_unwidened"])):
+        for out, (lo, hi) in ((hits, r.d_star["ci"]), (raw, r.d_star["ci_unwidened"])):
             out.append(lo is not None and lo <= true <= (math.inf if hi is None else hi))
     se = math.sqrt(0.9 * 0.1 / len(hits))
     assert sum(hits) / len(hits) >= 0.9 - 2 * se, (hits, raw)

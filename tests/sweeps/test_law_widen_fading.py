@@ -12,9 +12,9 @@ import pytest
 from moe_core.errors import FitError, SearchSpaceError
 from scaling.bootstrap import NoiseComponents
 from scaling.interval import widen
+from sweeps.law.config import parse_law_block
 from sweeps.law.design import Candidate, LawDesign, run_design
 from sweeps.law.report import describe_outcome, describe_refit, outcome
-from sweeps.spec.sweep import parse_law_block
 from sweeps.testing.simulate import SimulatedStudy
 
 

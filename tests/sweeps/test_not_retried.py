@@ -14,6 +14,7 @@ import yaml
 
 from moe_core.errors import ConfigError
 from sweeps.run.not_retried import failed_row
+from sweeps.spec.sweep import CheckpointSpec
 from tests.sweeps.tiny import tiny_base
 
 
@@ -68,17 +69,20 @@ def test_a_rank_of_a_multi_rank_trial_reports_the_failed_row_instead_of_raising(
     sent = []
     monkeypatch.setattr(ray.train, "report", lambda row, **_: sent.append(row))
 
-    def bad(box):
+    def bad(run):
         raise ConfigError("data.path=/nope does not exist")
 
+    def rank_run(static):  # the typed context every rank gets (no plan needed here)
+        return {"run": trainable.RankRun(trial=None, static=static, checkpoint=CheckpointSpec())}
+
     monkeypatch.setattr(trainable, "_train_rank", bad)
-    trainable._train_worker({"static": {"trial_id": "t1", "sweep": "s"}})
+    trainable._train_worker(rank_run({"trial_id": "t1", "sweep": "s"}))
     assert len(sent) == 1 and sent[0]["status"] == "failed" and sent[0]["trial_id"] == "t1"
     assert sent[0]["reason"] == "not retried: ConfigError: data.path=/nope does not exist"
 
-    def lost(box):
+    def lost(run):
         raise RuntimeError("node lost")
 
     monkeypatch.setattr(trainable, "_train_rank", lost)
     with pytest.raises(RuntimeError):
-        trainable._train_worker({"static": {"trial_id": "t1"}})
+        trainable._train_worker(rank_run({"trial_id": "t1"}))
