@@ -60,7 +60,37 @@ def check_tune_state(where: str, fs: pafs.FileSystem | None) -> str:
     if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) \
             or not isinstance(state.get("runner_data"), dict):
         raise _refuse(newest, "is not Tune experiment state")
+    _check_search_state(where, fs)
     return newest
+
+
+SEARCH_STATE = ("basic-variant-state-", "search_gen_state-", "searcher-state-")
+"""The searcher's saved state (Tune's ``CKPT_FILE_TMPL`` of its variant generator, search
+generator and searcher): Tune restores the newest of each kind, and on an unreadable one it
+logs "Failed to restore the run state" and starts the sweep's search afresh (trials of no
+grid point were recorded so in a test): refused here in one line instead."""
+
+
+def _check_search_state(where: str, fs: pafs.FileSystem) -> None:
+    import ray.cloudpickle as cloudpickle
+
+    try:
+        names = [i.path for i in fs.get_file_info(pafs.FileSelector(where))
+                 if i.type == pafs.FileType.File]
+    except (OSError, ValueError):
+        return  # check_tune_state listed the folder already: nothing new to say
+    for prefix in SEARCH_STATE:
+        found = sorted(n for n in names if n.rsplit("/", 1)[-1].startswith(prefix))
+        if not found:
+            continue
+        try:
+            with fs.open_input_stream(found[-1]) as f:
+                cloudpickle.loads(f.read())  # as Tune reads it (_load_newest_checkpoint)
+        except UpcycleError:  # a signature refused: its own one line
+            raise
+        except Exception as e:  # noqa: BLE001 - a truncated or garbage file
+            raise _refuse(found[-1], f"is unreadable ({type(e).__name__}: "
+                          f"{shown(str(e), 120)}); Tune would restart the search") from None
 
 
 def rebind(tuner: Any, callbacks: list[Any], stop: Any, search_alg: Any | None) -> Any:

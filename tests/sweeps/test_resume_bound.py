@@ -99,6 +99,24 @@ def test_garbage_experiment_state_is_one_line(tmp_path, content):
     assert "\n" not in str(e.value)
 
 
+
+@pytest.mark.parametrize("name", ["basic-variant-state-2026-01-01_00-00-00.json",
+                                  "searcher-state-2026-01-01_00-00-00.pkl"])
+def test_an_unreadable_searcher_state_is_one_line(tmp_path, name):
+    """A truncated searcher state (seen once after kill -9 of a driver): Tune would log "Failed
+    to restore the run state" and start the search afresh; refused in one line instead."""
+    import ray.cloudpickle as cloudpickle
+
+    (tmp_path / "tuner.pkl").write_bytes(b"x")
+    (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        json.dumps({"trial_data": [], "runner_data": {}}))
+    check_tune_state(str(tmp_path), None)  # sound so far
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UnsoundStateError, match=r"--resume: .*unreadable.*restart the search"):
+        check_tune_state(str(tmp_path), None)
+    (tmp_path / name).write_bytes(cloudpickle.dumps({"counter": 3}))
+    check_tune_state(str(tmp_path), None)
+
 # ---- class 1: a copied folder resumes in place -------------------------------------------------
 
 
