@@ -56,17 +56,11 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
 
 
 def offline_runs(wandb_dir: Path) -> dict[str, OfflineRun]:
-    """Every offline run under a results folder's ``wandb/``, by run id (the Tune trial id).
-    A trial restarted after a failure logs a second offline run of its id (Ray's logger starts
-    a new one): its parts join, oldest first, as ``wandb sync`` would upload them."""
-    out: dict[str, OfflineRun] = {}
-    for d in sorted(wandb_dir.glob("offline-run-*")):  # named by start time
-        run = read_offline_run(d)
-        if (seen := out.get(run.run_id)) is None:
-            out[run.run_id] = run
-        else:
-            seen.config.update(run.config)
-            seen.history += run.history
+    """Every offline run under a results folder's ``wandb/``, by run id (the Tune trial id). A
+    trial restored after a failure logs on into the same run (Ray keeps its logging actor)."""
+    runs = [read_offline_run(d) for d in sorted(wandb_dir.glob("offline-run-*"))]
+    out = {r.run_id: r for r in runs}
+    assert len(out) == len(runs), f"a run id logged twice: {sorted(r.run_id for r in runs)}"
     return out
 
 
