@@ -83,7 +83,8 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     # effective values and static columns as config, every metric at each eval (per-layer
     # health under health/layer<i>/<stat>), one group for the sweep
     runs = offline_runs(tmp_path / "results" / "e2e" / "wandb")
-    assert sorted(runs) == trials and {r.group for r in runs.values()} == {"e2e"}
+    assert sorted(runs) == trials and {(r.group, r.exit_code) for r in runs.values()} == {
+        ("e2e", 0)}
     static = {c for c in rows[0] if is_static(c)}
     for t in trials:
         assert mismatches(runs[t], [r for r in rows if r["trial_id"] == t], static) == [], t

@@ -117,7 +117,7 @@ def test_an_offline_run_reads_back_as_its_parquet_rows(tmp_path, monkeypatch):
     parquet = read_rows(tmp_path / "results.parquet")
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     run = read_offline_run(run_dir)
-    assert (run.run_id, run.group, run.project) == ("t0", "wb", "p")
+    assert (run.run_id, run.group, run.project, run.exit_code) == ("t0", "wb", "p", 0)
     assert mismatches(run, parquet, STATIC) == []
     assert [h["health/layer1/max_load"] for h in run.history] == [0.4, 0.6000000000000001, 0.8]
     assert run.config["effective"] == {"optim": {"lr": 1e-3 * 0.1}, "moe": {"top_k": 2}}

@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wandb.proto import wandb_internal_pb2
+
 from sweeps.store.results import PRUNE_COLUMNS, decode_value
 from sweeps.store.wandb_keys import health_stats, is_config, lookup, metric_key
 
+RECORD_TYPES = frozenset(f.name for f in wandb_internal_pb2.Record.DESCRIPTOR.oneofs_by_name[
+    "record_type"].fields)
+"""The kinds of wandb's protobuf ``Record`` (its ``record_type`` oneof): run, config, history..."""
 SINK_COLUMNS = frozenset({"status", "reason", *PRUNE_COLUMNS})
 """Columns the results sink sets on a trial's rows (its outcome), not reported by the trial."""
 
@@ -32,6 +37,8 @@ class OfflineRun:
     project: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    exit_code: int | None = None
+    """The run's exit record (None: the log ends without one, a run not finished)."""
 
 
 def read_offline_run(run_dir: Path) -> OfflineRun:
@@ -44,6 +51,7 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
     for line in out.stdout.splitlines():
         rec = json.loads(line)
         kind = rec["type"]
+        assert kind in RECORD_TYPES and kind in rec, f"{log}: not a wandb Record: {line[:200]}"
         if kind == "run":
             r = rec["run"]
             run.run_id, run.group, run.project = r["run_id"], r.get("run_group", ""), r["project"]
@@ -52,6 +60,8 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
             run.config.update(rec["config"].get("update", {}))
         elif kind == "history":
             run.history.append(rec["history"]["item"])
+        elif kind == "exit":
+            run.exit_code = rec["exit"].get("exit_code", 0)
     return run
 
 
