@@ -9,7 +9,7 @@ Its sections:
 - **loss curves**: each trial's validation and training loss against the optimizer step, and
   the same grouped by sweep (the W&B group), one line per sweep;
 - **per-layer health**: one panel per MoE health statistic, every layer's
-  ``health/layer<i>/<stat>`` with the worst layer and the mean (``sweeps.store.wandb_keys``);
+  ``health/layer<i>/<stat>`` with the worst layer and all layers (``sweeps.store.wandb_keys``);
 - **metrics**: every other metric column against the step.
 
 The runs shown are the sweeps' groups. The definition (the view spec W&B stores, with its
@@ -101,14 +101,14 @@ def _curve(wr: Any, keys: list[str], title: str, **kw: Any) -> Any:
 
 
 def _health_panels(wr: Any, keys: list[str]) -> list:
-    """One panel per health statistic: each layer's curve, then the worst layer and the mean."""
+    """One panel per health statistic: each layer's curve, then the worst layer and all layers."""
     by_stat: dict[str, list[str]] = {}
-    for k in keys:  # health/<layer<i>|worst|mean>/<stat>
+    for k in keys:  # health/<layer<i>|worst|all>/<stat>
         by_stat.setdefault(k.rsplit("/", 1)[1], []).append(k)
 
     def order(k: str) -> tuple[int, int]:
         where = k.split("/")[1]
-        return (0, int(where[5:])) if where.startswith("layer") else (1, where == "mean")
+        return (0, int(where[5:])) if where.startswith("layer") else (1, where == "all")
 
     return [_curve(wr, sorted(v, key=order), f"{stat} per layer")
             for stat, v in sorted(by_stat.items())]
@@ -171,9 +171,25 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_out(out: Location) -> None:
+    """``out`` is new, or a definition this command wrote (never any other file overwritten)."""
+    if not out.exists():
+        return
+    try:
+        ours = {"entity", "project", "spec"} <= set(json.loads(out.read_text()))
+    except (ValueError, UnicodeDecodeError, TypeError):
+        ours = False
+    if not ours:
+        raise UpcycleError(f"--out {out} exists and is not a workspace definition; give a new "
+                           "file (or remove it)")
+
+
 @cli_boundary()
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    out = Location.of(args.out or Location.of(str(args.results[0]).rstrip("/")).join(
+        DEFINITION_FILE))
+    _check_out(out)
     sweeps = [load_sweep(p) for p in args.results]
     groups = args.group or [s.name for s in sweeps]
     if len(groups) != len(sweeps):
@@ -188,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         entity = wandb.Api().default_entity or ""
     view = workspace(sweeps, entity=entity, project=args.project, metric=metric,
                      groups=groups, name=args.name)
-    out = Location.of(args.out or Location.of(str(args.results[0]).rstrip("/")).join(
-        DEFINITION_FILE))
     out.write_text(json.dumps(definition(view), indent=1) + "\n")
     if key:
         view.save()

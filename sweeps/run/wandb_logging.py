@@ -6,7 +6,7 @@ sweep's group, with
   (``sweeps.store.provenance``: code, library versions, device), so a W&B run can be traced
   like ``summary.json`` and the results Parquet;
 - the metrics at each eval, per-layer MoE health namespaced ``health/layer<i>/<stat>``
-  (``health/worst/<stat>``, ``health/mean/<stat>``) so W&B's panels group it by layer, plotted
+  (``health/worst/<stat>``, ``health/all/<stat>``) so W&B's panels group it by layer, plotted
   against the optimizer ``step``.
 
 Imported only where W&B logs (it imports wandb)."""

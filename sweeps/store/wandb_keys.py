@@ -9,7 +9,8 @@ name the logged keys). Pure: no wandb, no Ray.
   config value by its nested path, so ``Config("knob.optim.lr")`` in a panel finds it.
 - **Metrics.** Per-layer MoE health is namespaced so W&B's panels group it by layer:
   ``router.<stat>.layer<i>`` → ``health/layer<i>/<stat>``, ``router.<stat>.worst`` →
-  ``health/worst/<stat>`` and the mean over layers ``router.<stat>`` → ``health/mean/<stat>``
+  ``health/worst/<stat>`` and the figure over all layers ``router.<stat>`` (their mean;
+  ``dead_experts``: their sum) → ``health/all/<stat>``
   (``<stat>``: a statistic with a ``.worst`` column). Every other column keeps its name.
 """
 
@@ -39,7 +40,7 @@ def metric_key(column: str, stats: Collection[str]) -> str:
     if m := _LAYER.match(column):
         return f"{HEALTH}/{m['where']}/{m['stat']}"
     if column.startswith(ROUTER_PREFIX) and column[len(ROUTER_PREFIX):] in stats:
-        return f"{HEALTH}/mean/{column[len(ROUTER_PREFIX):]}"
+        return f"{HEALTH}/all/{column[len(ROUTER_PREFIX):]}"
     return column
 
 

@@ -14,7 +14,7 @@ from tests.analysis.test_html_page import _rows
 
 KNOBS = ("seed", "optim.lr", "moe.router.aux_coef")
 METRICS = {  # every metric column of _rows, as W&B's key
-    "val_loss", "tokens", "health/mean/max_load", "health/worst/max_load",
+    "val_loss", "tokens", "health/all/max_load", "health/worst/max_load",
     "health/layer1/max_load", "health/layer3/max_load", "health/layer1/max_vio",
     "health/layer3/max_vio", "health/layer1/drop_rate", "health/layer3/drop_rate"}
 
@@ -60,10 +60,21 @@ def test_the_definition_names_every_knob_and_metric(tmp_path, capsys, monkeypatc
     assert [p["config"].get("groupBy") for p in panels["loss curves"]] == [None, "group"]
     health = {p["config"]["chartTitle"]: p["config"]["metrics"] for p in panels["per-layer health"]}
     assert health["max_load per layer"] == ["health/layer1/max_load", "health/layer3/max_load",
-                                            "health/worst/max_load", "health/mean/max_load"]
+                                            "health/worst/max_load", "health/all/max_load"]
     assert set(health) == {"max_load per layer", "max_vio per layer", "drop_rate per layer"}
     # the runs shown: the two sweeps' W&B groups
     (runset,) = defn["spec"]["section"]["runSets"]
     assert runset["filters"]["filters"] == [{"key": {"section": "run", "name": "group"},
                                              "op": "IN", "value": ["demo", "other"],
                                              "disabled": False}]
+
+
+def test_it_overwrites_only_its_own_definition(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    write_rows(tmp_path / "demo" / RESULTS_FILE, _rows("demo"))
+    parquet = (tmp_path / "demo" / RESULTS_FILE).read_bytes()
+    assert main([str(tmp_path / "demo"), "--out", str(tmp_path / "demo" / RESULTS_FILE)]) == 2
+    assert "is not a workspace definition" in capsys.readouterr().err
+    assert (tmp_path / "demo" / RESULTS_FILE).read_bytes() == parquet
+    assert main([str(tmp_path / "demo")]) == 0
+    assert main([str(tmp_path / "demo")]) == 0  # its own definition, rewritten

@@ -25,7 +25,7 @@ def test_per_layer_health_is_namespaced_by_layer():
     stats = health_stats(cols)
     assert stats == {"max_load"}
     assert [metric_key(c, stats) for c in cols] == [
-        "health/mean/max_load", "health/layer3/max_load", "health/worst/max_load",
+        "health/all/max_load", "health/layer3/max_load", "health/worst/max_load",
         "router.entropy", "val_loss", "compile.graphs"]
 
 
