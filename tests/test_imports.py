@@ -23,7 +23,7 @@ def test_moe_core_errors_is_cheap():
 
 
 ANALYSIS = ("fit", "derived", "data", "decide", "sweep", "sections", "plots", "claims",
-            "cli", "report", "best", "compare", "twoway")
+            "cli", "report", "best", "compare", "twoway", "wandb_workspace")
 
 
 def test_analysis_imports_neither_torch_nor_ray():
@@ -70,6 +70,7 @@ ANALYSIS_GRAPH = {
     "twoway": {"claims"},  # the claims' paired-by-seed rule for a "best" (#38)
     "importance": set(),
     "html_page": {"importance", "twoway"},
+    "wandb_workspace": {"sweep"},
 }
 OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.store.results", "sweeps.plan.cost",
            "sweeps.store.storage", "scaling.laws",
@@ -83,7 +84,9 @@ OUTSIDE = {"moe_core.errors", "moe_core.fsio", "sweeps.store.results", "sweeps.p
            # a results folder or bucket URL (pyarrow.fs, no torch)
            "moe_core.location",
            # the report's provenance line (no torch or Ray: importlib.metadata)
-           "sweeps.store.provenance"}
+           "sweeps.store.provenance",
+           # the W&B keys of the columns, which the workspace's panels name (pure)
+           "sweeps.store.wandb_keys"}
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,6 +42,8 @@ COMMANDS: dict[str, Command] = {
     "verify": Command("sweeps.run.verify", "main",
                       "re-train sampled trials: bit-exact, or the difference"),
     "report": Command("analysis.report", "main", "the Markdown report of a sweep's results"),
+    "wandb-workspace": Command("analysis.wandb_workspace", "main",
+                               "a W&B workspace of sweeps' runs (the wandb extra)"),
     "decide": Command("analysis.cli", "decide_main", "should I upcycle? (and --plan)",
                        m="analysis.decide"),
     "fit": Command("analysis.cli", "fit_main", "fit one of the seeds' scaling laws",

@@ -291,19 +291,17 @@ def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
 
 def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:
     """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
-    knob and static column) is the run's config, so W&B filters and groups by any key, and the
-    per-eval metrics are its history; the config also holds the provenance record."""
-    from ray.air.integrations.wandb import WandbLoggerCallback
-
+    knob, static column and effective value) is the run's config, so W&B filters and groups by
+    any key, and the per-eval metrics (per-layer health by layer) are its history; the config
+    also holds the provenance record (``sweeps.run.wandb_logging``)."""
     from sweeps.run.wandb_logging import ProvenanceWandbLogger  # imports wandb
 
     cb = ProvenanceWandbLogger(
         project=spec.wandb.project, group=spec.wandb.group or spec.name,
         entity=spec.wandb.entity, mode=spec.wandb.mode, dir=str(_local(results_dir)),
         log_config=False, upload_timeout=15 if spec.wandb.mode == "offline" else 600,
+        static=static_keys(plan),
     )
-    # results keys listed here go to wandb.config instead of wandb.log (Ray's own mechanism)
-    cb.AUTO_CONFIG_KEYS = [*WandbLoggerCallback.AUTO_CONFIG_KEYS, *static_keys(plan)]
     # Ray builds its logging actor with max_restarts=-1 and the key in runtime_env env_vars;
     # ours is built here, on this node, without restarts (which also spares the console Ray's
     # warning about restarting an actor whose arguments live in the object store) and without

@@ -36,6 +36,7 @@ from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
 from sweeps.spec.trials import validate
 from sweeps.store.storage import check_uri, is_url, join_uri, local_form
+from sweeps.store.wandb_keys import PROJECT
 
 ALGORITHMS = typing.get_args(AlgorithmName)
 SCHEDULERS = typing.get_args(SchedulerName)
@@ -168,7 +169,7 @@ class StorageConfig:
 class WandbConfig:
     enabled: bool = True
     """false: no W&B logging at all."""
-    project: str = "upcycle-sweeps"
+    project: str = PROJECT
     """W&B project of the sweep's runs."""
     group: str | None = None
     """Default: the sweep name."""

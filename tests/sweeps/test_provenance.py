@@ -103,5 +103,6 @@ def test_each_wandb_run_config_holds_it(monkeypatch):
     cb = ProvenanceWandbLogger(project="p", mode="disabled")
     trial = SimpleNamespace(config={"optim.lr": 3e-3}, trial_id="t1", experiment_dir_name="x")
     cb.log_trial_start(trial)
-    assert seen["config"] == {"optim.lr": 3e-3, "provenance": pv.provenance()}
+    # nested by YAML path, as W&B addresses config keys (sweeps.store.wandb_keys)
+    assert seen["config"] == {"optim": {"lr": 3e-3}, "provenance": pv.provenance()}
     assert trial.config == {"optim.lr": 3e-3}  # the trial's own config untouched

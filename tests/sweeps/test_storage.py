@@ -151,6 +151,25 @@ def test_results_and_summary_on_s3(s3_env):
     assert '"ok": 1' in Location.of(url).join("summary.json").read_text()
 
 
+def test_a_wandb_workspace_of_results_on_s3(s3_env, capsys, monkeypatch):
+    """``upcycle-sweeps wandb-workspace s3://...`` reads the results from the bucket and writes
+    its definition there (the panels themselves: tests/analysis/test_wandb_workspace.py)."""
+    from analysis.wandb_workspace import DEFINITION_FILE, main
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    url = f"s3://{s3_env.bucket()}/r/sw"
+    write_rows(join_uri(url, "results.parquet"),
+               [{"sweep": "sw", "trial_id": "t1", "status": "ok", "knob.optim.lr": 1e-3,
+                 "step": s, "val_loss": v, "router.max_load.layer0": 0.5,
+                 "router.max_load.worst": 0.5} for s, v in ((0, 2.0), (2, 1.5))])
+    assert main([url]) == 0
+    assert f"written to {url}/{DEFINITION_FILE} (not saved" in capsys.readouterr().out
+    text = Location.of(url).join(DEFINITION_FILE).read_text()
+    for name in ("config:knob.value.optim.lr", "summary:val_loss", "health/layer0/max_load",
+                 "health/worst/max_load"):
+        assert f'"{name}"' in text, name
+
+
 def test_sink_on_s3_logs_each_row_as_an_object_and_rebuilds(s3_env):
     b = s3_env.bucket()
     url = f"s3://{b}/r/sw"

@@ -16,8 +16,9 @@ import yaml
 from moe_core.hf import load_moe
 from moe_core.train.checkpoint import load_checkpoint
 from sweeps.store.provenance import KEYS
-from sweeps.store.results import read_provenance
+from sweeps.store.results import is_static, read_provenance
 from tests.sweeps.tiny import tiny_base
+from tests.sweeps.wandb_files import mismatches, offline_runs
 
 SPEC = {
     "sweep": "e2e",
@@ -78,6 +79,17 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     assert len({r["parent_key"] for r in rows}) == 1
     parents = [p for p in (tmp_path / "results" / "e2e" / "parents").iterdir() if p.is_dir()]
     assert len(parents) == 1  # trained once for four trials
+    # the offline W&B runs, read back with wandb's own reader, are the Parquet's rows: knobs,
+    # effective values and static columns as config, every metric at each eval (per-layer
+    # health under health/layer<i>/<stat>), one group for the sweep
+    runs = offline_runs(tmp_path / "results" / "e2e" / "wandb")
+    assert sorted(runs) == trials and {(r.group, r.exit_code) for r in runs.values()} == {
+        ("e2e", 0)}
+    static = {c for c in rows[0] if is_static(c)}
+    for t in trials:
+        assert mismatches(runs[t], [r for r in rows if r["trial_id"] == t], static) == [], t
+        assert "health/layer1/max_load" in runs[t].history[-1]
+        assert runs[t].config["knob"]["upcycle"]["lr_policy"]
     assert {r["kind"] for r in rows} == {"upcycled"}
     assert all(r["D1"] == 2048 and r["N1"] < r["N_total"] for r in rows)
     failed_once = list((tmp_path / "results" / "e2e" / "parents").glob(".failed-*"))
