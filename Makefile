@@ -38,8 +38,10 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
 # One intra-op thread per worker process (OMP_NUM_THREADS, unless set): a worker per core, so a
 # second thread only contends with the other worker (make test-fast in one process: 112 s of
 # CPU with torch's default of two threads, 90 s with one, the same wall time).
+# --durations: every run (CI's included) ends with its 40 slowest tests, the list to work from
+# when the suite nears its 12-minute budget.
 test: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q $(XDIST) --durations=40 $(PYTEST_ARGS)
 
 # The edit-test loop: everything but the tests marked slow or distributed (make test runs all).
 # One process: a second worker's own imports cost what it saves on these tests.
