@@ -157,13 +157,25 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
     return resources.task_options(spec)
 
 
+def hashing_stage(child: TrainConfig) -> str:
+    """The first stage of a parent task: hashing what determines the parent (a pretrained
+    one's weight files: their size)."""
+    src = child.parent.from_pretrained
+    if src is None:
+        return "hashing its inputs (its config)"
+    size = sum(f.stat().st_size for f in Path(src).glob("*.safetensors"))
+    return f"hashing its inputs ({size / 1e6:,.0f} MB of safetensors)"
+
+
 @ray.remote(max_calls=1)
-def _train_parent_task(child: TrainConfig, cache_dir: str,
-                       with_optimizer: bool = False) -> dict[str, Any]:
+def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool = False,
+                       planned_key: str | None = None) -> dict[str, Any]:
     check_reserved_device()
+    remote, local = cache_paths(cache_dir)
+    if planned_key is not None:  # the driver's key: the stage is shown while this hashes
+        ProgressFile(local / f"{planned_key}.progress.json", 0).on_stage(hashing_stage(child))
     key = parent_key(child)
     steps = 0 if child.parent.from_pretrained is not None else child.parent_run().steps
-    remote, local = cache_paths(cache_dir)
     progress = ProgressFile(local / f"{key}.progress.json", steps)
     try:
         fetch(remote and remote / key, local / key, "meta.json")
@@ -251,8 +263,8 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
                 parts.append(progress_part(k, json.loads(progress[k].read_text()),
                                            time.time()))
             except (OSError, ValueError, KeyError, TypeError):
-                parts.append(f"{k[:8]} starting: hashing its inputs "
-                             f"({time.time() - t0:.0f} s)")
+                parts.append(f"{k[:8]} waiting for its Ray worker (process start, "
+                             f"imports; {time.time() - t0:.0f} s)")
         if pending:
             console.progress(f"{what}: {len(tasks) - len(pending)}/{len(tasks)} done; "
                              + "; ".join(parts))
@@ -264,7 +276,8 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path) -> di
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
     # the disk cache by the trials instead of being retrained.
     refs = {key: _train_parent_task.options(**task_options(spec), max_retries=0)
-            .remote(p.child, str(cache_dir), p.needs_optimizer) for key, p in plan.parents.items()}
+            .remote(p.child, str(cache_dir), p.needs_optimizer, key)
+            for key, p in plan.parents.items()}
     if refs:
         console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
                          f"{cache_dir})")

@@ -397,7 +397,7 @@ def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
     reporter.static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
     c = t.config
     say(f"first eval: {c.eval.batches} batches of {c.batch.micro_batch} x {c.seq_len}"
-        f"{', compiling the model' if c.model.compile else ''}" if trainer.fresh else
+        f"{', compiling the model' if trainer.model.compiled else ''}" if trainer.fresh else
         f"training to the first eval (from step {trainer.step_count})")
     try:
         trainer.fit()

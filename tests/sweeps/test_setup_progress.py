@@ -103,3 +103,17 @@ def test_the_trainer_announces_its_set_up_stages_with_sizes():
         "data: synthetic tokens, 2 val batches of 8 x 32",
         f"model: fresh, {n / 1e6:,.1f} M params, {n * 4 / 1e6:,.0f} MB fp32",
         f"engine: DeepSpeed ZeRO-0, float32, {n / 1e6:,.1f} M params"]
+
+
+def test_a_parent_task_says_it_hashes_and_how_much(tmp_path):
+    """The parent task's first stage, written under the driver's key before it hashes: a
+    pretrained parent names the bytes it reads (no bare repeated "starting")."""
+    from types import SimpleNamespace
+
+    from sweeps.run.parents import hashing_stage
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 2_500_000)
+    child = SimpleNamespace(parent=SimpleNamespace(from_pretrained=str(tmp_path)))
+    assert hashing_stage(child) == "hashing its inputs (2 MB of safetensors)"
+    trained = SimpleNamespace(parent=SimpleNamespace(from_pretrained=None))
+    assert hashing_stage(trained) == "hashing its inputs (its config)"
