@@ -278,10 +278,10 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                            "larger storage"))
     if spec.resources.gpus > 0 or gpu:
         return out + _device_capacity(spec, plan, gpu)
-    mem = max_trial_memory(spec, plan)
+    r = spec.resources.ranks
+    mem = max_trial_memory(spec, plan, ranks=r)
     host = host_memory if host_memory is not None else host_memory_bytes()
     n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
-    r = spec.resources.ranks
     if host and mem * n * r > host:
         fixes = memory_fixes(_configs(plan), spec.resources.gpus, r, n, host)
         out.append(Problem("max_concurrent", f"{n} concurrent CPU trials need about "
@@ -348,13 +348,14 @@ def trial_bundle(spec: SweepSpec) -> dict[str, float]:
     return {**b, **custom_resources(spec)}
 
 
-def max_trial_memory(spec: SweepSpec, plan: SweepPlan, device: bool = False) -> int:
+def max_trial_memory(spec: SweepSpec, plan: SweepPlan, device: bool = False,
+                     ranks: int = 1) -> int:
     """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`; with
-    ``device``, the accelerator's part only: no runtime, no parent copy on the host)."""
+    ``device``, the accelerator's part only: no runtime, no parent copy on the host), one
+    rank's with ZeRO-1/2 state split over ``ranks``."""
     gpus = _resolved(spec).resources.gpus
     est = model_memory_bytes if device else trial_memory_bytes
-    r = 1 if device else _resolved(spec).resources.ranks  # device: divided by the caller
-    return max((est(c, gpus, r) for c in _configs(plan)), default=0)
+    return max((est(c, gpus, ranks) for c in _configs(plan)), default=0)
 
 
 def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
