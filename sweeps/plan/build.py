@@ -222,6 +222,10 @@ class DiskEstimate:
     """The parents' disk cache: fp32 weights, AdamW moments (+ fp32 master in bf16)."""
     stable_bytes: int
     """WSD stable runs: one checkpoint per branch point of each group."""
+    object_store_bytes: int = 0
+    """The parents' payloads in Ray's object store (``sweeps.run.parents.parent_payload``, one
+    ``ray.put`` each by the driver): fp32 weights with the tied copy, as the cache holds them,
+    and the AdamW state (+ fp32 master in bf16) when a trial replicates experts from it."""
 
     @property
     def running_bytes(self) -> int:
@@ -242,14 +246,18 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     sizes = [size(t.config) for t in plan.trials] or [(0, 0)]
     params, biggest = max(sizes, key=lambda x: x[1])
     keep = spec.checkpoint.keep
-    parent_bytes = 0
+    parent_bytes = store = 0
     for p in plan.parents.values():  # fp32 weights (the numpy export) + the optimizer state
         if p.child.parent.from_pretrained is not None:  # fp32 weights only
             pm = p.child.model_config(moe="parent")
             parent_bytes += count_params(pm).total * 4 + tied_copy_bytes(pm)
+            store += count_params(pm).total * 4 + tied_copy_bytes(pm)
             continue
         pc = p.child.parent_run()
-        parent_bytes += count_params(pc.model_config()).total * (12 + 4 * _bf16(pc, gpus))
+        pm, bf16 = pc.model_config(), _bf16(pc, gpus)
+        parent_bytes += count_params(pm).total * (12 + 4 * bf16)
+        store += count_params(pm).total * (4 + (8 + 4 * bf16) * p.needs_optimizer) + \
+            tied_copy_bytes(pm)
     stable_bytes = sum(len(g.steps) * size(g.representative.config)[1]
                        for g in plan.branch_groups.values())
     return DiskEstimate(
@@ -258,7 +266,7 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
         trials=plan.num_trials, concurrent=min(plan.num_trials,
                                                spec.max_concurrent or plan.num_trials),
         kept_bytes=keep * plan.num_samples * sum(b for _, b in sizes),
-        parent_bytes=parent_bytes, stable_bytes=stable_bytes)
+        parent_bytes=parent_bytes, stable_bytes=stable_bytes, object_store_bytes=store)
 
 
 def _branchable(cfg: TrainConfig) -> bool:

@@ -18,6 +18,7 @@ No Ray, no torch work here: it reads file headers only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -33,10 +34,16 @@ from safetensors import safe_open
 from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
 from moe_core.hf_config import weight_files
-from moe_core.params import count_params
 from sweeps.plan import resources
-from sweeps.plan.build import SweepPlan, _bf16, disk_estimate
+from sweeps.plan.build import DiskEstimate, SweepPlan, disk_estimate
 from sweeps.plan.cost import DEVICES
+from sweeps.plan.memory import (  # noqa: F401 (RUNTIME_BYTES, trial_memory_bytes re-exported)
+    RUNTIME_BYTES,
+    fits_line,
+    memory_fixes,
+    model_memory_bytes,
+    trial_memory_bytes,
+)
 from sweeps.run.console import human_bytes
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import probe
@@ -241,35 +248,6 @@ def check_results_dir(spec: SweepSpec) -> list[Problem]:
     return out
 
 
-RUNTIME_BYTES = 450 * 10**6
-"""A trial process's memory before its model: Python with torch, DeepSpeed and the trainer
-imported (0.44 GB peak RSS measured on CPU, torch 2.13, DeepSpeed 0.19)."""
-
-
-def trial_memory_bytes(cfg: Any, gpus: float) -> int:
-    """A rough peak of one trial: parameters × (weights + gradients + two fp32 Adam moments
-    [+ fp32 master in bf16]) + activations, + the process's runtime (:data:`RUNTIME_BYTES`) + an
-    upcycled trial's parent, whose fp32 weights it holds (the upcycling source and the parent
-    reference of its router statistics). Activations per layer follow Korthikanti et al.
-    (2022, Eq. 2): s·b·h·(34 + 5·a·s/h) bytes in 16-bit (× 2 in fp32), for the micro-batch b;
-    an MoE layer's MLP activations (19 of the 34) grow with top-K."""
-    parent = 0
-    if cfg.parent is not None:
-        parent = count_params(cfg.model_config(moe="parent")).total * 4
-    return RUNTIME_BYTES + parent + _model_memory_bytes(cfg, gpus)
-
-
-def _model_memory_bytes(cfg: Any, gpus: float) -> int:
-    m = cfg.model_config()
-    n = count_params(m).total
-    bf16 = _bf16(cfg, gpus)
-    per_param = (2 + 2 + 4 + 8) if bf16 else (4 + 4 + 8)
-    s, b, h, a = cfg.seq_len, cfg.batch.micro_batch, m.d_model, m.n_head
-    k = m.moe.top_k if m.moe is not None else 1
-    act = s * b * h * (15 + 19 * k + 5 * a * s / h) * m.n_layer * (1 if bf16 else 2)
-    return int(n * per_param + act + 2 * s * b * m.vocab_size * 4)  # + fp32 logits and grads
-
-
 def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -282,11 +260,13 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                    host_memory: int | None = None) -> list[Problem]:
     """Disk (checkpoints while running + kept + parents + stable runs) against the free space
     under ``results``; one trial's memory against the accelerator's (``gpu``, or CUDA here)
-    or, for CPU trials, ``concurrent`` trials against the host's memory."""
+    or, for CPU trials, ``concurrent`` trials (each ``resources.ranks`` processes) against the
+    host's memory. A refusal names the knobs that make the sweep fit, with the figure each
+    gives (``sweeps.plan.memory.memory_fixes``, :func:`disk_fixes`)."""
     spec = _resolved(spec)
     out = []
     d = disk_estimate(spec, plan)
-    need = d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
+    need = disk_need(d)
     on_disk = "://" not in str(spec.results)  # object storage: no free-space figure to check
     if free_disk is None and on_disk:
         free_disk = shutil.disk_usage(_existing_parent(spec.results_dir)).free
@@ -294,31 +274,62 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
         out.append(Problem("results", f"the sweep needs about {human_bytes(need)} of disk "
                            f"(checkpoints, parents, stable runs) but "
                            f"{_existing_parent(spec.results_dir)} has {human_bytes(free_disk)} "
-                           "free; point results at larger storage, lower checkpoint.keep or "
-                           "max_concurrent"))
-    mem = max_trial_memory(spec, plan)
+                           f"free; {fits_line(disk_fixes(d, free_disk))}, or point results at "
+                           "larger storage"))
     if spec.resources.gpus > 0 or gpu:
-        mem = max_trial_memory(spec, plan, device=True)
-        dev = DEVICES.get(gpu or "")
-        cap = dev.memory_gb * 1e9 if dev and dev.memory_gb else None
-        if cap is None:
-            return out
-        share = spec.resources.gpus if 0 < spec.resources.gpus < 1 else 1.0
-        if spec.resources.ranks > 1 and any(c.moe is not None for c in _configs(plan)):
-            mem = mem // spec.resources.ranks  # experts and ZeRO state spread over the ranks
-        if mem > cap * share:
-            out.append(Problem("resources.gpus", f"one trial needs about {human_bytes(mem)} "
-                               f"(estimate) but a {dev.name} share of {share:g} has "
-                               f"{human_bytes(cap * share)}; lower batch.micro_batch, use more "
-                               "resources.ranks or a larger GPU"))
-        return out
+        return out + _device_capacity(spec, plan, gpu)
+    r = spec.resources.ranks
+    mem = max_trial_memory(spec, plan, ranks=r)
     host = host_memory if host_memory is not None else host_memory_bytes()
     n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
-    if host and mem * n > host:
+    if host and mem * n * r > host:
+        fixes = memory_fixes(_configs(plan), spec.resources.gpus, r, n, host)
         out.append(Problem("max_concurrent", f"{n} concurrent CPU trials need about "
-                           f"{human_bytes(mem * n)} (estimate, {human_bytes(mem)} each) but "
-                           f"this machine has {human_bytes(host)}; set max_concurrent: "
-                           f"{max(1, int(host // max(mem, 1)))} or less"))
+                           f"{human_bytes(mem * n * r)} (estimate, {human_bytes(mem)} each"
+                           f"{f' × {r} ranks' if r > 1 else ''}) but this machine has "
+                           f"{human_bytes(host)}; {fits_line(fixes)}"))
+    return out
+
+
+def _device_capacity(spec: SweepSpec, plan: SweepPlan, gpu: str | None) -> list[Problem]:
+    """One trial's accelerator memory against the ``gpu``'s (a share of it)."""
+    mem = max_trial_memory(spec, plan, device=True)
+    dev = DEVICES.get(gpu or "")
+    cap = dev.memory_gb * 1e9 if dev and dev.memory_gb else None
+    if cap is None:
+        return []
+    share = spec.resources.gpus if 0 < spec.resources.gpus < 1 else 1.0
+    if spec.resources.ranks > 1 and any(c.moe is not None for c in _configs(plan)):
+        mem = mem // spec.resources.ranks  # experts and ZeRO state spread over the ranks
+    if mem <= cap * share:
+        return []
+    fixes = memory_fixes(_configs(plan), spec.resources.gpus, 1, 1, cap * share,
+                         estimate=model_memory_bytes)
+    return [Problem("resources.gpus", f"one trial needs about {human_bytes(mem)} (estimate) but "
+                    f"a {dev.name} share of {share:g} has {human_bytes(cap * share)}; "
+                    f"{fits_line(fixes)}, or use more resources.ranks or a larger GPU")]
+
+
+def disk_need(d: DiskEstimate) -> int:
+    """The disk a sweep needs at its peak: checkpoints while running and kept, parents and
+    stable runs."""
+    return d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
+
+
+def disk_fixes(d: DiskEstimate, free: float) -> list[str]:
+    """``checkpoint.keep`` and ``max_concurrent`` values that make ``d`` fit ``free`` bytes,
+    each with the disk it then needs (the largest that fits)."""
+    out = []
+    for keep in range(d.keep - 1, 0, -1):
+        alt = dataclasses.replace(d, keep=keep, kept_bytes=d.kept_bytes * keep // d.keep)
+        if disk_need(alt) <= free:
+            out.append(f"checkpoint.keep: {keep} ({human_bytes(disk_need(alt))})")
+            break
+    for conc in range(d.concurrent - 1, 0, -1):
+        alt = dataclasses.replace(d, concurrent=conc)
+        if disk_need(alt) <= free:
+            out.append(f"max_concurrent: {conc} ({human_bytes(disk_need(alt))})")
+            break
     return out
 
 
@@ -337,12 +348,14 @@ def trial_bundle(spec: SweepSpec) -> dict[str, float]:
     return {**b, **custom_resources(spec)}
 
 
-def max_trial_memory(spec: SweepSpec, plan: SweepPlan, device: bool = False) -> int:
+def max_trial_memory(spec: SweepSpec, plan: SweepPlan, device: bool = False,
+                     ranks: int = 1) -> int:
     """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`; with
-    ``device``, the accelerator's part only: no runtime, no parent copy on the host)."""
+    ``device``, the accelerator's part only: no runtime, no parent copy on the host), one
+    rank's with ZeRO-1/2 state split over ``ranks``."""
     gpus = _resolved(spec).resources.gpus
-    est = _model_memory_bytes if device else trial_memory_bytes
-    return max((est(c, gpus) for c in _configs(plan)), default=0)
+    est = model_memory_bytes if device else trial_memory_bytes
+    return max((est(c, gpus, ranks) for c in _configs(plan)), default=0)
 
 
 def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],

@@ -113,7 +113,8 @@ def disk_line(spec: SweepSpec, plan: SweepPlan) -> str:
             f"({d.keep} kept + 1 being saved + 1 local each); "
             f"{human_bytes(d.kept_bytes)} kept after the sweep ({d.keep} × {d.trials} trials); "
             f"parents' cache {human_bytes(d.parent_bytes)} ({len(plan.parents)}); "
-            f"WSD stable runs {human_bytes(d.stable_bytes)}")
+            f"WSD stable runs {human_bytes(d.stable_bytes)}; object store (the parents' "
+            f"payloads, memory) {human_bytes(d.object_store_bytes)}")
 
 
 def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],
@@ -238,8 +239,13 @@ class Ticker:
         return self.every_s > 0 and self.clock() - self.last_print >= self.every_s
 
     def lines(self, running: Iterable[tuple[str, Mapping[int, Mapping[str, Any]],
-                                            int | None]]) -> list[str]:
+                                            int | None]],
+              setup: Callable[[list[str]], Mapping[str, str]] | None = None) -> list[str]:
         """The lines for ``(trial_id, its rows by step, its planned steps)`` of each running
-        trial; marks the time."""
+        trial; marks the time. ``setup`` gives the set-up line of each trial that has no eval
+        yet (``sweeps.run.setup_progress.lines_for``)."""
         now = self.last_print = self.clock()
-        return [line(t, rows, total, now, self.seen.get(t)) for t, rows, total in running]
+        running = list(running)
+        early = setup([t for t, rows, _ in running if not rows]) if setup else {}
+        return [early.get(t) or line(t, rows, total, now, self.seen.get(t))
+                for t, rows, total in running]

@@ -30,7 +30,7 @@ from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
 from sweeps.run import _signals as signals
-from sweeps.run import budget, console
+from sweeps.run import budget, console, setup_progress
 from sweeps.run.address import check_address
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper
@@ -74,8 +74,10 @@ class ResultsCallback(tune.Callback):
     progress with the best metric so far and an ETA."""
 
     def __init__(self, spec: SweepSpec, plan: SweepPlan, results_dir: Results,
-                 flush_s: float = 10.0, health: HealthStopper | None = None):
+                 flush_s: float = 10.0, health: HealthStopper | None = None,
+                 setup_dir: Path | None = None):
         self.spec, self.plan = spec, plan
+        self.setup_dir = setup_dir  # the trials' set-up boards (sweeps.run.setup_progress)
         self.total, self.at_most = plugin(spec.algorithm).trial_cap(spec, plan)
         self.health = health
         self.results_dir = results_dir
@@ -143,9 +145,11 @@ class ResultsCallback(tune.Callback):
         if not self._ticker().due():
             return
         running = [t for t in trials if getattr(t, "status", "") == "RUNNING"]
+        board = getattr(self, "setup_dir", None)  # None in a callback pickled before it
         for msg in self.ticker.lines(
-                (t.trial_id, self.sink.rows_of(t.trial_id),
-                 self.plan.trial(self.spec, dict(t.config)).config.steps) for t in running):
+                ((t.trial_id, self.sink.rows_of(t.trial_id),
+                  self.plan.trial(self.spec, dict(t.config)).config.steps) for t in running),
+                setup=(lambda ids: setup_progress.lines_for(board, ids)) if board else None):
             console.progress(msg)
 
     def _placeholder(self, trial) -> dict[str, Any]:
@@ -281,9 +285,10 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
 
 
 def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
-               health: HealthStopper | None = None) -> list[Any]:
+               health: HealthStopper | None = None, setup_dir: Path | None = None
+               ) -> list[Any]:
     callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s,
-                                            health)]
+                                            health, setup_dir)]
     if spec.wandb.enabled and spec.wandb.mode != "disabled":
         callbacks.append(wandb_callback(spec, plan, results_dir))
     return callbacks
@@ -506,7 +511,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     )
     conc = _concurrency(spec, max_concurrent)
     tuner = _tuner(spec, plan, trainable, results_dir,
-                   _callbacks(spec, plan, results_dir, health), conc, resume, verbose, health)
+                   _callbacks(spec, plan, results_dir, health,
+                              setup_progress.board_dir(cache_paths(cache_dir)[1], spec.name)),
+                   conc, resume, verbose, health)
     budget.activate(ledger, console.progress)
     try:
         with tune_settings(conc, plan.num_trials):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -156,13 +157,25 @@ def task_options(spec: SweepSpec) -> dict[str, Any]:
     return resources.task_options(spec)
 
 
+def hashing_stage(child: TrainConfig) -> str:
+    """The first stage of a parent task: hashing what determines the parent (a pretrained
+    one's weight files: their size)."""
+    src = child.parent.from_pretrained
+    if src is None:
+        return "hashing its inputs (its config)"
+    size = sum(f.stat().st_size for f in Path(src).glob("*.safetensors"))
+    return f"hashing its inputs ({size / 1e6:,.0f} MB of safetensors)"
+
+
 @ray.remote(max_calls=1)
-def _train_parent_task(child: TrainConfig, cache_dir: str,
-                       with_optimizer: bool = False) -> dict[str, Any]:
+def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool = False,
+                       planned_key: str | None = None) -> dict[str, Any]:
     check_reserved_device()
+    remote, local = cache_paths(cache_dir)
+    if planned_key is not None:  # the driver's key: the stage is shown while this hashes
+        ProgressFile(local / f"{planned_key}.progress.json", 0).on_stage(hashing_stage(child))
     key = parent_key(child)
     steps = 0 if child.parent.from_pretrained is not None else child.parent_run().steps
-    remote, local = cache_paths(cache_dir)
     progress = ProgressFile(local / f"{key}.progress.json", steps)
     try:
         fetch(remote and remote / key, local / key, "meta.json")
@@ -179,26 +192,59 @@ def _train_parent_task(child: TrainConfig, cache_dir: str,
 
 
 class ProgressFile(Callback):
-    """The run's last eval (step of steps, val loss), or the stage of a parent that has no
-    steps (loading a pretrained checkpoint, writing its cache), in a small file the driver
-    polls."""
+    """The run's last eval (step of steps, val loss, when the run started), or the stage of a
+    parent that has no steps (loading a pretrained checkpoint, writing its cache) with the
+    stage before it, in a small file the driver polls (:func:`progress_part` makes the ETA)."""
 
     def __init__(self, path: Path, steps: int):
         self.path, self.steps = path, steps
+        self.started = time.time()
+        self.stage: list[Any] | None = None
 
     def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
         atomic_write_text(self.path, json.dumps({"step": metrics["step"], "steps": self.steps,
-                                                 "val_loss": metrics.get("val_loss")}))
+                                                 "val_loss": metrics.get("val_loss"),
+                                                 "started": self.started}))
 
     def on_stage(self, text: str) -> None:
-        atomic_write_text(self.path, json.dumps({"stage": text, "since": time.time()}))
+        now = time.time()
+        prev = None if self.stage is None else [self.stage[0], now - self.stage[1]]
+        self.stage = [text, now]
+        atomic_write_text(self.path, json.dumps({"stage": text, "since": now, "prev": prev}))
+
+
+def _mb(text: str) -> float | None:
+    """The ``N MB`` size a stage's text names, or None."""
+    m = re.search(r"([\d,.]+) MB", text)
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def stage_eta(p: dict[str, Any], now: float) -> str:
+    """`` ETA ~N s`` of a parent's stage: the stage before it took ``t`` s for its size, this
+    one is expected to take ``t`` × its size / that size (both name an ``N MB`` size); a
+    trained parent: its seconds per step so far × the steps left. Empty when unknown."""
+    if "stage" in p:
+        prev = p.get("prev")
+        a, b = _mb(p["stage"]), _mb(prev[0]) if prev else None
+        if not (a and b):
+            return ""
+        left = float(prev[1]) * a / b - (now - float(p["since"]))
+    elif p.get("started") is not None and p["step"] > 0:
+        left = (now - float(p["started"])) / p["step"] * (p["steps"] - p["step"])
+    else:
+        return ""
+    left = max(0.0, left)
+    return f", ETA ~{left / 60:.1f} min" if left >= 90 else f", ETA ~{left:.0f} s"
 
 
 def progress_part(key: str, p: dict[str, Any], now: float) -> str:
-    """One parent's part of the progress line: its stage and for how long, or its last eval."""
+    """One parent's part of the progress line: its stage and for how long, or its last eval;
+    with an ETA where one is known (:func:`stage_eta`)."""
     if "stage" in p:
-        return f"{key[:8]} {p['stage']} ({now - float(p['since']):.0f} s)"
-    return f"{key[:8]} step {p['step']}/{p['steps']} val {p['val_loss']:.4f}"
+        return f"{key[:8]} {p['stage']} ({now - float(p['since']):.0f} s{stage_eta(p, now)})"
+    eta = stage_eta(p, now)
+    return f"{key[:8]} step {p['step']}/{p['steps']} val {p['val_loss']:.4f}" + \
+        (f" ({eta.removeprefix(', ')})" if eta else "")
 
 
 def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Path],
@@ -217,8 +263,8 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
                 parts.append(progress_part(k, json.loads(progress[k].read_text()),
                                            time.time()))
             except (OSError, ValueError, KeyError, TypeError):
-                parts.append(f"{k[:8]} starting: hashing its inputs "
-                             f"({time.time() - t0:.0f} s)")
+                parts.append(f"{k[:8]} waiting for its Ray worker (process start, "
+                             f"imports; {time.time() - t0:.0f} s)")
         if pending:
             console.progress(f"{what}: {len(tasks) - len(pending)}/{len(tasks)} done; "
                              + "; ".join(parts))
@@ -230,7 +276,8 @@ def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path) -> di
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
     # the disk cache by the trials instead of being retrained.
     refs = {key: _train_parent_task.options(**task_options(spec), max_retries=0)
-            .remote(p.child, str(cache_dir), p.needs_optimizer) for key, p in plan.parents.items()}
+            .remote(p.child, str(cache_dir), p.needs_optimizer, key)
+            for key, p in plan.parents.items()}
     if refs:
         console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
                          f"{cache_dir})")

@@ -53,6 +53,7 @@ from sweeps.run.parents import (
     get_parent,
     publish,
 )
+from sweeps.run.setup_progress import SetupBoard, board_dir
 from sweeps.spec.sweep import CheckpointSpec, SweepSpec
 from sweeps.store.results import config_columns, json_safe, knob_columns
 from sweeps.store.storage import Location, join_uri, publishing, staging_dir
@@ -290,6 +291,10 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
+    board = setup_board(spec, t, cache_dir, trial_id)
+    if t.parent_key is not None:
+        board.on_stage(f"parent: {t.parent_key[:8]} from the object store"
+                       f"{'' if parents.get(t.parent_key) else ' (else its disk cache)'}")
     try:
         parent = _start(t, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
@@ -324,7 +329,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         if spec.resources.ranks > 1:
             run_multi_rank(spec, run)
         else:
-            fit_rank(run, parent, resume_from, work / "ckpt", reporter)
+            fit_rank(run, parent, resume_from, work / "ckpt", reporter, board=board)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         free_accelerator_memory()
@@ -355,6 +360,16 @@ class RankRun:
     """Multi-rank: the node-local root of the ranks' checkpoint folders (``rank<r>``)."""
 
 
+def setup_board(spec: SweepSpec, t: TrialPlan, cache_dir: str, trial_id: str) -> SetupBoard:
+    """The trial's set-up board (``sweeps.run.setup_progress``): parent, data, model, engine,
+    knob audit, first eval; one stage more for a checkpoint read and one less without a
+    parent."""
+    n = count_params(t.config.model_config()).total
+    stages = 5 + (t.parent_key is not None)
+    return SetupBoard(board_dir(cache_paths(cache_dir)[1], spec.name) / f"{trial_id}.json",
+                      4 * n, stages)
+
+
 def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentState | None:
     """Every rank's set-up: refuse a GPU reservation without CUDA (one line, before any
     training), no dynamo cache from a reused actor's earlier trials, and the trial's parent."""
@@ -365,15 +380,25 @@ def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentSt
 
 def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
              out_dir: Path, reporter: TrialReporter, *, rank: int = 0,
-             per_rank: bool = False) -> None:
+             per_rank: bool = False, board: SetupBoard | None = None) -> None:
     """Train one rank of the trial to its end (or its divergence, reported as the final row);
-    with ``export_dir`` every rank gathers its experts and rank 0 writes the model."""
+    with ``export_dir`` every rank gathers its experts and rank 0 writes the model. ``board``
+    hears each set-up stage up to the first eval (``sweeps.run.setup_progress``)."""
     t = run.trial
+    if board is not None:
+        board.state["of"] += resume_from is not None  # a checkpoint to read
     trainer = Trainer(t.config, parent=parent, resume_from=resume_from, phase=Phase.full(),
-                      out_dir=out_dir, out_dir_per_rank=per_rank, callbacks=(reporter,),
+                      out_dir=out_dir, out_dir_per_rank=per_rank,
+                      callbacks=(reporter,) if board is None else (board, reporter),
                       should_checkpoint=CheckpointCadence(run.checkpoint,
                                                           t.config.eval.every_steps))
+    say = board.on_stage if board is not None else (lambda _: None)
+    say(f"audit: reading {len(t.knobs)} knob(s) back from the engine")
     reporter.static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
+    c = t.config
+    say(f"first eval: {c.eval.batches} batches of {c.batch.micro_batch} x {c.seq_len}"
+        f"{', compiling the model' if trainer.model.compiled else ''}" if trainer.fresh else
+        f"training to the first eval (from step {trainer.step_count})")
     try:
         trainer.fit()
     except DivergenceError as e:  # every rank sees the same all-reduced loss

@@ -10,7 +10,7 @@ from ray._common.ray_option_utils import validate_task_options
 
 from moe_core.errors import SearchSpaceError
 from moe_core.params import count_params
-from sweeps.plan.build import build_plan, disk_estimate
+from sweeps.plan.build import build_plan, disk_estimate, tied_copy_bytes
 from sweeps.run import console
 from sweeps.run.cli import main
 from sweeps.run.parents import _train_parent_task, _train_stable_task, task_options
@@ -136,6 +136,8 @@ def test_disk_estimate_by_hand():
     assert d.kept_bytes == 2 * 2 * 12 * n  # keep 2 × 2 trials
     assert d.running_bytes == 2 * (2 + 2) * 12 * n
     assert d.parent_bytes == 12 * n_parent
+    pm = plan.trials[0].config.parent_run().model_config()  # the fp32 weights Ray holds
+    assert d.object_store_bytes == 4 * n_parent + tied_copy_bytes(pm)
     g = next(iter(plan.branch_groups.values()))
     assert d.stable_bytes == len(g.steps) * 12 * n
     gpu = disk_estimate(spec(resources={"cpus": 1, "gpus": 1}), plan)

@@ -8,7 +8,7 @@ import json
 
 from moe_core.train.callbacks import Callback
 from moe_core.train.runner import load_pretrained_parent
-from sweeps.run.parents import ProgressFile, progress_part
+from sweeps.run.parents import ProgressFile, progress_part, stage_eta
 from tests.hf_util import tiny_dense
 
 
@@ -30,8 +30,10 @@ def test_a_pretrained_parent_announces_its_stages_with_sizes(tmp_path):
                            f"writing the parent cache ({mb:,.0f} MB fp32)"]
     p = json.loads(progress.path.read_text())
     assert p["stage"] == stages.seen[-1]
+    loading = p["prev"][1]  # seconds the loading took; writing scales it by size (ETA)
+    assert p["prev"][0] == stages.seen[0] and loading >= 0
     assert progress_part("hf-0123456789", p, p["since"] + 42) == \
-        f"hf-01234 {stages.seen[-1]} (42 s)"
+        f"hf-01234 {stages.seen[-1]} (42 s{stage_eta(p, p['since'] + 42)})"
     step = {"step": 3, "steps": 10, "val_loss": 2.5}
     assert progress_part("abcdefghij", step, 0.0) == "abcdefgh step 3/10 val 2.5000"
 

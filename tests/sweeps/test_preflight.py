@@ -111,7 +111,7 @@ def test_disk_and_host_memory_estimates_against_the_machine(tmp_path):
     assert preflight.check_capacity(spec, plan, free_disk=10**15, host_memory=10**15) == []
     probs = preflight.check_capacity(spec, plan, free_disk=1000, host_memory=1000)
     assert [p.key for p in probs] == ["results", "max_concurrent"]
-    assert "free" in probs[0].message and "max_concurrent: 1 or less" in probs[1].message
+    assert "1000 B free" in probs[0].message and "no single knob" in probs[1].message
     # a GPU forecast checks one trial against the accelerator's memory instead
     big = _spec(tmp_path, tiny_base(model={"preset": "1B"},
                                     batch={"global_batch": 64, "micro_batch": 64},
@@ -130,7 +130,8 @@ def test_trial_memory_estimate_by_hand():
     n = count_params(m).total
     s, b, h, a, L, V = 32, 8, m.d_model, m.n_head, m.n_layer, m.vocab_size
     act = s * b * h * (34 + 5 * a * s / h) * L * 2  # Korthikanti Eq. 2, fp32 doubles it
-    model = int(n * 16 + act + 2 * s * b * V * 4)
+    # weights 4 + gradients 4 + AdamW 8 + DeepSpeed's flat reduction bucket 4 (B/param)
+    model = int(n * 20 + act + 2 * s * b * V * 4)
     assert preflight.trial_memory_bytes(cfg, 0) == preflight.RUNTIME_BYTES + model  # no parent
 
 
@@ -177,3 +178,39 @@ def test_results_dir_must_be_writable(tmp_path):
         assert [p.key for p in preflight.check_results_dir(spec)] == ["results"]
     finally:
         os.chmod(ro, 0o700)
+
+
+def test_a_refusal_names_the_knobs_that_make_it_fit_with_their_figures(tmp_path):
+    """#39 item 4: the host-memory refusal names max_concurrent, batch.micro_batch and (several
+    ranks) optim.zero_stage, each with the memory it gives; the disk refusal checkpoint.keep
+    and max_concurrent."""
+    from sweeps.plan.build import DiskEstimate
+    from sweeps.plan.memory import memory_fixes, trial_memory_bytes, with_micro_batch
+    from sweeps.run.console import human_bytes
+
+    spec = _spec(tmp_path)
+    plan = build_plan(spec)
+    cfg = plan.trials[0].config
+    one, small = trial_memory_bytes(cfg, 0), trial_memory_bytes(with_micro_batch(cfg, 4), 0)
+    assert small < one
+    # room for one trial, not two: max_concurrent 1; two trials at micro-batch 4 fit too
+    host = 2 * small + 1
+    probs = preflight.check_capacity(spec, plan, free_disk=10**15, host_memory=host)
+    assert [p.key for p in probs] == ["max_concurrent"]
+    assert probs[0].message.endswith(
+        f"fits with max_concurrent: 1 ({human_bytes(one)}) or batch.micro_batch: 4 "
+        f"({human_bytes(2 * small)})")
+    # two ranks: ZeRO-1 splits the AdamW moments over them
+    from sweeps.plan.memory import with_zero_stage
+
+    z1 = trial_memory_bytes(with_zero_stage(cfg, 1), 0, 2)
+    assert z1 < trial_memory_bytes(cfg, 0, 2)
+    assert f"optim.zero_stage: 1 ({human_bytes(2 * z1)})" in memory_fixes([cfg], 0, 2, 1, 2 * z1)
+    assert not any("zero_stage" in f for f in memory_fixes([cfg], 0, 1, 1, 2 * z1))  # 1 rank
+    d = DiskEstimate(checkpoint_bytes=100, params=10, bytes_per_param=10, keep=3, trials=4,
+                     concurrent=4, kept_bytes=1200, parent_bytes=0, stable_bytes=0)
+    assert preflight.disk_need(d) == 4 * 5 * 100 + 1200
+    # keep 2: 4 × 4 × 100 running + 2 × 400 kept; 2 trials at once: 2 × 5 × 100 + 1200
+    assert preflight.disk_fixes(d, 2500) == [f"checkpoint.keep: 2 ({human_bytes(2400)})",
+                                             f"max_concurrent: 2 ({human_bytes(2200)})"]
+    assert preflight.disk_fixes(d, 100) == []
