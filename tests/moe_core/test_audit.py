@@ -200,6 +200,36 @@ def test_an_hf_parent_overrides_model_max_seq_len_and_the_audit_says_so(tmp_path
         A.check(t)
 
 
+def test_a_planted_operator_override_fails_the_audit(tmp_path, monkeypatch):
+    """The operator knobs are measured on the weights at step 0: dense → MoE built without its
+    weight scaling (as if the knob were dropped on the way) fails naming the key."""
+    hf = tiny_dense("llama", tmp_path / "hf")
+    cfg = _cfg(tmp_path / "cache", model={"compile": False, "fused_head": False},
+               moe=_moe(expert_d_ff=16), parent={"from_pretrained": str(hf)},
+               upcycle={"method": "dense_to_moe"})
+    parent = load_pretrained_parent(str(hf), tmp_path / "pc")
+    real = init_mod.upcycle.dense_to_moe_state
+    monkeypatch.setattr(init_mod.upcycle, "dense_to_moe_state",
+                        lambda *a, **k: real(*a, **{**k, "weight_scaling": False}))
+    with pytest.raises(ConfigError, match=r"^knob audit: upcycle\.weight_scaling is 1\.0"):
+        A.check(Trainer(cfg, parent=parent))
+
+
+@pytest.mark.parametrize("key, req, eff, ok", [
+    ("upcycle.router_noise", 0.0, 0.0, True), ("upcycle.router_noise", 0.05, 0.047, True),
+    ("upcycle.router_noise", 0.05, 0.0, False), ("upcycle.router_noise", 0.05, 0.06, False),
+    ("upcycle.router_noise", 0.0, 1e-9, False),
+    ("upcycle.strategy", "uniform", [[2, 2], [2, 2]], True),
+    ("upcycle.strategy", "uniform", [[3, 1], [2, 2]], False),
+    ("upcycle.strategy", "grad_norm", [[3, 1], [2, 2]], True),
+    ("upcycle.strategy", "grad_norm", [[4, 0], [2, 2]], False),
+    ("data.val_fraction", 0.05, 0.0492, True), ("data.val_fraction", 0.2, 0.05, False),
+    ("upcycle.weight_scaling", 2.0, 2.01, True), ("upcycle.weight_scaling", 2.0, 1.0, False),
+    ("eval.seed", 5, "another draw", False)])
+def test_the_audits_own_agreement_rules(key, req, eff, ok):
+    assert (A.differing({key: (req, eff)}) == []) is ok
+
+
 def doc_table(audited: dict[str, dict]) -> str:
     paths = [*audited, "multi_rank_ep"]
     head = "| key | " + " | ".join(f"`{p}`" for p in paths) + " | read back |\n"
