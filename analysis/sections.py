@@ -18,7 +18,7 @@ from moe_core.errors import FitError
 from scaling.fit import FitResult, fit
 from scaling.laws import Points, get_law
 from sweeps.store.provenance import describe
-from sweeps.store.results import read_provenance
+from sweeps.store.results import STEP0_EVAL, read_provenance
 
 UPCYCLED_FORMS = ("upcycled_mul", "upcycled_mul_noint", "upcycled_add", "upcycled_add_noint")
 CONFIG_FORMS = ("model_config_mul", "model_config_mul_noint", "model_config_add_int",
@@ -372,8 +372,10 @@ def _finite(v: Any) -> float | None:
 def transition_rows(s: Sweep) -> list[dict[str, Any]]:
     """Per upcycled configuration: the parent's final val loss (the results' ``parent_val_loss``)
     and the loss right after upcycling (the trial's step-0 eval). Function-preserving operators
-    keep the two equal (000 §3.3, 004 §2.3; 003 Def. 3.1: "gap below 1e-2"). Results written
-    before schema 2 have no ``parent_val_loss``: no rows."""
+    keep the two equal (000 §3.3, 004 §2.3; 003 Def. 3.1: "gap below 1e-2"). A pretrained
+    parent's loss is the step-0 eval the trial recorded (``parent_loss_source: step-0 eval``;
+    older results: taken from the step-0 row here), and its jump is not measured. Results
+    written before schema 2 have no ``parent_val_loss``: no rows."""
     if not {"parent_key", "step", "parent_val_loss"} <= set(s.rows.columns):
         return []
     start = s.rows[s.rows["step"] == 0].drop_duplicates("trial_id").set_index("trial_id")
@@ -385,7 +387,9 @@ def transition_rows(s: Sweep) -> list[dict[str, Any]]:
             if not (isinstance(key, str) and key) or tid not in start.index:
                 continue
             l0 = _finite(start.loc[tid, "val_loss"])
-            if lp is None and pretrained(r):  # loaded, never evaluated: its step-0 eval
+            if r.get("parent_loss_source") == STEP0_EVAL:  # recorded by the trial
+                loaded = True
+            elif lp is None and pretrained(r):  # written before parent_loss_source: inferred
                 lp, loaded = l0, True
             if l0 is not None and lp is not None:
                 jumps.append((lp, l0))

@@ -108,14 +108,16 @@ def format_decision(r: Mapping[str, Any]) -> list[str]:
     if len(ds["crossings"]) > 1:
         cross = ", ".join(f"{c['D']:.3g} → {c['to']}" for c in ds["crossings"])
         dline += f" (crossings: {cross})"
-    verdict = (f"{far} (the laws, evaluated there, say {r['verdict']})"
-               if {"loss.upcycled", "loss.scratch"} & set(lim["beyond"]) else r["verdict"])
+    p_win = (f"P(upcycling wins) = {r['p_upcycle_wins']:.2f} ({r['bootstrap']['n']} bootstrap "
+             f"fits {'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})")
+    # far outside the data the share of fits is the laws' evaluated there too: said with them
+    verdict = (f"verdict: {far} (the laws, evaluated there, say {r['verdict']}; {p_win} "
+               "there)" if {"loss.upcycled", "loss.scratch"} & set(lim["beyond"])
+               else f"verdict: {r['verdict']}   {p_win}")
     lines = [
         f"Should I upcycle? N1 = {i['N1']:.4g} dense parameters trained on D1 = {i['D1']:.4g} "
         f"tokens, D2 = {i['D2']:.4g} more tokens (MoE N2 = {i['N2']:.4g} active)",
-        f"verdict: {verdict}   P(upcycling wins) = {r['p_upcycle_wins']:.2f} "
-        f"({r['bootstrap']['n']} bootstrap fits "
-        f"{'by trial' if 'noise' not in r['bootstrap'] else 'with noise groups'})",
+        verdict,
         *([] if "noise" not in r["bootstrap"] else [
             "noise (parametric, by group): " + "; ".join(
                 f"{k} sigma {v['sigma']:.3g} in ln L, ICC {v['icc']:.2f}"

@@ -30,6 +30,12 @@ class Dataset:
     entropy_rate_nats: float | None = None
     """synthetic: exact entropy rate of the chain (the irreducible loss)."""
     tokenizer_path: str | None = None
+    cache_file: str | None = None
+    """The token cache file the arrays were read from (synthetic, text, stdlib)."""
+    corpus_bytes: int | None = None
+    """text/stdlib: bytes of the files read (``max_corpus_bytes`` bounds it)."""
+    corpus_truncated: bool = False
+    """text/stdlib: whether the bound cut the corpus (else every file was read whole)."""
 
     def val_batches(self, *, seq_len: int, batch_size: int, num_batches: int,
                     seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -92,6 +98,11 @@ def _hash_bytes(*parts: bytes) -> str:
 
 
 def read_corpus(files: list[Path], max_bytes: int) -> bytes:
+    return read_corpus_counted(files, max_bytes)[0]
+
+
+def read_corpus_counted(files: list[Path], max_bytes: int) -> tuple[bytes, int, bool]:
+    """(text, bytes of the files read, whether ``max_bytes`` cut the corpus)."""
     chunks, total = [], 0
     for f in files:
         try:
@@ -103,8 +114,8 @@ def read_corpus(files: list[Path], max_bytes: int) -> bytes:
         chunks.append(b)
         total += len(b)
         if total >= max_bytes:
-            break
-    return b"\n".join(chunks)
+            return b"\n".join(chunks), total, True
+    return b"\n".join(chunks), total, False
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------
@@ -129,7 +140,8 @@ def train_bpe(text: bytes, vocab_size: int, out: Path):
 
 
 def tokenize(text: bytes, cfg: DataConfig, cache: Path) -> tuple[np.ndarray, int, str | None]:
-    """Tokenize a corpus (cached as .npy keyed by corpus hash + tokenizer settings)."""
+    """Tokenize a corpus (cached as .npy keyed by corpus hash + tokenizer settings); the array
+    is the cache file's, memory-mapped."""
     hf = cfg.hf_tokenizer
     tok_id = (b"hf:" + cfg.tokenizer_file.read_bytes()) if hf else cfg.tokenizer.encode()
     key = _hash_bytes(text, tok_id, str(cfg.bpe_vocab_size).encode())
@@ -218,7 +230,8 @@ def load_dataset(cfg: DataConfig) -> Dataset:
             toks = sample_chain(P, cfg.synthetic_tokens, cfg.synthetic_seed)
             atomic_write(f, _npy_writer(toks))
         tr, va = _split_interleaved(toks, cfg.val_fraction)
-        return Dataset(tr, va, cfg.synthetic_vocab, f"synthetic-{key}", entropy_rate(P))
+        return Dataset(tr, va, cfg.synthetic_vocab, f"synthetic-{key}", entropy_rate(P),
+                       cache_file=str(f))
     if cfg.source == "tokens":
         p = Path(cfg.path)
         dt = np.dtype(cfg.dtype)
@@ -237,8 +250,9 @@ def load_dataset(cfg: DataConfig) -> Dataset:
                         np.asarray(tr[:4096]).tobytes())
         return Dataset(tr, va, vocab, f"tokens-{h}")
     files = stdlib_files() if cfg.source == "stdlib" else text_files(cfg.path)
-    text = read_corpus(files, cfg.max_corpus_bytes)
+    text, nbytes, cut = read_corpus_counted(files, cfg.max_corpus_bytes)
     toks, vocab, tok_path = tokenize(text, cfg, cache)
     tr, va = _split_interleaved(toks, cfg.val_fraction)
     return Dataset(tr, va, vocab, f"{cfg.source}-{_hash_bytes(text)}-{cfg.tokenizer}",
-                   tokenizer_path=tok_path)
+                   tokenizer_path=tok_path, cache_file=getattr(toks, "filename", None),
+                   corpus_bytes=nbytes, corpus_truncated=cut)

@@ -22,6 +22,8 @@ from moe_core.errors import ConfigError
 from moe_core.hf_config import model_config as hf_model_config
 from moe_core.presets import PRESETS
 from moe_core.schedules import Phase, lr_at, run_schedule
+from moe_core.train import audit_reads as R
+from moe_core.train.engine import DEFAULT_BF16_MODE
 
 NA = object()
 """A key that does not apply to this run (the router of a dense run)."""
@@ -37,6 +39,9 @@ class Check:
     """What is read back (docs/audit.md)."""
     applies: Callable[[Any], bool] = lambda t: True
     """Trainer → whether the key is read on it (an adapted α^(l) resumed is training state)."""
+    agree: Callable[[Any, Any], bool] | None = None
+    """(requested, effective) → whether they agree, where equality is not the rule (a share
+    rounded to whole blocks, a noise bound); None: equal (floats to a relative 1e-6)."""
 
 
 def _moe(t: Any) -> list[Any]:
@@ -198,6 +203,34 @@ def _lrs(t: Any) -> list[float]:
     return [t.plan.lr(i) for i in lr_steps(t.cfg)]
 
 
+def _source_only(sources: str | tuple[str, ...],
+                 read: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """A data key that acts on these sources only (``data.dtype``: token files)."""
+    ok = (sources,) if isinstance(sources, str) else sources
+    return lambda c, p: read(c) if c.data.source in ok else NA
+
+
+def _requested_tokenizer(c: Any) -> Any:
+    if c.data.tokenizer == "bytes":
+        return "bytes"
+    return NA if c.data.tokenizer == "bpe" else R.file_digest(c.data.tokenizer_file)
+
+
+def _val_fraction(c: Any, p: Any) -> Any:
+    """Not used by a token directory's train.bin / val.bin."""
+    d = c.data
+    return NA if d.source == "tokens" and Path(d.path).is_dir() else d.val_fraction
+
+
+def _granularity(c: Any) -> int:
+    return c.model_config().ffn_dim // c.moe.resolved_expert_d_ff(c.model_config().ffn_dim)
+
+
+def _fresh_method(method: str, read: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """An operator knob of this ``upcycle.method``, read on the weights it made (at step 0)."""
+    return _parent_only(lambda c, p: read(c) if c.upcycle.method == method else NA)
+
+
 READ: dict[str, Check] = {
     "seed": Check(_c("seed"), lambda t: t.batcher.seed, "`trainer.batcher.seed` (data order)"),
     "model.preset": Check(_scratch_only(lambda c, p: _requested_dims(c)),
@@ -257,6 +290,46 @@ READ: dict[str, Check] = {
     "data.synthetic_vocab": Check(lambda c, p: NA if c.data.source != "synthetic" or
                                   c.parent is not None else c.data.synthetic_vocab,
                                   lambda t: _dims(t)[2], "embedding rows of the live model"),
+    "data.source": Check(_c("data.source"), R.source,
+                         "the source of the live dataset (its content hash names it)"),
+    "data.path": Check(_source_only("tokens", lambda c: R.requested_token_file(c.data.path)),
+                       R.token_file, "the file the live training split maps"),
+    "data.dtype": Check(_source_only("tokens", lambda c: c.data.dtype),
+                        lambda t: t.batcher.tokens.dtype.name,
+                        "the dtype of the live training tokens"),
+    "data.token_vocab_size": Check(_source_only("tokens", lambda c: NA if c.parent is not None
+                                                or not c.data.token_vocab_size
+                                                else c.data.token_vocab_size),
+                                   lambda t: _dims(t)[2], "embedding rows of the live model"),
+    "data.tokenizer": Check(_source_only(("stdlib", "text"), _requested_tokenizer),
+                            R.tokenizer, "the live dataset's tokenizer: `bytes` (no tokenizer "
+                            "file) or its tokenizer.json's digest (a Hugging Face folder's; "
+                            "`bpe`: by its vocabulary, data.bpe_vocab_size)"),
+    "data.bpe_vocab_size": Check(_source_only(("stdlib", "text"), lambda c: NA if
+                                              c.data.tokenizer != "bpe" else
+                                              c.data.bpe_vocab_size),
+                                 lambda t: t.vocab_size,
+                                 "the vocabulary of the live dataset's trained BPE"),
+    "data.val_fraction": Check(_val_fraction, R.val_share,
+                               "the share of the live tokens held out (whole 32768-token "
+                               "blocks in memory: within half of the request)",
+                               agree=R.within_half),
+    "data.max_corpus_bytes": Check(_source_only(("stdlib", "text"),
+                                                lambda c: c.data.max_corpus_bytes),
+                                   lambda t: t.dataset.corpus_bytes,
+                                   "bytes of the files the live dataset read (where the bound "
+                                   "cut the corpus)", lambda t: t.dataset.corpus_truncated),
+    "data.synthetic_tokens": Check(_source_only("synthetic", lambda c: c.data.synthetic_tokens),
+                                   R.stream_tokens, "tokens of the live stream (train + val)"),
+    "data.synthetic_concentration": Check(
+        _source_only("synthetic", lambda c: c.data.synthetic_concentration),
+        R.synthetic_concentration, f"drawn: the live stream's first {R.CHAIN_PREFIX} tokens "
+        "are the chain of this concentration and data.synthetic_seed"),
+    "data.synthetic_seed": Check(_source_only("synthetic", lambda c: c.data.synthetic_seed),
+                                 R.synthetic_seed, "drawn: as data.synthetic_concentration"),
+    "data.cache_dir": Check(lambda c, p: NA if c.data.source == "tokens" else
+                            str(c.data.resolved_cache_dir.resolve()), R.cache_dir,
+                            "the folder of the token cache file the live dataset was read from"),
     "optim.lr": Check(lambda c, p: requested_peak(c, p), lambda t: t.plan.peak,
                       "the peak of the live schedule (`trainer.plan.peak`)"),
     "optim.betas": Check(_c("optim.betas"), _groups("betas"),
@@ -273,6 +346,10 @@ READ: dict[str, Check] = {
                          lambda t: {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(
                              str(t.dtype), str(t.dtype)),
                          "the trainer's compute dtype (`trainer.dtype`)"),
+    "optim.bf16_mode": Check(lambda c, p: c.optim.bf16_mode if c.optim.bf16_mode != "auto"
+                             else DEFAULT_BF16_MODE[min(c.optim.zero_stage, 2)], R.bf16_mode,
+                             "the live weights' dtype and the engine's optimizer class (a bf16 "
+                             "run only)", lambda t: str(t.dtype) == "torch.bfloat16"),
     "optim.expert_parallel": Check(_ep, _layers(lambda m: m.ep_size),
                                    "`layer.ep_size` of every live MoE layer (0 = all ranks)"),
     "schedule.kind": Check(lambda c, p: _requested_lrs(c, p), lambda t: _lrs(t),
@@ -292,6 +369,10 @@ READ: dict[str, Check] = {
                                "the DeepSpeed engine's micro-batch"),
     "eval.batches": Check(_c("eval.batches"), lambda t: len(t.val),
                           "the validation batches the trainer holds"),
+    "eval.every_steps": Check(_c("eval.every_steps"), lambda t: t.eval_every,
+                              "the cadence the live loop evaluates at (`trainer.eval_every`)"),
+    "eval.seed": Check(_c("eval.seed"), lambda t: R.val_seed(t, t.cfg.eval.seed),
+                       "drawn: the live first validation batch is this seed's draw"),
     "tokens": Check(lambda c, p: c.steps * c.tokens_per_step,
                     lambda t: t.plan.end_step * _tokens_per_step(t),
                     "last step × tokens per step of the live trainer"),
@@ -314,6 +395,15 @@ READ: dict[str, Check] = {
                              "the parent state's final LR"),
     "parent.decay": Check(_parent_final_lr, lambda t: t.parent.final_lr,
                           "the parent state's final LR (peak when it stops before its decay)"),
+    "parent.batch": Check(_parent_only(lambda c, p: NA if c.parent.from_pretrained else
+                                       c.parent_run().tokens_per_step),
+                          lambda t: t.parent.tokens_per_step,
+                          "tokens per step of the parent's live batcher, recorded in the "
+                          "parent state", lambda t: t.parent.tokens_per_step is not None),
+    "parent.seed": Check(_parent_only(lambda c, p: NA if c.parent.from_pretrained else
+                                      c.parent_run().seed), lambda t: t.parent.seed,
+                         "the data-order seed of the parent's live batcher, recorded in the "
+                         "parent state", lambda t: t.parent.seed is not None),
     "upcycle.method": Check(_parent_only(lambda c, p: c.upcycle.method != "expand_experts"),
                             lambda t: t.expansion is None,
                             "whether the trainer holds an expansion map (experts replicated)"),
@@ -321,6 +411,26 @@ READ: dict[str, Check] = {
                                          else c.upcycle.factor),
                             lambda t: _experts_total(_moe(t)[0]) // _parent_experts(t),
                             "live experts / the parent state's experts"),
+    "upcycle.virtual_groups": Check(_fresh_method("dense_to_moe", lambda c: NA if
+                                                  _granularity(c) == 1 else
+                                                  c.upcycle.virtual_groups),
+                                    R.virtual_groups, "whether the G experts of each group "
+                                    "share one live router row (step 0; G > 1)",
+                                    lambda t: t.fresh),
+    "upcycle.weight_scaling": Check(_fresh_method("dense_to_moe", lambda c: R.requested_scale(
+                                        c, _granularity(c))), R.expert_scale,
+                                    "measured at step 0: (‖w_up of a live expert‖ / ‖its "
+                                    "dense shard's‖)², the factor on its output (within 1 %)",
+                                    lambda t: t.fresh, R.close_1pct),
+    "upcycle.strategy": Check(_fresh_method("expand_experts", lambda c: c.upcycle.strategy),
+                              R.replica_counts, "r_e per layer of the trainer's expansion map "
+                              "(uniform: all equal; scored: a valid allocation)",
+                              lambda t: t.fresh, R.strategy_agrees),
+    "upcycle.router_noise": Check(_fresh_method("expand_experts",
+                                                lambda c: c.upcycle.router_noise),
+                                  R.router_noise, "measured at step 0: the largest |replica's "
+                                  "live router bias − its source's|, in (0, δ] (0 for δ = 0)",
+                                  lambda t: t.fresh, R.noise_agrees),
     "upcycle.lr_policy.policy": Check(_parent_only(_requested_lrs), lambda t: _lrs(t),
                                       "the live schedule's LR at the chosen steps"),
     "upcycle.lr_policy.peak": Check(_parent_only(requested_peak), lambda t: t.plan.peak,
@@ -331,21 +441,6 @@ READ: dict[str, Check] = {
 
 NOT_READ: dict[str, str] = {
     "name": "a label (logs, folder names); trains nothing",
-    "eval.every_steps": "the loop's cadence, not held by a live object; the rows' steps show it",
-    "eval.seed": "the seed of the validation batches already drawn; eval.batches is read back",
-    "optim.bf16_mode": "selects the bf16 path; on fp32 there is none (optim.dtype is read "
-                       "back; tests/moe_core/test_bf16_modes.py checks each mode)",
-    "parent.batch": "the parent run's batch: its trace is D1, read back as parent.tokens",
-    "parent.seed": "the parent run's seed leaves no trace in the state it hands over",
-    "upcycle.virtual_groups": "how dense weights are split (004 §2.3); tests/moe_core/"
-                              "test_upcycle_dense.py checks the copied weights",
-    "upcycle.weight_scaling": "a factor on the copied weights; test_upcycle_dense.py checks them",
-    "upcycle.strategy": "which experts are replicated; test_upcycle_experts.py checks it",
-    "upcycle.router_noise": "noise on the replicas' router bias; test_upcycle_experts.py",
-    **{f"data.{k}": "selects the corpus; the data is not a knob of the trained model" for k in (
-        "source", "path", "dtype", "token_vocab_size", "tokenizer", "bpe_vocab_size",
-        "val_fraction", "max_corpus_bytes", "synthetic_tokens", "synthetic_concentration",
-        "synthetic_seed", "cache_dir")},
 }
 
 
@@ -371,7 +466,8 @@ def audit(trainer: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def differing(table: dict[str, tuple[Any, Any]]) -> list[str]:
-    return [k for k, (req, eff) in table.items() if not _same(req, eff)]
+    return [k for k, (req, eff) in table.items()
+            if not (READ[k].agree or _same)(req, eff)]
 
 
 def check(trainer: Any) -> dict[str, Any]:

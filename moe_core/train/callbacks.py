@@ -67,6 +67,11 @@ class ParentState:
     optimizer_state: dict[str, Any] | None = None
     val_loss: float = float("nan")
     """The parent's final validation loss (the reference of the loss at the transition)."""
+    seed: int | None = None
+    """The data-order seed of the parent's live batcher (None: a cache entry from before it
+    was recorded, or a pretrained parent)."""
+    tokens_per_step: int | None = None
+    """Tokens of one parent step as its live batcher drew them (None: as ``seed``)."""
 
 
 @dataclass

@@ -137,8 +137,9 @@ class Trainer:
 
     def _setup_data(self) -> None:
         cfg = self.cfg
-        dataset = load_dataset(cfg.data)
+        self.dataset = dataset = load_dataset(cfg.data)
         self.vocab_size = dataset.vocab_size
+        self.eval_every = cfg.eval.every_steps  # the cadence the loop evaluates at
         self.batcher = TokenBatcher(
             dataset.train, seq_len=cfg.seq_len, global_batch=cfg.batch.global_batch,
             micro_batch=cfg.batch.micro_batch, seed=cfg.seed, rank=self.rank,
@@ -282,6 +283,7 @@ class Trainer:
             optimizer_state=self.optimizer.state_dict(),
             meta={"step": step, "tokens": step * cfg.tokens_per_step, "lr": self.lr,
                   "peak_lr": self.plan.peak, "wall_s": self.elapsed(),
+                  "data_seed": self.batcher.seed, "tokens_per_step": self.tokens_per_step(),
                   "transition_jump": self.transition_jump, "evals": self.evals(),
                   "schedule": dataclasses.asdict(self.plan.schedule), "config": cfg.to_dict()},
             rank=self.rank, world_size=self.world,
@@ -316,7 +318,7 @@ class Trainer:
             is_last = step == last
             stop = any(cb.should_stop() for cb in self.callbacks)
             m = None
-            if step % self.cfg.eval.every_steps == 0 or is_last or stop:
+            if step % self.eval_every == 0 or is_last or stop:
                 m = self.evaluate()
                 if not math.isfinite(m["val_loss"]):
                     raise DivergenceError(step, f"validation loss is {m['val_loss']}")
@@ -381,7 +383,13 @@ class Trainer:
             peak_lr=self.plan.peak, final_lr=self.lr,
             tokens=self.step_count * self.cfg.tokens_per_step,
             optimizer_state=self.optimizer.state_dict(), val_loss=self.result.val_loss,
+            seed=self.batcher.seed, tokens_per_step=self.tokens_per_step(),
         )
+
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step as the live batcher draws them: micro-batch ×
+        gradient accumulation × data-parallel ranks × sequence length."""
+        return self.batcher.micro_batch * self.gas * self.world * self.batcher.seq_len
 
 
 def _check_reshard(resume: Checkpoint, cfg: TrainConfig, world: int) -> None:

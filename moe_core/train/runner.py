@@ -83,6 +83,7 @@ def train_parent(
             "lr": res.final_lr, "val_loss": res.val_loss, "parent_key": key,
             "config": p.to_dict(), "model_config": dataclasses.asdict(state.model_config),
             "curve": res.curve, "wall_s": res.wall_s,
+            "data_seed": state.seed, "tokens_per_step": state.tokens_per_step,
         },
     )
     return load_parent(path), True
@@ -147,6 +148,7 @@ def load_parent(path: str | Path) -> ParentState:
         tokens=int(ck.meta["tokens"]),
         optimizer_state=ck.optimizer_state(),
         val_loss=float(ck.meta.get("val_loss", math.nan)),
+        seed=ck.meta.get("data_seed"), tokens_per_step=ck.meta.get("tokens_per_step"),
     )
 
 

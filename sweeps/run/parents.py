@@ -80,7 +80,7 @@ def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str
         "model_state": state.model_state, "model_config": state.model_config,
         "peak_lr": state.peak_lr, "final_lr": state.final_lr, "tokens": state.tokens,
         "optimizer_state": state.optimizer_state if with_optimizer else None,
-        "val_loss": state.val_loss,
+        "val_loss": state.val_loss, "seed": state.seed, "tokens_per_step": state.tokens_per_step,
     }
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from moe_core.config import from_mapping
 from moe_core.errors import ConfigError, SearchSpaceError
+from sweeps.store.results import STEP0_EVAL
 
 RULE_METRICS = {
     "max_load_fraction": "router.max_load",
@@ -163,7 +164,8 @@ def rule_value(name: str, row: Mapping[str, Any], rule: PruneRule | None = None)
     (None when the row has none). A row without ``transition_jump`` (written before it was
     reported) gives it at step 0 as ``val_loss − parent_val_loss``."""
     v = row.get(rule_metric(name, rule) if rule is not None else RULE_METRICS[name])
-    if v is None and name == "transition_jump" and row.get("step") == 0:
+    if v is None and name == "transition_jump" and row.get("step") == 0 and \
+            row.get("parent_loss_source") != STEP0_EVAL:  # step 0 is the parent's loss there
         lv, pv = row.get("val_loss"), row.get("parent_val_loss")
         if isinstance(lv, (int, float)) and isinstance(pv, (int, float)):
             v = lv - pv

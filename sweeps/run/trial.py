@@ -55,7 +55,13 @@ from sweeps.run.parents import (
 )
 from sweeps.run.setup_progress import SetupBoard, board_dir
 from sweeps.spec.sweep import CheckpointSpec, SweepSpec
-from sweeps.store.results import config_columns, json_safe, knob_columns
+from sweeps.store.results import (
+    FINAL_EVAL,
+    STEP0_EVAL,
+    config_columns,
+    json_safe,
+    knob_columns,
+)
 from sweeps.store.storage import Location, join_uri, publishing, staging_dir
 from sweeps.testing import faults
 
@@ -92,13 +98,27 @@ class TrialReporter(Callback):
         return json_safe(out)
 
     def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        self.parent_loss_from([(metrics.get("step"), metrics.get("val_loss"))])
         self.report(self.row(metrics), checkpoint)
 
     def on_resume(self, evals: Sequence[tuple[int, float]]) -> None:
         """A restarted trial (or a branch) predicts from its whole curve, not just the evals
         after the checkpoint it resumed from."""
+        self.parent_loss_from(evals)
         if self.predictor is not None:
             self.predictor.seed(evals)
+
+    def parent_loss_from(self, evals: Sequence[tuple[Any, Any]]) -> None:
+        """A ``parent.from_pretrained`` parent is loaded, never evaluated: its loss in every
+        row (``parent_val_loss``, ``parent_loss_source: step-0 eval``) is the trial's step-0
+        eval, the freshly upcycled model, taken from that eval or, resumed, from the lineage's
+        evals the checkpoint recorded."""
+        if self.static.get("parent_loss_source") != STEP0_EVAL or \
+                self.static.get("parent_val_loss") is not None:
+            return
+        for step, loss in evals:
+            if step == 0 and isinstance(loss, (int, float)) and math.isfinite(loss):
+                self.static["parent_val_loss"] = float(loss)
 
     def report(self, row: dict[str, Any], checkpoint: Path | None = None) -> None:
         ckpt = None
@@ -164,18 +184,20 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
     cfg = t.config
     pc = count_params(cfg.model_config())
     kind = "dense" if cfg.moe is None else "moe"
-    n1, d1, lp = pc.non_embedding_total, 0, None
+    n1, d1, lp, src = pc.non_embedding_total, 0, None, None
     if parent is not None:
         kind = "upcycled" if cfg.upcycle.method != "continue" else kind
         n1, d1 = count_params(parent.model_config).non_embedding_total, parent.tokens
         if cfg.parent is not None and cfg.parent.from_pretrained is not None:
             d1 = d1 or cfg.parent.tokens or 0  # D1 from the spec when the user knows it
         lp = parent.val_loss if math.isfinite(parent.val_loss) else None
+        src = FINAL_EVAL if lp is not None else (
+            STEP0_EVAL if cfg.parent is not None and cfg.parent.from_pretrained else None)
     row = {
         "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
         "N_total": pc.non_embedding_total, "D1": d1, "reason": None,
-        "ranks": spec.resources.ranks, "parent_val_loss": lp,
+        "ranks": spec.resources.ranks, "parent_val_loss": lp, "parent_loss_source": src,
     }
     row.update(config_columns(cfg.to_dict()))
     row.update(knob_columns(t.knobs))

@@ -55,6 +55,8 @@ PROVENANCE_KEY = b"upcycle_sweeps.provenance"
 
 KNOB_PREFIX = "knob."
 """Knob columns: ``knob.`` + the knob's YAML path."""
+FINAL_EVAL, STEP0_EVAL = "final eval", "step-0 eval"
+"""The values of ``parent_loss_source``: where a row's ``parent_val_loss`` comes from."""
 EFFECTIVE_PREFIX = "effective."
 """Effective columns: ``effective.`` + a key, its value read back from the live run."""
 ROUTER_PREFIX = "router."
@@ -96,7 +98,12 @@ COLUMNS: tuple[Column, ...] = (
            "seconds since the trial started; a restart or WSD branch continues the clock"),
     Column("flops", pa.float64(), False, "6·N2·tokens"),
     Column("tokens_budget", pa.int64(), True, "the trial's token budget (config `tokens`)"),
-    Column("parent_val_loss", pa.float64(), True, "the parent's final validation loss"),
+    Column("parent_val_loss", pa.float64(), True,
+           "the parent's validation loss (where from: parent_loss_source)"),
+    Column("parent_loss_source", pa.string(), True,
+           "`final eval`: the trained parent's last eval; `step-0 eval`: a "
+           "parent.from_pretrained parent, loaded and never evaluated: the trial's step-0 eval "
+           "(the freshly upcycled model), so no transition jump is measured"),
     Column("branch_from_step", pa.int64(), True,
            "WSD branch: the shared stable run's step it decays from"),
     Column("ranks", pa.int64(), True, "DeepSpeed ranks of the trial"),

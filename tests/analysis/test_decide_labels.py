@@ -34,6 +34,11 @@ def test_far_outside_the_data_no_number_is_printed():
     assert "152.2" not in out and "4915" not in out
     assert out.count(f"not meaningful beyond {MAX_EXTRAPOLATION:g}× the data") == 5
     assert "verdict: not meaningful" in out
+    # the bootstrap share is the far-away laws' too: said inside the qualifier, not beside it
+    verdict = next(x for x in out.splitlines() if x.startswith("verdict:"))
+    assert verdict.endswith("say from_scratch; P(upcycling wins) = 0.00 (200 bootstrap fits by "
+                            "trial) there)")
+    assert "verdict: from_scratch   P(upcycling wins) = 0.00" in "\n".join(format_decision(_r()))
 
 
 def test_cost_lines_name_what_they_price_and_the_size():

@@ -65,3 +65,22 @@ def test_pretrained_parent_transition_and_curves(tmp_path):
     assert any(x.startswith("—: a `parent.from_pretrained` parent") for x in sec.lines)
     (_, _), (y0, y1) = curve_limits(sw.ok_rows(), "val_loss", False)
     assert y1 > 3.51  # the step-0 eval is not cut off the top
+
+
+def test_pretrained_parent_loss_is_read_from_its_column(tmp_path):
+    """#38: results that record the pretrained parent's loss (``parent_loss_source: step-0
+    eval``) are read from the column, not inferred (the value differs from the step-0 row here
+    only to show which is read); no jump is claimed."""
+    from analysis.sections import transition_section
+    rows = []
+    for s in (0, 1):
+        base = {"sweep": "p", "trial_id": f"t{s}", "status": "ok", "kind": "upcycled",
+                "seed": s, "parent_key": "hf-abc", "knob.seed": s, "D1": 0,
+                "parent.from_pretrained": "ckpt/my-llama", "parent_val_loss": 3.25,
+                "parent_loss_source": "step-0 eval"}
+        rows += [dict(base, step=0, tokens=0, val_loss=3.5),
+                 dict(base, step=10, tokens=1000, val_loss=2.0)]
+    write_rows(tmp_path / "p" / RESULTS_FILE, rows)
+    sec = transition_section(load_sweep(tmp_path / "p"))
+    assert sec.data[0]["L_parent"] == 3.25 and sec.data[0]["L_start"] == 3.5
+    assert sec.data[0]["jump"] is None and sec.data[0]["parent_loss"] == "step-0 eval"

@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -31,6 +32,9 @@ from tests.hf_util import tiny_dense
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "audit.md"
 VOCAB, SEQ = 32, 32
+ELSEWHERE = {"optim.bf16_mode": "a bf16 run; read back in tests/moe_core/test_bf16_modes.py "
+                                "(CPU, the dtype forced)"}
+"""Keys no CPU path here reads, with the test that reads them back."""
 ROUTER = {"order": "topk_softmax", "renormalize": True, "logit_norm_lambda": 1.5,
           "aux_loss": "squared", "aux_coef": 0.1, "z_loss_coef": 1e-3, "adaptive_aux": True,
           "adaptive_xi": 0.3, "adaptive_alpha_max": 0.02, "adaptive_beta": 0.9,
@@ -46,7 +50,7 @@ def _cfg(cache: Path, **over):
          "optim": {"lr": 2e-3, "betas": [0.8, 0.9], "eps": 1e-7, "weight_decay": 0.05,
                    "grad_clip": 0.5, "dtype": "fp32"},
          "schedule": {"kind": "wsd", "warmup_steps": 1, "decay_frac": 0.5, "min_ratio": 0.2},
-         "eval": {"every_steps": 100, "batches": 2}, "tokens": 4 * 8 * SEQ}
+         "eval": {"every_steps": 100, "batches": 2, "seed": 5}, "tokens": 4 * 8 * SEQ}
     d.update(over)
     return train_config_from_dict(d)
 
@@ -62,17 +66,34 @@ def _parent_of(cfg):
     return t.parent_state()
 
 
+def _data(tmp: Path, c: Path) -> tuple[dict, dict, dict]:
+    """Non-synthetic data of three paths: a uint32 token file (split by val_fraction), and a
+    text file cut by max_corpus_bytes, tokenized by bytes and by a trained BPE."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    np.random.default_rng(0).integers(0, 40, 20_000).astype(np.uint32).tofile(tmp / "t.bin")
+    (tmp / "corpus.txt").write_text((ROOT / "docs" / "audit.md").read_text() * 8)
+    tokens = {"source": "tokens", "path": str(tmp / "t.bin"), "dtype": "uint32",
+              "token_vocab_size": 48, "val_fraction": 0.1, "seq_len": SEQ}
+    text = {"source": "text", "path": str(tmp / "corpus.txt"), "max_corpus_bytes": 40_000,
+            "val_fraction": 0.2, "seq_len": SEQ, "cache_dir": str(c)}
+    return tokens, text, {**text, "tokenizer": "bpe", "bpe_vocab_size": 300}
+
+
 def _paths(tmp: Path) -> dict[str, tuple]:
     """Path name → (config, parent, Trainer keyword arguments), built in order."""
     c = tmp / "cache"
+    tokens, text, bpe = _data(tmp / "data", c)
     dense_parent = {"tokens": 2 * 8 * SEQ, "lr": 4e-3}
     up = {"method": "dense_to_moe", "lr_policy": {"policy": "ratio", "ratio": 0.5}}
-    coarse = _cfg(c, moe=_moe(capacity_factor=1.5, num_shared_experts=1),
-                  parent=dense_parent, upcycle=up)
+    coarse = _cfg(c, moe=_moe(capacity_factor=1.5, num_shared_experts=1), data=bpe,
+                  parent={**dense_parent, "seed": 7, "batch": {"global_batch": 4,
+                                                               "micro_batch": 2}}, upcycle=up)
     granular = _cfg(c, moe=_moe(num_experts=8, granularity=2, top_k=2, interleave=2),
                     parent=dense_parent, upcycle={"method": "dense_to_moe",
+                                                  "virtual_groups": False,
                                                   "lr_policy": {"policy": "constant"}})
     tau = _cfg(c, moe=_moe(num_experts=4), upcycle={"method": "expand_experts", "factor": 2,
+                                                    "router_noise": 0.05,
                                                     "lr_policy": {"policy": "reset",
                                                                   "peak": 1e-3}},
                parent={"tokens": 2 * 8 * SEQ, "decay": False,
@@ -80,8 +101,8 @@ def _paths(tmp: Path) -> dict[str, tuple]:
     hf = tiny_dense("llama", tmp / "hf")
     pre = _cfg(c, model={"compile": False, "fused_head": False}, moe=_moe(expert_d_ff=16),
                parent={"from_pretrained": str(hf)}, upcycle={"method": "dense_to_moe"})
-    out = {"scratch_dense": (_cfg(c), None, {}),
-           "scratch_moe": (_cfg(c, moe=_moe(), optim={"lr": 2e-3, "zero_stage": 1,
+    out = {"scratch_dense": (_cfg(c, data=tokens), None, {}),
+           "scratch_moe": (_cfg(c, moe=_moe(), data=text, optim={"lr": 2e-3, "zero_stage": 1,
                                                       "grad_clip": 0.5, "dtype": "fp32",
                                                       "expert_parallel": 1}),
                            None, {}),
@@ -142,7 +163,8 @@ def test_every_spec_key_has_an_audit_case():
 
 @pytest.mark.slow
 def test_every_read_key_is_read_on_some_path(audited):
-    never = [k for k in A.READ if not any(k in t for t in audited.values())]
+    never = [k for k in A.READ if k not in ELSEWHERE and not any(k in t for t in
+                                                                 audited.values())]
     assert never == [], f"keys read back on no path: {never}"
 
 
@@ -178,6 +200,36 @@ def test_an_hf_parent_overrides_model_max_seq_len_and_the_audit_says_so(tmp_path
         A.check(t)
 
 
+def test_a_planted_operator_override_fails_the_audit(tmp_path, monkeypatch):
+    """The operator knobs are measured on the weights at step 0: dense → MoE built without its
+    weight scaling (as if the knob were dropped on the way) fails naming the key."""
+    hf = tiny_dense("llama", tmp_path / "hf")
+    cfg = _cfg(tmp_path / "cache", model={"compile": False, "fused_head": False},
+               moe=_moe(expert_d_ff=16), parent={"from_pretrained": str(hf)},
+               upcycle={"method": "dense_to_moe"})
+    parent = load_pretrained_parent(str(hf), tmp_path / "pc")
+    real = init_mod.upcycle.dense_to_moe_state
+    monkeypatch.setattr(init_mod.upcycle, "dense_to_moe_state",
+                        lambda *a, **k: real(*a, **{**k, "weight_scaling": False}))
+    with pytest.raises(ConfigError, match=r"^knob audit: upcycle\.weight_scaling is 1\.0"):
+        A.check(Trainer(cfg, parent=parent))
+
+
+@pytest.mark.parametrize("key, req, eff, ok", [
+    ("upcycle.router_noise", 0.0, 0.0, True), ("upcycle.router_noise", 0.05, 0.047, True),
+    ("upcycle.router_noise", 0.05, 0.0, False), ("upcycle.router_noise", 0.05, 0.06, False),
+    ("upcycle.router_noise", 0.0, 1e-9, False),
+    ("upcycle.strategy", "uniform", [[2, 2], [2, 2]], True),
+    ("upcycle.strategy", "uniform", [[3, 1], [2, 2]], False),
+    ("upcycle.strategy", "grad_norm", [[3, 1], [2, 2]], True),
+    ("upcycle.strategy", "grad_norm", [[4, 0], [2, 2]], False),
+    ("data.val_fraction", 0.05, 0.0492, True), ("data.val_fraction", 0.2, 0.05, False),
+    ("upcycle.weight_scaling", 2.0, 2.01, True), ("upcycle.weight_scaling", 2.0, 1.0, False),
+    ("eval.seed", 5, "another draw", False)])
+def test_the_audits_own_agreement_rules(key, req, eff, ok):
+    assert (A.differing({key: (req, eff)}) == []) is ok
+
+
 def doc_table(audited: dict[str, dict]) -> str:
     paths = [*audited, "multi_rank_ep"]
     head = "| key | " + " | ".join(f"`{p}`" for p in paths) + " | read back |\n"
@@ -186,7 +238,8 @@ def doc_table(audited: dict[str, dict]) -> str:
         if k in A.READ:
             cells = ["✓" if k in audited[p] else "" for p in audited]
             cells.append("✓" if k in EP_KEYS else "")
-            out.append(f"| `{k}` | " + " | ".join(cells) + f" | {A.READ[k].reads} |\n")
+            where = f" ({ELSEWHERE[k]})" if k in ELSEWHERE else ""
+            out.append(f"| `{k}` | " + " | ".join(cells) + f" | {A.READ[k].reads}{where} |\n")
         else:
             out.append(f"| `{k}` |" + " |" * len(paths) + f" not read: {A.NOT_READ[k]} |\n")
     return "".join(out)
@@ -207,8 +260,8 @@ def test_the_docs_table_is_this_tests_coverage(audited):
 
 EP_CFG = dict(moe=_moe(), batch={"global_batch": 8, "micro_batch": 2},
               optim={"lr": 2e-3, "expert_parallel": 2, "dtype": "fp32"})
-EP_KEYS = frozenset(k for k, c in A.READ.items()
-                    if c.requested(_cfg(Path("/nonexistent"), **EP_CFG), None) is not A.NA)
+EP_KEYS = frozenset(k for k, c in A.READ.items() if k not in ELSEWHERE and
+                    c.requested(_cfg(Path("/nonexistent"), **EP_CFG), None) is not A.NA)
 
 
 def _port() -> int:

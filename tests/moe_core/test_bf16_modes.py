@@ -14,6 +14,7 @@ from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from moe_core.errors import ConfigError
 from moe_core.train import Trainer
 from moe_core.train import engine as eng
+from moe_core.train.audit import audit
 
 from .test_grad_clip import _first_step_grads
 from .test_train import small_cfg
@@ -65,6 +66,7 @@ def test_each_mode_builds_its_optimizer_and_learns(tmp_path, bf16, mode, stage, 
     t = Trainer(cfg)
     assert type(t.optimizer) is cls
     assert next(t.model.parameters()).dtype == weights
+    assert audit(t)["optim.bf16_mode"] == (mode, mode)  # the knob audit reads the mode back
     if mode == "torch_autocast":  # one fused kernel, step counters on the device
         assert all(g["fused"] for g in t.optimizer.param_groups)
     first = t.step().train_loss

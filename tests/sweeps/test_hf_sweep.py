@@ -110,6 +110,11 @@ def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
     trials = sorted({r["trial_id"] for r in rows})
     assert len(trials) == 3 and {r["status"] for r in rows} == {"ok"}
     assert len({r["parent_key"] for r in rows}) == 1 and rows[0]["parent_key"].startswith("hf-")
+    for t in trials:  # the parent's loss in every row: the trial's step-0 eval (#38)
+        mine = [r for r in rows if r["trial_id"] == t]
+        step0 = next(r["val_loss"] for r in mine if r["step"] == 0)
+        assert {(r["parent_val_loss"], r["parent_loss_source"]) for r in mine} == {
+            (step0, "step-0 eval")}
     tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
     for t in trials:
         folder = res / "export" / t

@@ -48,6 +48,11 @@ def test_an_expand_experts_trial_records_and_trains_its_own_aux_coef(tmp_path):
     assert rows[-1]["effective.moe.router.aux_coef"] == pytest.approx(0.1, rel=1e-6)
     assert rows[-1]["effective.parent.tokens"] == 512 and rows[-1]["effective.parent.moe"] == 2
     assert rows[-1]["effective.upcycle.factor"] == 2
+    # the parent's batch and seed, recorded by its live batcher through the parent cache
+    assert rows[-1]["effective.parent.seed"] == rows[-1]["seed"]
+    assert rows[-1]["effective.parent.batch"] == 512 // 2  # 2 steps of D1 = 512 tokens
+    counts = rows[-1]["effective.upcycle.strategy"]  # uniform: every expert copied twice
+    assert counts and all(c == [2, 2] for c in counts)
 
 
 def test_a_planted_override_fails_the_trial_in_one_line(tmp_path, monkeypatch):
