@@ -22,6 +22,7 @@ import signal
 import socket
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -231,6 +232,7 @@ class LocalCluster:
         self.address = ""
         self._roots: list[tuple[int, float]] = []
         self._gcs: Any = None
+        self._timers: list[threading.Timer] = []
 
     def start(self) -> LocalCluster:
         import ray._private.node
@@ -322,6 +324,8 @@ class LocalCluster:
         import ray
         import ray.experimental.internal_kv as internal_kv
 
+        for t in self._timers:  # drained nodes' kills not yet due
+            t.cancel()
         kill_processes(self.processes())
         self._gcs = None
         if not ray.is_initialized():  # a driver connected to this cluster owns the client
@@ -381,11 +385,51 @@ class LocalCluster:
             return None
         return None
 
+    def node_of(self, raylet: psutil.Process) -> dict[str, Any]:
+        """The GCS's record (:meth:`nodes`) of the node whose raylet this is."""
+        ids = [a.removeprefix("--node_id=") for a in raylet.cmdline()
+               if a.startswith("--node_id=")]
+        for n in self.nodes():
+            if n["node_id"] in ids:
+                return n
+        raise UpcycleError(f"local cluster: raylet {raylet.pid} is no node of this cluster")
+
+    def drain(self, raylet: psutil.Process, deadline_s: float,
+              message: str = "spot instance reclaimed") -> float:
+        """A spot reclaim with notice, as the autoscaler relays it: the node is drained through
+        the GCS (``DrainNode``, reason ``DRAIN_NODE_REASON_PREEMPTION``, deadline
+        ``deadline_s`` from now), then killed at the deadline (:meth:`preempt`) unless it has
+        exited by then (a drained raylet exits once idle). The deadline, seconds since the
+        epoch. The head is refused."""
+        from ray.core.generated import autoscaler_pb2
+
+        node = self.node_of(raylet)
+        if node["head"]:
+            raise UpcycleError("local cluster: refusing to drain the head node")
+        deadline = time.time() + deadline_s
+        accepted, why = self._gcs.drain_node(
+            node["node_id"], autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            message, int(deadline * 1000))
+        if not accepted:
+            raise UpcycleError(f"local cluster: the GCS refused to drain node "
+                               f"{node['node_id'][:12]}: {why}")
+        timer = threading.Timer(max(0.0, deadline - time.time()), self._kill_if_alive, (raylet,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+        return deadline
+
+    def _kill_if_alive(self, raylet: psutil.Process) -> None:
+        try:
+            if raylet.is_running() and raylet.status() != psutil.STATUS_ZOMBIE:
+                self.preempt(raylet)
+        except (psutil.NoSuchProcess, UpcycleError):  # exited on its own meanwhile
+            pass
+
     def preempt(self, raylet: psutil.Process) -> None:
         """A worker node vanishes as a reclaimed spot instance does: its raylet and every
         process under it are killed at once (SIGKILL), with no drain. The head is refused."""
-        head = {n["node_manager_port"] for n in self.nodes() if n["head"]}
-        if any(f"--node_manager_port={p}" in " ".join(raylet.cmdline()) for p in head):
+        if self.node_of(raylet)["head"]:
             raise UpcycleError("local cluster: refusing to preempt the head node")
         procs = [raylet, *raylet.children(recursive=True)]
         for p in procs:

@@ -53,6 +53,7 @@ from sweeps.run.parents import (
     get_parent,
     publish,
 )
+from sweeps.run.preemption import PreemptionWatch, this_node
 from sweeps.run.setup_progress import SetupBoard, board_dir
 from sweeps.spec.sweep import CheckpointSpec, SweepSpec
 from sweeps.store.results import (
@@ -208,16 +209,18 @@ class CheckpointCadence:
     """The spec's ``checkpoint:`` section as the Trainer's ``should_checkpoint(step, is_last)``,
     asked at each eval: every ``every_evals``-th eval (by step, so a restarted trial keeps the
     same steps), the first eval ``every_minutes`` after the trial's (re)start or its last
-    checkpoint, and the last step (``at_end``). Every eval is reported either way."""
+    checkpoint, the last step (``at_end``), and whenever ``now()`` says so (a preemption
+    notice: ``sweeps.run.preemption``). Every eval is reported either way."""
 
     def __init__(self, spec: CheckpointSpec, eval_every_steps: int,
-                 clock: Callable[[], float] = time.monotonic):
-        self.spec, self.eval_every, self.clock = spec, eval_every_steps, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], bool] | None = None):
+        self.spec, self.eval_every, self.clock, self.now = spec, eval_every_steps, clock, now
         self.since = clock()
 
     def __call__(self, step: int, is_last: bool) -> bool:
         s = self.spec
-        due = (is_last and s.at_end) or (
+        due = (is_last and s.at_end) or (self.now is not None and self.now()) or (
             s.every_evals is not None and step % (s.every_evals * self.eval_every) == 0) or (
             s.every_minutes is not None and self.clock() - self.since >= 60 * s.every_minutes)
         if due:
@@ -351,7 +354,8 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         if spec.resources.ranks > 1:
             run_multi_rank(spec, run)
         else:
-            fit_rank(run, parent, resume_from, work / "ckpt", reporter, board=board)
+            fit_rank(run, parent, resume_from, work / "ckpt", reporter, board=board,
+                     watch=_watch(spec, reporter))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         free_accelerator_memory()
@@ -400,20 +404,35 @@ def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentSt
     return get_parent(t.config, t.parent_key, parents, cache_dir)
 
 
+def _watch(spec: SweepSpec, reporter: TrialReporter) -> PreemptionWatch | None:
+    """A single-rank trial's watch for its node's preemption notice (``checkpoint.
+    on_preemption``); its timings join every row the reporter builds."""
+    if not spec.checkpoint.on_preemption:
+        return None
+    watch = PreemptionWatch(this_node(), spec.checkpoint.preemption_poll_s)
+    extra = reporter.extra
+    reporter.extra = lambda: {**(extra() if extra else {}), **watch.columns()}
+    return watch
+
+
 def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
              out_dir: Path, reporter: TrialReporter, *, rank: int = 0,
-             per_rank: bool = False, board: SetupBoard | None = None) -> None:
+             per_rank: bool = False, board: SetupBoard | None = None,
+             watch: PreemptionWatch | None = None) -> None:
     """Train one rank of the trial to its end (or its divergence, reported as the final row);
     with ``export_dir`` every rank gathers its experts and rank 0 writes the model. ``board``
-    hears each set-up stage up to the first eval (``sweeps.run.setup_progress``)."""
+    hears each set-up stage up to the first eval (``sweeps.run.setup_progress``). With
+    ``watch`` (single-rank trials) a preemption notice checkpoints at once and raises
+    ``Preempted`` once that checkpoint is with Tune."""
     t = run.trial
     if board is not None:
         board.state["of"] += resume_from is not None  # a checkpoint to read
     trainer = Trainer(t.config, parent=parent, resume_from=resume_from, phase=Phase.full(),
                       out_dir=out_dir, out_dir_per_rank=per_rank,
-                      callbacks=(reporter,) if board is None else (board, reporter),
-                      should_checkpoint=CheckpointCadence(run.checkpoint,
-                                                          t.config.eval.every_steps))
+                      callbacks=tuple(c for c in (board, reporter, watch) if c is not None),
+                      should_checkpoint=CheckpointCadence(
+                          run.checkpoint, t.config.eval.every_steps,
+                          now=None if watch is None else watch.due))
     say = board.on_stage if board is not None else (lambda _: None)
     say(f"audit: reading {len(t.knobs)} knob(s) back from the engine")
     reporter.static.update(audit_knobs(trainer))  # the knobs read back; one line if one differs
@@ -422,10 +441,17 @@ def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
         f"{', compiling the model' if trainer.model.compiled else ''}" if trainer.fresh else
         f"training to the first eval (from step {trainer.step_count})")
     try:
+        if watch is not None:
+            watch.start()
         trainer.fit()
     except DivergenceError as e:  # every rank sees the same all-reduced loss
         reporter.diverged(e, t.config.tokens_per_step, trainer.elapsed())
         return
+    finally:
+        if watch is not None:
+            watch.close()
+    if watch is not None:
+        watch.check(trainer.step_count, trainer.plan.end_step)
     if run.export_dir is not None:
         state = trainer.full_model_state()
         if rank == 0:

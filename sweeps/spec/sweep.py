@@ -134,8 +134,18 @@ class CheckpointSpec:
     at_end: bool = True
     """Also at the last step: the final weights of every trial are kept (one checkpoint per
     trial stays on disk after the sweep; ``--dry-run`` prints how much)."""
+    on_preemption: bool = True
+    """Act on a preemption notice (a node drained with reason preemption and a deadline, as the
+    autoscaler does for a spot reclaim): a single-rank trial on that node checkpoints at once
+    and Tune restarts it from there on another node (``sweeps.run.preemption``)."""
+    preemption_poll_s: float = 2.0
+    """Seconds between a trial's polls of the GCS for its node's drain (from a thread of its
+    own; the trial stops at the next step boundary after a drain is seen)."""
 
     def __post_init__(self) -> None:
+        if not 0.05 <= self.preemption_poll_s <= 600:  # NaN too
+            raise SearchSpaceError(f"checkpoint.preemption_poll_s={self.preemption_poll_s!r} "
+                                   "must lie in [0.05, 600] seconds")
         if self.every_evals is not None and (not isinstance(self.every_evals, int) or
                                              self.every_evals < 1):
             raise SearchSpaceError(

@@ -8,11 +8,14 @@ restarted trial's first report (the eval after the checkpoint it resumed from; 0
 none). The driver swaps this in for ``tune.report`` only when the variable is set; the
 trainable and its reporter know nothing of it. ``UPCYCLE_SWEEPS_REPORT_COST_S=S`` makes every
 report claim S seconds of work (``CostedReport``): trials of known cost for the budget's test.
+``UPCYCLE_SWEEPS_HOLD_AT_STEP=S`` holds every trial once after its report of step S until the
+test releases it (``HoldReport``): the preemption test's disruptions at a known step.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ from typing import Any
 from ray import tune
 
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
+HOLD_ENV = "UPCYCLE_SWEEPS_HOLD_AT_STEP"
+"""Step after whose report every single-rank trial waits once for the test (``HoldReport``)."""
 COST_ENV = "UPCYCLE_SWEEPS_REPORT_COST_S"
 """Seconds of work every report claims (``time_this_iter_s``, which Tune keeps when a trial
 reports it): simulated trials of known cost for the budget's tests (``sweeps.run.budget``)."""
@@ -62,12 +67,41 @@ class FailOnceReport:
             raise RuntimeError(f"injected failure after {self.counts[trial]} reports (test hook)")
 
 
+class HoldReport:
+    """``report`` that, once per trial, after reporting step ``step`` writes ``.held-<trial>``
+    (its pid) in ``marker_dir`` and waits until ``.release-<trial>`` appears (at most
+    ``timeout_s``): the test then disrupts the trial at a known step (its node killed or
+    drained) with nothing trained after that report."""
+
+    def __init__(self, step: int, marker_dir: str | Path, report: Any,
+                 trial_id: Callable[[], str] | None = None, timeout_s: float = 300.0):
+        self.step, self.marker_dir, self.report, self.timeout_s = step, Path(marker_dir), \
+            report, timeout_s
+        self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
+
+    def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        self.report(metrics, checkpoint=checkpoint)
+        trial = self.trial_id()
+        held = self.marker_dir / f".held-{trial}"
+        if metrics.get("step") != self.step or held.exists():
+            return
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        held.write_text(str(os.getpid()))
+        deadline = time.monotonic() + self.timeout_s
+        while not (self.marker_dir / f".release-{trial}").exists() and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def report_function(marker_dir: str | Path, report: Any = None,
                     trial_id: Callable[[], str] | None = None) -> Any:
     """``report`` (default ``tune.report``), or the failing one when the test variable is set
     (``trial_id`` names the trial where Tune's context does not: a Ray Train worker)."""
     after, cost = os.environ.get(FAIL_ONCE_ENV), os.environ.get(COST_ENV)
     report = CostedReport(float(cost), report or tune.report) if cost else report
+    if os.environ.get(HOLD_ENV):
+        report = HoldReport(int(os.environ[HOLD_ENV]), marker_dir, report or tune.report,
+                            trial_id)
     if not after:
         return report or tune.report
     return FailOnceReport(int(after), marker_dir, report, trial_id)

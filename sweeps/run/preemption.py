@@ -1,0 +1,137 @@
+"""Acting on a preemption notice inside a Tune *function* trial.
+
+A cloud that reclaims a spot or preemptible node warns first (AWS: 120 s, GKE: about 30 s); the
+autoscaler turns that warning into a GCS drain of the node, reason ``PREEMPTION`` with a
+deadline. Ray's ``ray.train.get_preemption_info`` sees it only inside Ray Train workers, so a
+single-rank trial watches for it itself: :class:`PreemptionWatch`, a ``moe_core`` training
+callback, asks the GCS for the draining nodes (``ray._private.state.state.
+get_draining_nodes``, the call Ray Train's own watcher makes) every
+``checkpoint.preemption_poll_s`` seconds from a thread of its own. When its own node is
+draining it asks the loop to stop at the next step boundary; the loop evaluates, the cadence
+(``CheckpointCadence(now=...)``) writes a checkpoint, the reporter hands it to Tune with that
+eval's row, and the trial raises :class:`Preempted`. Tune then restarts it from that
+checkpoint on another node (a draining node takes no new work), counting one failure, as a
+kill would: nothing trained is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from moe_core.train.callbacks import Callback
+
+
+class Preempted(RuntimeError):
+    """The trial's node is being drained: the trial checkpointed and hands itself back to Tune,
+    which restarts it from that checkpoint elsewhere (a retried failure, not a
+    configuration error)."""
+
+
+def draining_nodes() -> dict[str, int]:
+    """Ray's draining nodes: ``{node id (hex): deadline (ms since the epoch, 0 = none)}``."""
+    import ray
+
+    return ray._private.state.state.get_draining_nodes()
+
+
+def this_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    seen: float
+    """``time.monotonic()`` when the poll saw the drain."""
+    deadline: float | None
+    """The node's deadline, seconds since the epoch (None: the drain gave none)."""
+
+
+class PreemptionWatch(Callback):
+    """Polls the GCS every ``poll_s`` seconds, in a thread of its own from :meth:`start` to
+    :meth:`close` (the training thread never waits on the GCS), for a drain of ``node_id``. At
+    the first step boundary after it is seen, :meth:`should_stop` is True (the loop evaluates,
+    checkpoints through :meth:`due`, reports and stops); :meth:`columns` adds the polls' cost
+    and the notice's timings to the rows."""
+
+    def __init__(self, node_id: str, poll_s: float,
+                 draining: Callable[[], dict[str, int]] = draining_nodes):
+        self.node_id, self.poll_s, self.draining = node_id, poll_s, draining
+        self.notice: Notice | None = None
+        self.stopping = False
+        self.polls, self.poll_time, self.poll_cpu, self.first_poll = 0, 0.0, 0.0, 0.0
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PreemptionWatch:
+        self._thread = threading.Thread(target=self._run, name="preemption-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, 2 * self.poll_s))
+
+    def _run(self) -> None:
+        while self.notice is None and not self._halt.is_set():
+            self.poll()
+            self._halt.wait(self.poll_s)
+
+    def poll(self) -> None:
+        """One query of the GCS (its wall and CPU seconds counted); a drain of this node is
+        the notice."""
+        t, cpu = time.perf_counter(), time.thread_time()
+        try:
+            drained = self.draining()
+        except Exception:  # a GCS hiccup must not end a trial: the next poll retries
+            drained = {}
+        took = time.perf_counter() - t
+        if not self.polls:  # the process's first GCS query connects its state accessor
+            self.first_poll = took
+        self.poll_time += took
+        self.poll_cpu += time.thread_time() - cpu
+        self.polls += 1
+        if self.node_id in drained:
+            ms = drained[self.node_id]
+            self.notice = Notice(time.monotonic(), ms / 1000 if ms else None)
+
+    def should_stop(self) -> bool:
+        self.stopping = self.stopping or self.notice is not None
+        return self.stopping
+
+    def due(self) -> bool:
+        """The cadence's ``now``: checkpoint at this eval (the loop is stopping on a notice)."""
+        return self.stopping
+
+    def columns(self) -> dict[str, Any]:
+        """Per row: the trial's node, the polls so far with their wall and CPU seconds and the
+        first one's (it connects); on the notice's row, the seconds from the notice to the
+        checkpoint written and those left before the node's deadline."""
+        out: dict[str, Any] = {"node_id": self.node_id, "preempt_polls": self.polls,
+                               "preempt_poll_s": round(self.poll_time, 6),
+                               "preempt_poll_cpu_s": round(self.poll_cpu, 6),
+                               "preempt_first_poll_s": round(self.first_poll, 6)}
+        n = self.notice
+        if self.stopping and n is not None:
+            out["preempt_notice_to_ckpt_s"] = round(time.monotonic() - n.seen, 3)
+            if n.deadline is not None:
+                out["preempt_deadline_left_s"] = round(n.deadline - time.time(), 3)
+        return out
+
+    def check(self, step: int, last_step: int) -> None:
+        """After the loop returned: raise :class:`Preempted` if it stopped on a notice before
+        the trial's last step (the checkpoint of ``step`` is already with Tune)."""
+        n = self.notice
+        if not self.stopping or n is None or step >= last_step:
+            return
+        left = "" if n.deadline is None else f", {n.deadline - time.time():.1f} s before the " \
+            "node's deadline"
+        raise Preempted(f"node {self.node_id[:12]} is being drained (preemption notice): "
+                        f"checkpointed at step {step} {time.monotonic() - n.seen:.1f} s after "
+                        f"the notice{left}; Tune restarts the trial from it on another node")
