@@ -244,11 +244,21 @@ def test_wandb_run_config_holds_the_whole_trial_config(tmp_path):
     from sweeps.spec.sweep import parse_spec
 
     spec = parse_spec(dict(SPEC, results=str(tmp_path)))
+    from sweeps.store.wandb_keys import wandb_result
+
     cb = wandb_callback(spec, build_plan(spec), tmp_path)
-    keys = set(cb.AUTO_CONFIG_KEYS)
-    assert {"model.preset", "moe.router.aux_coef", "optim.lr", "knob.optim.lr", "seed",
-            "sweep", "trial_id"} <= keys
-    assert not keys & {"val_loss", "router.max_load", "step", "tokens"}  # metrics stay curves
+    # a result as a trial reports it: the logger sends its config columns to the run config
+    # (nested by YAML path) and keeps the metrics as curves
+    cols = ("model.preset", "moe.router.aux_coef", "optim.lr", "knob.optim.lr", "seed",
+            "sweep", "trial_id")
+    metrics = ("val_loss", "router.max_load", "router.max_load.worst", "step", "tokens")
+    assert set(cols) - {"knob.optim.lr"} <= cb.static
+    out = wandb_result({**{k: 1 for k in cols}, **{k: 2.0 for k in metrics}}, cb.static)
+    config = out.pop("config")
+    assert config["model"]["preset"] == config["knob"]["optim"]["lr"] == config["trial_id"] == 1
+    assert config["moe"]["router"]["aux_coef"] == config["optim"]["lr"] == config["seed"] == 1
+    assert not set(out) & set(cols) and {"val_loss", "step", "tokens"} <= set(out)
+    assert {"health/all/max_load", "health/worst/max_load"} <= set(out)  # health by layer
 
 
 @pytest.mark.slow
