@@ -85,7 +85,8 @@ def main() -> None:
     if args.profile:
         prof = cProfile.Profile(time.process_time)
         prof.runcall(run, args.profile, tmp)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        top = int(os.environ.get("PROFILE_TOP", "40"))
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
         return
     ts = [int(x) for x in args.trials.split(",")]
     cpu = {}

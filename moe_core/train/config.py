@@ -107,7 +107,8 @@ class OptimConfig:
     ``torch_autocast`` (fp32 weights, bf16 compute, plain torch AdamW), ``bf16_optimizer``
     (DeepSpeed's BF16_Optimizer: bf16 weights, ZeRO 1, fp32 gradient accumulation) or
     ``deepspeed`` (bf16 weights, DeepSpeed's wrapper for the stage: the ZeRO-0 unfused one);
-    ``auto``: bf16_optimizer at ZeRO 1, deepspeed at 0 and 2 (docs/gpu-training-step.md)."""
+    ``auto``: the fewest host syncs correct at the stage, torch_autocast at ZeRO 0,
+    bf16_optimizer at 1, deepspeed at 2 (docs/gpu-training-step.md)."""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr={self.lr} must be > 0")

@@ -118,14 +118,13 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> d
     return ds
 
 
-DEFAULT_BF16_MODE = {0: "deepspeed", 1: "bf16_optimizer", 2: "deepspeed"}
-"""``optim.bf16_mode: auto`` per ZeRO stage, until a GPU measurement decides (see
-docs/gpu-training-step.md). ZeRO 1 gets DeepSpeed's ``BF16_Optimizer`` (fp32 gradient
-accumulation, the norm on the device: 4 host syncs a step on CPU against the unfused wrapper's
-one per parameter). ZeRO 0 keeps DeepSpeed's wrapper for now: ``torch_autocast`` has no
-optimizer sync at all, but under autocast the MoE layer's router ``F.linear`` runs in bf16 (its
-fp32 logits are a design rule, ``moe_core/moe/layer.py``) and the experts leave the bf16
-grouped-GEMM path; both fixes belong to the layer."""
+DEFAULT_BF16_MODE = {0: "torch_autocast", 1: "bf16_optimizer", 2: "deepspeed"}
+"""``optim.bf16_mode: auto`` per ZeRO stage: of the modes correct at the stage, the one with
+the fewest host syncs per optimizer step on the CUDA path (``bench/optimizer_step.py
+--force-cuda-paths``, docs/gpu-training-step.md §4). ZeRO 0: ``torch_autocast`` (1: the loss
+read; DeepSpeed's unfused wrapper reads once per parameter). ZeRO 1: ``BF16_Optimizer`` (5,
+bf16 weights kept). ZeRO 2: DeepSpeed's ZeRO optimizer (6, bf16 weights kept; autocast would
+save 1 and replicate fp32 weights on every rank, the memory ZeRO 2 is chosen to save)."""
 
 
 def bf16_mode(cfg: TrainConfig, dtype: torch.dtype) -> str | None:
