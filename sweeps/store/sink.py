@@ -12,8 +12,9 @@ background thread writes its rows once into an immutable part file
 status change that arrives for a sealed trial later (a restart) reads it back first.
 ``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
 the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
-seconds, and at each trial's end) but no more often than every 2 s and ``STITCH_FACTOR`` times its
-own last duration (so at 10⁶ rows it stays a small share of one core), and at ``close``; the log
+seconds, and at each trial's end) but no more often than every 2 s, ``STITCH_FACTOR`` times its
+own last duration (so at 10⁶ rows it stays a small share of one core) and ``STITCH_S_PER_TRIAL``
+times the sweep's trials (so its CPU grows linearly with them), and at ``close``; the log
 segments it covers are then deleted.
 
 On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
@@ -112,6 +113,10 @@ class LoadReport:
 
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
 STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
+STITCH_S_PER_TRIAL = 0.05
+"""And every 0.05 s per trial the sweep has: each rewrite is O(rows), so a fixed period over a
+sweep whose length grows with its trials T cost the driver O(T²) CPU (bench/driver_cpu.py); a
+period that grows with T keeps it linear, as Tune's state saves (``sweeps.run.driver``)."""
 SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
 _OPEN = frozenset({None, "running", "interrupted", "budget"})
 
@@ -498,8 +503,7 @@ class ResultsSink:
                 fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
                          if t in self.trials and t not in changed}
                 self._dirty, self._fresh = set(), {}
-                due = self._force or time.time() - self._last_stitch >= max(
-                    STITCH_MIN_S, STITCH_FACTOR * self._stitch_s)
+                due = self._force or time.time() - self._last_stitch >= self._stitch_period()
                 seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
                 sealing = sorted(self._to_seal & set(self.trials)) if seal else []
                 self._to_seal -= set(sealing)
@@ -514,6 +518,11 @@ class ResultsSink:
             with self._lock:
                 if not self._pending:
                     return
+
+    def _stitch_period(self) -> float:
+        """Seconds between two rewrites of results.parquet (a flush with wait: now)."""
+        return max(STITCH_MIN_S, STITCH_FACTOR * self._stitch_s,
+                   STITCH_S_PER_TRIAL * len(self._statuses))
 
     def _write_once(self, changed: dict[str, list[dict[str, Any]]],
                     fresh: dict[str, list[dict[str, Any]]], sealing: list[str], due: bool,
