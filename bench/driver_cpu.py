@@ -2,8 +2,10 @@
 reports one loss of ``sweeps.testing.simulate.SimulatedStudy``, no training) through the
 driver's real Tune set-up (``sweeps.run.driver._tuner`` with its results callback, sink and run
 config), on a local Ray. Measures the driver process's CPU time (``time.process_time``: Ray's
-workers and daemons are other processes) of ``Tuner.fit`` per T, and fits a + b·T + c·T² by
-least squares.
+workers and daemons are other processes) of ``Tuner.fit`` per T, split into Tune's loop (the
+main thread, ``time.thread_time``), the results sink's background writer threads, and the rest
+(Ray's core-worker threads in the driver process), and fits a + b·T + c·T² to each by least
+squares.
 
     python bench/driver_cpu.py [--trials 16,32,64,128,256,512] [--profile T]
 Ends with one JSON line (the CPU per T and the fit). ``--profile T`` prints the driver's top
@@ -28,6 +30,7 @@ from ray import tune
 from sweeps.plan.build import build_plan
 from sweeps.run import driver
 from sweeps.spec.sweep import parse_spec
+from sweeps.store.sink import ResultsSink
 from sweeps.testing.simulate import SimulatedStudy
 
 STUDY = SimulatedStudy(sigma=0.01, seed=0)
@@ -53,7 +56,24 @@ def spec_for(trials: int, results: Path):
     })
 
 
-def run(trials: int, tmp: Path) -> float:
+WRITER_CPU = [0.0]
+"""CPU of the results sink's background writer threads (``ResultsSink._write_loop``)."""
+
+
+def _count_writer_cpu() -> None:
+    loop = ResultsSink._write_loop
+
+    def timed(self) -> None:
+        c0 = time.thread_time()
+        try:
+            loop(self)
+        finally:
+            WRITER_CPU[0] += time.thread_time() - c0
+
+    ResultsSink._write_loop = timed
+
+
+def run(trials: int, tmp: Path) -> dict[str, float]:
     spec = spec_for(trials, tmp / f"r{trials}")
     plan = build_plan(spec)
     res = driver.results_location(spec, False)
@@ -62,13 +82,15 @@ def run(trials: int, tmp: Path) -> float:
     conc = driver._concurrency(spec, None)
     tuner = driver._tuner(spec, plan, train, res, driver._callbacks(spec, plan, res, None),
                           conc, False, False)
-    t0 = time.process_time()
+    t0, m0, w0, wall0 = time.process_time(), time.thread_time(), WRITER_CPU[0], time.time()
     settings = getattr(driver, "tune_settings", None)  # absent before: Tune's defaults
     with (settings(conc, trials) if settings else driver.pending_trials(conc)):
         grid = tuner.fit()
-    cpu = time.process_time() - t0
+    cpu, main_cpu = time.process_time() - t0, time.thread_time() - m0
     assert len(grid) == trials and grid.num_errors == 0, (len(grid), grid.num_errors)
-    return cpu
+    writer = WRITER_CPU[0] - w0
+    return {"cpu": cpu, "main": main_cpu, "writer": writer, "other": cpu - main_cpu - writer,
+            "wall": time.time() - wall0}
 
 
 def main() -> None:
@@ -85,19 +107,31 @@ def main() -> None:
     if args.profile:
         prof = cProfile.Profile(time.process_time)
         prof.runcall(run, args.profile, tmp)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        top = int(os.environ.get("PROFILE_TOP", "40"))
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
         return
+    _count_writer_cpu()
     ts = [int(x) for x in args.trials.split(",")]
-    cpu = {}
+    by = {}
     for t in ts:
-        cpu[t] = run(t, tmp)
-        print(f"T={t:4d}: driver CPU {cpu[t]:7.2f} s ({cpu[t] / t * 1e3:.1f} ms per trial)",
-              flush=True)
-    c, b, a = np.polyfit(ts, [cpu[t] for t in ts], 2)
-    print(f"fit: {a:.3g} + {b:.3g}·T + {c:.3g}·T²  (at T={ts[-1]}: T² term "
-          f"{c * ts[-1] ** 2:.1f} s of {cpu[ts[-1]]:.1f} s)")
+        by[t] = run(t, tmp)
+        r = by[t]
+        print(f"T={t:4d}: driver CPU {r['cpu']:7.2f} s ({r['cpu'] / t * 1e3:.1f} ms per trial; "
+              f"Tune's loop {r['main']:.2f}, sink writer {r['writer']:.2f}, Ray's threads and "
+              f"the rest {r['other']:.2f}; wall {r['wall']:.0f} s)", flush=True)
+    cpu = {t: by[t]["cpu"] for t in ts}
+    fits = {}
+    for part in ("cpu", "main", "writer", "other"):
+        c, b, a = np.polyfit(ts, [by[t][part] for t in ts], 2)
+        fits[part] = {"a": a, "b": b, "c": c}
+        print(f"fit {part:>6}: {a:.3g} + {b:.3g}·T + {c:.3g}·T²  (at T={ts[-1]}: T² term "
+              f"{c * ts[-1] ** 2:.1f} s of {by[ts[-1]][part]:.1f} s)")
+    for lo, hi in zip(ts, ts[1:]):
+        print(f"T {lo} -> {hi}: CPU x{cpu[hi] / cpu[lo]:.2f} for x{hi / lo:g} trials")
+    a, b, c = fits["cpu"]["a"], fits["cpu"]["b"], fits["cpu"]["c"]
     print(json.dumps({"bench": "driver_cpu", "cpu_s": {str(t): round(v, 3) for t, v in cpu.items()},
-                      "fit": {"a": a, "b": b, "c": c},
+                      "parts_s": {str(t): {k: round(v, 3) for k, v in by[t].items()} for t in ts},
+                      "fit": {"a": a, "b": b, "c": c}, "fits": fits,
                       "state_save_period": "scaled" if hasattr(driver, "tune_settings") else
                       "tune default (auto)"}))
     ray.shutdown()

@@ -13,7 +13,12 @@ atomic-free dispatch) as the tests do: the sync counts carry over to CUDA, the t
 
     python bench/optimizer_step.py [--preset tiny] [--experts 8] [--top-k 2] [--seq 64]
         [--batch 8] [--micro 8] [--steps 6] [--modes deepspeed,bf16_optimizer,torch_autocast]
-        [--force-cuda-paths]
+        [--force-cuda-paths] [--narrow 64]
+
+A mode may name its ZeRO stage, ``auto@2`` (default: 1 for bf16_optimizer, else 0); ``auto``
+is ``optim.bf16_mode: auto`` and the row says what it resolved to. ``--narrow W`` keeps the
+preset's layers and heads (so its parameter tensors and MoE layers, which is what the sync
+count depends on) at width W: the 0.1B E8 count without 0.1B's memory on a CPU.
 
 Ends with one JSON line.
 """
@@ -40,7 +45,7 @@ SOURCES = {
     "head": ("moe_core/loss.py", "moe_core/model.py", "liger_kernel/"),
     "moe layer": ("moe_core/moe/",),
 }
-STAGE = {"deepspeed": 0, "bf16_optimizer": 1, "torch_autocast": 0, "fp32": 0}
+STAGE = {"deepspeed": 0, "bf16_optimizer": 1, "torch_autocast": 0, "fp32": 0, "auto": 0}
 
 
 def force_cuda_paths() -> None:
@@ -68,8 +73,26 @@ def data(vocab: int, seq: int, tokens: int) -> dict:
             "token_vocab_size": vocab, "seq_len": seq, "cache_dir": str(tmp)}
 
 
-def cfg_dict(a: argparse.Namespace, mode: str) -> dict:
-    optim = {"lr": 3e-3, "zero_stage": STAGE[mode]}
+def narrow_preset(name: str, width: int) -> str:
+    """A bench-only preset with ``name``'s layers and heads at ``width``; its name."""
+    from dataclasses import replace
+
+    from moe_core.presets import PRESETS, preset
+
+    new = f"{name}-narrow{width}"
+    PRESETS[new] = replace(preset(name), d_model=width)
+    return new
+
+
+def split_mode(spec: str) -> tuple[str, int]:
+    """``auto@2`` -> ("auto", 2); ``deepspeed`` -> ("deepspeed", its default stage)."""
+    mode, _, stage = spec.partition("@")
+    return mode, int(stage) if stage else STAGE[mode]
+
+
+def cfg_dict(a: argparse.Namespace, spec: str) -> dict:
+    mode, stage = split_mode(spec)
+    optim = {"lr": 3e-3, "zero_stage": stage}
     optim.update({"dtype": "fp32"} if mode == "fp32" else {"bf16_mode": mode})
     return {"name": f"bench-{mode}", "seed": 0, "model": {"preset": a.preset},
             "data": data(a.vocab, a.seq, 4 * a.batch * a.seq * (a.steps + 4) + 200_000),
@@ -80,8 +103,10 @@ def cfg_dict(a: argparse.Namespace, mode: str) -> dict:
             "moe": {"num_experts": a.experts, "top_k": a.top_k} if a.experts else None}
 
 
-def measure(a: argparse.Namespace, mode: str) -> dict:
-    t = Trainer(train_config_from_dict(cfg_dict(a, mode)))
+def measure(a: argparse.Namespace, spec: str) -> dict:
+    import moe_core.train.engine as eng
+
+    t = Trainer(train_config_from_dict(cfg_dict(a, spec)))
     t.step()  # optimizer state, first-call work
     with count_host_syncs() as c:
         t.step()
@@ -94,7 +119,8 @@ def measure(a: argparse.Namespace, mode: str) -> dict:
         if t.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"mode": mode, "optimizer": type(t.optimizer).__name__,
+    return {"mode": spec, "resolved": eng.bf16_mode(t.cfg, t.dtype) or "fp32",
+            "zero_stage": t.cfg.optim.zero_stage, "optimizer": type(t.optimizer).__name__,
             "weights": str(next(t.model.parameters()).dtype).replace("torch.", ""),
             "step_s": round(statistics.median(times), 4), "host_syncs": c.total,
             "by_source": c.by_source(SOURCES),
@@ -115,14 +141,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--modes", default="fp32,deepspeed,bf16_optimizer,torch_autocast")
     ap.add_argument("--force-cuda-paths", action="store_true")
+    ap.add_argument("--narrow", type=int, default=0,
+                    help="keep the preset's layers and heads at this width (sync counts)")
     a = ap.parse_args()
+    if a.narrow:
+        a.preset = narrow_preset(a.preset, a.narrow)
     if a.force_cuda_paths:
         force_cuda_paths()
     rows = [measure(a, m) for m in a.modes.split(",")]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"{'mode':16} {'optimizer':22} {'weights':9} {'step s':>8} {'syncs':>6}  by source")
+    print(f"{'mode':18} {'resolved':15} {'optimizer':22} {'weights':9} {'step s':>8} "
+          f"{'syncs':>6}  by source")
     for r in rows:
-        print(f"{r['mode']:16} {r['optimizer']:22} {r['weights']:9} {r['step_s']:8.4f} "
+        print(f"{r['mode']:18} {r['resolved']:15} {r['optimizer']:22} {r['weights']:9} "
+              f"{r['step_s']:8.4f} "
               f"{r['host_syncs']:6d}  {r['by_source']}")
     print(json.dumps({"bench": "optimizer_step", "device": device,
                       "torch_threads": torch.get_num_threads(),

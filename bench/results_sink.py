@@ -8,19 +8,21 @@ For each size N:
 2. ``traced_bytes_per_row``: what the sink holds in Python objects after the load
    (tracemalloc), per row; ``rss_mib`` / ``bytes_per_row``: the process's resident memory after
    the load over before (allocator slack and Arrow's pool included; noisy at small sizes);
-3. the live phase: 16 running trials report ``--adds`` rows through ``ResultsSink.add`` (fsynced
-   to the log), one trial ends (``mark`` + ``flush``, as the driver does) every 50 rows, with
+3. the live phase: 16 running trials report ``--adds`` rows through ``ResultsSink.add`` (logged;
+   group-committed, ``sweeps.store.wal``; ``--commit each`` fsyncs every add, as before), one
+   trial ends (``mark``, which fsyncs, + ``flush``, as the driver does) every 50 rows, with
    ``flush_s`` 0.05 so the writer keeps sealing, merging parts and rewriting ``results.parquet``
    meanwhile; ``add_ms`` p50 / p99 / max wall and ``add_cpu_ms_max`` (the calling thread's
    CPU: on a loaded machine the wall time is mostly waiting for a core), ``end_ms_max`` (mark +
    flush) and ``index_us`` (the progress line's ``count``); ``control_ms``: the same number of
-   fsynced lines written with no sink and no writer thread, the machine's own floor;
+   fsynced lines written with no sink and no writer thread, the machine's own floor, and
+   ``control_flush_ms``: the same lines only written and flushed (a group-committed add's);
 4. ``stitch_s``: one rewrite of ``results.parquet`` (every row, streamed part by part), and
    its row count against N + the live rows;
 5. ``reload_s``: a new sink rebuilding from disk (``load``, a ``--resume``), and the rows it
    accounts for.
 
-    python bench/results_sink.py [--sizes 100000,1000000] [--adds 2000]
+    python bench/results_sink.py [--sizes 100000,1000000] [--adds 2000] [--commit group|each]
 Prints each figure side by side per size with the ratio of the largest size to the smallest;
 ends with one JSON line.
 """
@@ -42,6 +44,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import sweeps.store.sink as sk
 from moe_core.train import train_config_from_dict
 from moe_core.train.config import load_yaml
 from sweeps.store.results import config_columns, knob_columns, rows_table, write_stream
@@ -114,9 +117,11 @@ def live_phase(sink: ResultsSink, base: dict, first: int, adds: int) -> dict:
             "trials_total": sum(1 for k in step.values() if k) + first}
 
 
-def control(d: Path, base: dict, adds: int) -> dict:
-    """The machine's floor: the same number of fsynced log lines of the same rows, with no sink
-    and no writer thread (on a loaded machine, most of an add's worst wall time is here)."""
+def control(d: Path, base: dict, adds: int, fsync: bool = True) -> dict:
+    """The machine's floor: the same number of log lines of the same rows, with no sink and no
+    writer thread, each fsynced (``control_ms``: the floor of an add that fsyncs, on a loaded
+    machine most of its worst wall time) or only written and flushed (``control_flush_ms``: the
+    floor of a group-committed add)."""
     lat = []
     with open(d / "control.jsonl", "a") as f:
         for i in range(adds):
@@ -124,9 +129,23 @@ def control(d: Path, base: dict, adds: int) -> dict:
             t0 = time.perf_counter()
             f.write(line)
             f.flush()
-            os.fsync(f.fileno())
+            fsync and os.fsync(f.fileno())
             lat.append((time.perf_counter() - t0) * 1e3)
-    return {"control_ms_p99": sorted(lat)[int(0.99 * len(lat))], "control_ms_max": max(lat)}
+    k = "control_ms" if fsync else "control_flush_ms"
+    return {f"{k}_p99": sorted(lat)[int(0.99 * len(lat))], f"{k}_max": max(lat)}
+
+
+def fsync_each_add() -> None:
+    """The sink before group commit: every ``add`` fsyncs its line before it returns."""
+    import sweeps.store.wal as wal
+
+    write = wal.LocalLog.write
+
+    def write_and_sync(self, line: str) -> None:
+        write(self, line)
+        self.sync()
+
+    wal.LocalLog.write = write_and_sync
 
 
 def measure(n: int, base: dict, adds: int) -> dict:
@@ -150,6 +169,7 @@ def measure(n: int, base: dict, adds: int) -> dict:
                in_memory_rows=sum(len(v) for v in sink.trials.values()))
     out.update(live_phase(sink, base, trials, adds))
     out.update(control(d, base, adds))
+    out.update(control(d, base, adds, fsync=False))
     t0 = time.perf_counter()
     sink.close()
     out["stitch_s"] = time.perf_counter() - t0
@@ -170,7 +190,7 @@ def measure(n: int, base: dict, adds: int) -> dict:
 ORDER = ("rows", "resume_load_s", "resume_load_cpu_s", "traced_bytes_per_row", "rss_mib",
          "bytes_per_row",
          "in_memory_rows", "add_ms_p50", "add_ms_p99", "add_ms_max", "add_cpu_ms_max",
-         "control_ms_p99", "control_ms_max",
+         "control_ms_p99", "control_ms_max", "control_flush_ms_p99", "control_flush_ms_max",
          "end_ms_max", "index_us", "stitch_s", "reload_s", "parquet_mib", "file_rows_ok",
          "reload_rows_ok")
 
@@ -180,7 +200,15 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--adds", type=int, default=2000)
+    ap.add_argument("--commit", choices=("group", "each"), default="group",
+                    help="each: fsync every add before it returns (the sink before group "
+                         "commit), for a side-by-side run")
     args = ap.parse_args()
+    if args.commit == "each":
+        fsync_each_add()
+    # rewrite results.parquet during the live phase as often as the time rules allow (a real
+    # sweep of 10⁴ trials would wait 0.05 s per trial between rewrites): an add's worst case
+    sk.STITCH_S_PER_TRIAL = 0.0
     base = template()
     sizes = [int(x) for x in args.sizes.split(",")]
     res = {}
@@ -194,7 +222,8 @@ def main() -> None:
                        f"{str(res[n][k]):>14}" for n in sizes)
         ratio = hi[k] / lo[k] if not isinstance(lo[k], bool) and lo[k] else None
         print(f"{k:>16}{vals}{'' if ratio is None else f'{ratio:>10.2f}'}")
-    print(json.dumps({"bench": "results_sink", "columns": len(base) + 5,
+    print(json.dumps({"bench": "results_sink", "commit": args.commit,
+                      "columns": len(base) + 5,
                       "results": {str(k): {kk: round(vv, 4) if isinstance(vv, float) else vv
                                            for kk, vv in v.items()} for k, v in res.items()}}))
 

@@ -174,6 +174,12 @@ def _use_grouped_mm(x: torch.Tensor) -> bool:
     return x.is_cuda and hasattr(torch, "_grouped_mm")
 
 
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype of ``x``'s device where autocast is on, else None."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
 def expert_counts(sorted_e_N: torch.Tensor, num_experts: int) -> torch.Tensor:
     """[E] assignments per expert from the sorted expert ids: the boundaries of each id's run
     (``searchsorted``), differenced. Exact, a static shape and no host sync (``bincount``
@@ -402,7 +408,12 @@ class MoELayer(FixedDtypeBuffers):
 
     def _experts(self, x_ND: torch.Tensor, counts_E: torch.Tensor,
                  w_N: torch.Tensor) -> torch.Tensor:
-        """Weighted SwiGLU of the expert-sorted rows: expert-parallel, grouped or the loop."""
+        """Weighted SwiGLU of the expert-sorted rows: expert-parallel, grouped or the loop.
+        Under autocast (``optim.bf16_mode: torch_autocast``) the rows and the fp32 expert
+        weights are cast to the autocast dtype here, as torchtitan's ``_run_experts_grouped_mm``
+        does: the experts take the bf16 grouped GEMM (no host sync), not fp32."""
+        dt = _autocast_dtype(x_ND)
+        x_ND = x_ND if dt is None else x_ND.to(dt)
         if self.ep_size > 1:
             return self._experts_parallel(x_ND, counts_E) * w_N.unsqueeze(-1).to(x_ND.dtype)
         return self._local_experts(x_ND, counts_E, w_N)
@@ -410,6 +421,8 @@ class MoELayer(FixedDtypeBuffers):
     def _local_experts(self, x_ND: torch.Tensor, counts_E: torch.Tensor,
                        w_N: torch.Tensor) -> torch.Tensor:
         ws = (self.w_gate, self.w_up, self.w_down)
+        if _autocast_dtype(x_ND) is not None:
+            ws = tuple(w.to(x_ND.dtype) for w in ws)
         if not _use_grouped_mm(x_ND):
             return swiglu_experts_loop(x_ND, counts_E.tolist(), *ws, w_N)
         if x_ND.dtype == torch.bfloat16:

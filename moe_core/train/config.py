@@ -81,6 +81,12 @@ class ModelSpec:
             _check(isinstance(v, bool), f"model.{key}={v!r} must be true or false")
 
 
+BF16_MODE_AUTO = {0: "torch_autocast", 1: "bf16_optimizer", 2: "deepspeed"}
+"""``optim.bf16_mode: auto`` per ZeRO stage (``moe_core.train.engine.DEFAULT_BF16_MODE`` is this
+dict): of the modes correct at the stage, the one with the fewest host syncs per optimizer step
+on the CUDA path (docs/gpu-training-step.md §2, §4)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimConfig:
     """AdamW on the DeepSpeed engine (000 Table 4)."""
@@ -107,7 +113,8 @@ class OptimConfig:
     ``torch_autocast`` (fp32 weights, bf16 compute, plain torch AdamW), ``bf16_optimizer``
     (DeepSpeed's BF16_Optimizer: bf16 weights, ZeRO 1, fp32 gradient accumulation) or
     ``deepspeed`` (bf16 weights, DeepSpeed's wrapper for the stage: the ZeRO-0 unfused one);
-    ``auto``: bf16_optimizer at ZeRO 1, deepspeed at 0 and 2 (docs/gpu-training-step.md)."""
+    ``auto``: the fewest host syncs correct at the stage, torch_autocast at ZeRO 0,
+    bf16_optimizer at 1, deepspeed at 2 (docs/gpu-training-step.md)."""
 
     def __post_init__(self) -> None:
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr={self.lr} must be > 0")
@@ -137,6 +144,13 @@ class OptimConfig:
             f"BF16_Optimizer is ZeRO 1), not {self.zero_stage}; set optim.zero_stage: 1 or "
             "another bf16_mode",
         )
+
+    def resolved_bf16_mode(self) -> str:
+        """What a bf16 run does: ``bf16_mode``, ``auto`` resolved by ZeRO stage
+        (:data:`BF16_MODE_AUTO`). The dry run's disk and memory forecast read it (no torch)."""
+        if self.bf16_mode != "auto":
+            return self.bf16_mode
+        return BF16_MODE_AUTO[min(self.zero_stage, 2)]
         _check(
             self.dtype in ("auto", "fp32", "bf16"),
             f"optim.dtype={self.dtype!r} must be 'auto', 'fp32' or 'bf16'",

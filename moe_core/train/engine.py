@@ -11,7 +11,7 @@ import torch
 from moe_core import loss as lm_loss
 from moe_core.errors import ConfigError
 from moe_core.model import Transformer
-from moe_core.train.config import TrainConfig
+from moe_core.train.config import BF16_MODE_AUTO, TrainConfig
 from moe_core.train.dsops import skip_unneeded_ops
 
 
@@ -118,14 +118,14 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, dtype: torch.dtype) -> d
     return ds
 
 
-DEFAULT_BF16_MODE = {0: "deepspeed", 1: "bf16_optimizer", 2: "deepspeed"}
-"""``optim.bf16_mode: auto`` per ZeRO stage, until a GPU measurement decides (see
-docs/gpu-training-step.md). ZeRO 1 gets DeepSpeed's ``BF16_Optimizer`` (fp32 gradient
-accumulation, the norm on the device: 4 host syncs a step on CPU against the unfused wrapper's
-one per parameter). ZeRO 0 keeps DeepSpeed's wrapper for now: ``torch_autocast`` has no
-optimizer sync at all, but under autocast the MoE layer's router ``F.linear`` runs in bf16 (its
-fp32 logits are a design rule, ``moe_core/moe/layer.py``) and the experts leave the bf16
-grouped-GEMM path; both fixes belong to the layer."""
+DEFAULT_BF16_MODE = BF16_MODE_AUTO
+"""``optim.bf16_mode: auto`` per ZeRO stage: of the modes correct at the stage, the one with
+the fewest host syncs per optimizer step on the CUDA path (``bench/optimizer_step.py
+--force-cuda-paths``, docs/gpu-training-step.md §4). ZeRO 0: ``torch_autocast`` (1: the loss
+read; DeepSpeed's unfused wrapper reads once per parameter). ZeRO 1: ``BF16_Optimizer`` (5,
+bf16 weights kept). ZeRO 2: DeepSpeed's ZeRO optimizer (6, bf16 weights kept; autocast would
+save 1 and replicate fp32 weights on every rank, the memory ZeRO 2 is chosen to save). The
+same dict as ``moe_core.train.config.BF16_MODE_AUTO``."""
 
 
 def bf16_mode(cfg: TrainConfig, dtype: torch.dtype) -> str | None:
@@ -137,10 +137,7 @@ def bf16_mode(cfg: TrainConfig, dtype: torch.dtype) -> str | None:
     the plain torch AdamW (fused on CUDA)."""
     if dtype != torch.bfloat16:
         return None
-    mode = cfg.optim.bf16_mode
-    if mode == "auto":
-        mode = DEFAULT_BF16_MODE[min(cfg.optim.zero_stage, 2)]
-    return mode
+    return cfg.optim.resolved_bf16_mode()
 
 
 def param_dtype(cfg: TrainConfig, dtype: torch.dtype) -> torch.dtype:

@@ -190,11 +190,17 @@ def _bf16(cfg: TrainConfig, gpus: float | str) -> bool:
     return cfg.optim.dtype == "bf16" or (cfg.optim.dtype == "auto" and gpus > 0)
 
 
+def bf16_weights(cfg: TrainConfig, gpus: float | str) -> bool:
+    """Whether a run keeps bf16 weights (and DeepSpeed's fp32 master copy): a bf16 run whose
+    ``optim.bf16_mode`` is not ``torch_autocast`` (fp32 weights, bf16 compute)."""
+    return _bf16(cfg, gpus) and cfg.optim.resolved_bf16_mode() != "torch_autocast"
+
+
 def checkpoint_bytes_per_param(cfg: TrainConfig, gpus: float) -> int:
-    """Bytes a checkpoint holds per parameter: the weights plus AdamW's two fp32 moments, and in
-    bf16 (CUDA with ``optim.dtype`` auto or bf16) DeepSpeed's fp32 master copy besides the bf16
-    weights: 4 + 8 = 12 in fp32, 2 + 4 + 8 = 14 in bf16."""
-    return 14 if _bf16(cfg, gpus) else 12
+    """Bytes a checkpoint holds per parameter: the weights plus AdamW's two fp32 moments, and
+    with bf16 weights (:func:`bf16_weights`) DeepSpeed's fp32 master copy besides them: 4 + 8 =
+    12 in fp32 and under ``torch_autocast``, 2 + 4 + 8 = 14 with bf16 weights."""
+    return 14 if bf16_weights(cfg, gpus) else 12
 
 
 def tied_copy_bytes(m: Any) -> int:
@@ -254,7 +260,7 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
             store += count_params(pm).total * 4 + tied_copy_bytes(pm)
             continue
         pc = p.child.parent_run()
-        pm, bf16 = pc.model_config(), _bf16(pc, gpus)
+        pm, bf16 = pc.model_config(), bf16_weights(pc, gpus)
         parent_bytes += count_params(pm).total * (12 + 4 * bf16)
         store += count_params(pm).total * (4 + (8 + 4 * bf16) * p.needs_optimizer) + \
             tied_copy_bytes(pm)

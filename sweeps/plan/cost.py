@@ -179,17 +179,36 @@ class Forecast:
     sources: dict[str, int]
     notes: tuple[str, ...]
     peak_mem_gb: float | None
+    reserved_gpus: float = 0.0
+    """Accelerators the sweep holds for its whole wall time: ``concurrency`` trials' worth."""
+    pre_wall_h: float = 0.0
+    """Wall time of the parents and stable runs, before the first trial starts."""
 
     @property
     def cost(self) -> float | None:
         return None if self.price is None else self.gpu_hours * self.price
 
+    @property
+    def reserved_gpu_hours(self) -> float:
+        return self.reserved_gpus * self.wall_h
+
+    @property
+    def idle_share(self) -> float:
+        """Share of the reserved GPU-hours (``reserved_gpus`` × wall) no job trains on: the
+        GPUs that wait while the parents and stable runs train, and the last wave's tail."""
+        r = self.reserved_gpu_hours
+        return max(0.0, 1.0 - self.gpu_hours / r) if r > 0 else 0.0
+
     def lines(self) -> list[str]:
         unit = "CPU-trial-hours" if self.device == "cpu" else f"{self.device.upper()} GPU-hours"
         cost = "" if self.cost is None else f"   cost ${self.cost:,.2f} at ${self.price:g}/h"
         src = ", ".join(f"{n} {k}" for k, n in sorted(self.sources.items()))
+        what = "trial slots" if self.device == "cpu" else "GPUs"
         return [f"cost forecast ({self.device}): {self.gpu_hours:,.3g} {unit}   wall "
                 f"{_hours(self.wall_h)} at {self.concurrency} concurrent trials{cost}",
+                f"  idle: {self.idle_share:.1%} of the {self.reserved_gpu_hours:,.3g} reserved "
+                f"{unit} ({self.reserved_gpus:g} {what} × wall; the parents and stable runs "
+                f"train first, for {_hours(self.pre_wall_h)}, the trials waiting)",
                 f"  throughput per job: {src} (sweeps/plan/throughput.json)",
                 *(f"  {n}" for n in self.notes)]
 
@@ -205,24 +224,28 @@ def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel
              ) -> Forecast:
     """GPU-hours (each job's seconds × the accelerators it holds), wall time (the parents and
     stable runs first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots,
-    LPT) and cost."""
+    LPT), cost, and the reserved accelerators: ``concurrency`` trials' worth, for the whole
+    wall time (``Forecast.idle_share``)."""
     table = load_table() if table is None else table
     secs: dict[str, list[float]] = {"trial": [], "pre": []}
     sources: dict[str, int] = {}
     notes: dict[str, None] = {}
-    gpu_s, peak = 0.0, None
+    gpu_s, peak, per_trial = 0.0, None, 1.0
     for j in jobs:
         r = rate(table, device, j.preset, moe_shape(j.cfg.moe), flops_per_token(j.cfg, j.seq))
         s = j.tokens / (r.tokens_per_s * max(1.0, j.accelerators))  # ranks scale linearly
         secs["trial" if j.kind == "trial" else "pre"].append(s)
+        if j.kind == "trial":
+            per_trial = max(per_trial, j.accelerators)
         gpu_s += s * max(1.0, j.accelerators)
         sources[r.source] = sources.get(r.source, 0) + 1
         notes[f"{j.preset} {moe_shape(j.cfg.moe)}: {r.note}"] = None
         if r.peak_mem_gb is not None:
             peak = max(peak or 0.0, float(r.peak_mem_gb))
-    wall = makespan(secs["pre"], parents_parallel) + makespan(secs["trial"], concurrency)
+    pre = makespan(secs["pre"], parents_parallel)
+    wall = pre + makespan(secs["trial"], concurrency)
     return Forecast(device, gpu_s / 3600, wall / 3600, concurrency, price, sources,
-                    tuple(notes), peak)
+                    tuple(notes), peak, concurrency * per_trial, pre / 3600)
 
 
 def _preset(cfg: Any) -> str:

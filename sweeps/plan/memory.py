@@ -8,8 +8,9 @@ beside the weights and the optimizer state (:func:`trial_memory_parts` names eac
   (:data:`RUNTIME_BYTES`, measured);
 - ``parent``: an upcycled trial's parent weights in fp32, which it holds through the run (the
   upcycling source, and the router statistics' reference);
-- ``weights``, ``gradients``: 4 B/param each in fp32; 2 each in bf16, where DeepSpeed also
-  keeps an fp32 master copy (``master``, 4 B/param);
+- ``weights``, ``gradients``: 4 B/param each in fp32 and under ``optim.bf16_mode:
+  torch_autocast``; 2 each with bf16 weights, where DeepSpeed also keeps an fp32 master copy
+  (``master``, 4 B/param);
 - ``optimizer``: AdamW's two fp32 moments, 8 B/param (ZeRO-1/2 split them over the ranks,
   Rajbhandari et al. 2020, §5.1 Eq. P_os);
 - ``reduce_bucket``: at the accumulation boundary DeepSpeed flattens the gradients into one
@@ -30,7 +31,7 @@ import dataclasses
 from typing import Any
 
 from moe_core.params import count_params
-from sweeps.plan.build import _bf16
+from sweeps.plan.build import _bf16, bf16_weights
 from sweeps.run.console import human_bytes
 
 RUNTIME_BYTES = 450 * 10**6
@@ -47,15 +48,15 @@ def model_memory_parts(cfg: Any, gpus: float, ranks: int = 1) -> dict[str, int]:
     ``ranks``: over how many data-parallel ranks ZeRO-1/2 split the state."""
     m = cfg.model_config()
     n = count_params(m).total
-    bf16 = _bf16(cfg, gpus)
-    w = 2 if bf16 else 4
+    bf16 = _bf16(cfg, gpus)  # bf16 compute (activations)
+    w = 2 if bf16_weights(cfg, gpus) else 4  # torch_autocast: fp32 weights and gradients
     zero = cfg.optim.zero_stage
     split_opt = ranks if zero >= 1 else 1
     split_grad = ranks if zero >= 2 else 1
     s, b, h, a = cfg.seq_len, cfg.batch.micro_batch, m.d_model, m.n_head
     k = m.moe.top_k if m.moe is not None else 1
     act = s * b * h * (15 + 19 * k + 5 * a * s / h) * m.n_layer * (1 if bf16 else 2)
-    return {"weights": n * w, "master": n * 4 if bf16 else 0,
+    return {"weights": n * w, "master": n * 4 if w == 2 else 0,
             "gradients": n * w // split_grad, "optimizer": n * 8 // split_opt,
             "reduce_bucket": min(n // split_grad, REDUCE_BUCKET) * w,
             "activations": int(act), "logits": 2 * s * b * m.vocab_size * 4}

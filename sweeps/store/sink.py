@@ -2,15 +2,19 @@
 memory at any number of rows.
 
 Every row (and every status change) the driver receives is appended to a write-ahead log
-(``rows/wal-NNNNNN.jsonl``, flushed and fsynced) before the Tune callback returns: O(1) work per
-row on Tune's event loop. Only the rows of trials still running are held in memory. When a
-trial's outcome is marked, a background thread writes its rows once into an immutable part file
+(``rows/wal-NNNNNN.jsonl``, written and flushed to the kernel) before the Tune callback returns:
+O(1) work per row on Tune's event loop. The log is group-committed (``sweeps.store.wal``): fsynced
+in the background every ``SYNC_S`` seconds, and before a trial's outcome is acknowledged
+(``mark``), so every row of a finished trial is on disk before its completion is. Only the
+rows of trials still running are held in memory. When a trial's outcome is marked, a
+background thread writes its rows once into an immutable part file
 (``parts/part-NNNNNN.parquet``) and drops them from memory (the trial is *sealed*); a row or a
 status change that arrives for a sealed trial later (a restart) reads it back first.
 ``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
 the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
-seconds, and at each trial's end) but no more often than every 2 s and ``STITCH_FACTOR`` times its
-own last duration (so at 10⁶ rows it stays a small share of one core), and at ``close``; the log
+seconds, and at each trial's end) but no more often than every 2 s, ``STITCH_FACTOR`` times its
+own last duration (so at 10⁶ rows it stays a small share of one core) and ``STITCH_S_PER_TRIAL``
+times the sweep's trials (so its CPU grows linearly with them), and at ``close``; the log
 segments it covers are then deleted.
 
 On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
@@ -27,7 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -38,7 +41,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moe_core.fsio import fsync_dir
 from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     CORE_COLUMNS,
@@ -63,6 +65,7 @@ from sweeps.store.trial_outcomes import (  # noqa: F401 - reconcile & co.: impor
     recorded_prune,
 )
 from sweeps.store.trust import UntrustedStateError
+from sweeps.store.wal import LocalLog, ObjectLog, Syncer
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]
@@ -110,6 +113,10 @@ class LoadReport:
 
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
 STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
+STITCH_S_PER_TRIAL = 0.05
+"""And every 0.05 s per trial the sweep has: each rewrite is O(rows), so a fixed period over a
+sweep whose length grows with its trials T cost the driver O(T²) CPU (bench/driver_cpu.py); a
+period that grows with T keeps it linear, as Tune's state saves (``sweeps.run.driver``)."""
 SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
 _OPEN = frozenset({None, "running", "interrupted", "budget"})
 
@@ -133,6 +140,7 @@ class ResultsSink:
         self.part_dir = self.dir / "parts"
         self.flush_s = flush_s
         self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
+        self._syncer: Syncer | None = None
         self._last_flush = time.time()  # the first rewrite comes flush_s after the start
         self._segment = 0
         self.write_errors: list[str] = []
@@ -164,6 +172,7 @@ class ResultsSink:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
+        self._syncer: Syncer | None = None
         self._last_flush = time.time()
         self._reset()
 
@@ -189,21 +198,19 @@ class ResultsSink:
         if self.remote:  # one object per record, under the segment's prefix
             last = self._segments()
             self._segment = max([self._segment, *(int(p.name[4:10]) for p in last)]) + 1
-            self._log = _ObjectLog(self.log_dir, self._segment)
+            self._log = ObjectLog(self.log_dir, self._segment)
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
         last = self._segments()
         self._segment = max([self._segment, *(int(p.stem[4:]) for p in last)]) + 1
-        self._log = open(self.log_dir / f"wal-{self._segment:06d}.jsonl", "a")
-        fsync_dir(self.log_dir)
+        self._log = LocalLog(self.log_dir / f"wal-{self._segment:06d}.jsonl")
+        if self._syncer is None:
+            self._syncer = Syncer(lambda: self._log)
 
     def _append(self, record: dict[str, Any]) -> None:
         if self._log is None:
             self._open_segment()
         self._log.write(json.dumps(record, default=str) + "\n")
-        self._log.flush()
-        if not self.remote:
-            os.fsync(self._log.fileno())
 
     # ---- rebuilding --------------------------------------------------------------------------
 
@@ -398,12 +405,15 @@ class ResultsSink:
 
     def mark(self, trial_id: str, status: str, reason: str | None = None,
              placeholder: dict[str, Any] | None = None) -> None:
-        """Set the outcome of a trial's rows; a trial with no row yet gets ``placeholder``."""
+        """Set the outcome of a trial's rows; a trial with no row yet gets ``placeholder``.
+        Durable (fsynced, with every row logged before it) when this returns."""
         with self._lock:
             added = self._mark_locked(trial_id, status, reason, placeholder)
             if added is not None:
                 self._append({"row": added})
             self._append({"mark": {"trial_id": trial_id, "status": status, "reason": reason}})
+            log = self._log
+        log.sync()  # outside the lock: rows keep arriving meanwhile (a closed segment: synced)
 
     def rows_of(self, trial_id: str) -> dict[int, dict[str, Any]]:
         """A copy of one trial's rows, by step (a sealed trial's read from its part)."""
@@ -484,21 +494,21 @@ class ResultsSink:
         while True:
             with self._lock:
                 self._pending = False
-                if self._log is not None:  # rows after this point go to a new segment
-                    self._log.close()
-                    self._log = None
+                # rows after this point go to a new segment; the old one is fsynced and
+                # closed below, outside the lock
+                old, self._log = self._log, None
                 covered = self._segments()
                 changed = {t: [dict(r) for _, r in sorted(self.trials[t].items())]
                            for t in self._dirty if t in self.trials}  # rare: marks, rewinds
                 fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
                          if t in self.trials and t not in changed}
                 self._dirty, self._fresh = set(), {}
-                due = self._force or time.time() - self._last_stitch >= max(
-                    STITCH_MIN_S, STITCH_FACTOR * self._stitch_s)
+                due = self._force or time.time() - self._last_stitch >= self._stitch_period()
                 seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
                 sealing = sorted(self._to_seal & set(self.trials)) if seal else []
                 self._to_seal -= set(sealing)
                 self._force = self._seal_now = False
+            old is not None and old.close()
             try:
                 self._write_once(changed, fresh, sealing, due, covered)
             except Exception as e:  # noqa: BLE001 - keep the log; report at the end
@@ -508,6 +518,11 @@ class ResultsSink:
             with self._lock:
                 if not self._pending:
                     return
+
+    def _stitch_period(self) -> float:
+        """Seconds between two rewrites of results.parquet (a flush with wait: now)."""
+        return max(STITCH_MIN_S, STITCH_FACTOR * self._stitch_s,
+                   STITCH_S_PER_TRIAL * len(self._statuses))
 
     def _write_once(self, changed: dict[str, list[dict[str, Any]]],
                     fresh: dict[str, list[dict[str, Any]]], sealing: list[str], due: bool,
@@ -590,20 +605,6 @@ class ResultsSink:
         if self._log is not None:
             self._log, log = None, self._log
             log.close()
-
-
-class _ObjectLog:
-    """The row log on object storage: each record one write-once object, durable when
-    ``write`` returns (object storage has no append)."""
-
-    def __init__(self, log_dir: Location, segment: int):
-        self.log_dir, self.segment, self.seq = log_dir, segment, 0
-
-    def write(self, line: str) -> None:
-        self.seq += 1
-        (self.log_dir / f"wal-{self.segment:06d}-{self.seq:08d}.jsonl").write_text(line)
-
-    def flush(self) -> None:  # each write is durable already
-        return None
-
-    close = flush
+        if self._syncer is not None:
+            self._syncer, syncer = None, self._syncer
+            syncer.stop()

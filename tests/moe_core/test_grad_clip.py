@@ -37,6 +37,7 @@ def _first_step_grads(cfg) -> tuple[list[torch.Tensor], list[bool]]:
 def dtype(request, monkeypatch):
     if request.param == "bf16":  # DeepSpeed then wraps AdamW in FP16_UnfusedOptimizer, as on CUDA
         monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+        monkeypatch.setitem(eng.DEFAULT_BF16_MODE, 0, "deepspeed")  # auto's ZeRO 0: autocast
     return request.param
 
 

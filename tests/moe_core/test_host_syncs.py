@@ -92,7 +92,10 @@ def test_unfused_wrapper_makes_a_sync_per_parameter(monkeypatch):
     assert by["optimizer+clip"] > n_params > OWN_BUDGET, report
 
 
-@pytest.mark.parametrize("mode,stage", [("bf16_optimizer", 1), ("torch_autocast", 0)])
-def test_whole_step_within_budget(monkeypatch, mode, stage):
-    by, c, report, _ = _count_one_step(monkeypatch, mode, stage, 1)
+@pytest.mark.parametrize("stage,resolved", [
+    (0, "torch_autocast"), (1, "bf16_optimizer"), (2, "deepspeed")])
+def test_whole_step_within_budget(monkeypatch, stage, resolved):
+    """``optim.bf16_mode: auto`` at every ZeRO stage: <= 10 host syncs per optimizer step."""
+    by, c, report, t = _count_one_step(monkeypatch, "auto", stage, 1)
+    assert eng.bf16_mode(t.cfg, t.dtype) == resolved, report
     assert c.total <= STEP_BUDGET, report

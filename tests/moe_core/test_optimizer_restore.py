@@ -84,7 +84,7 @@ def bf16(monkeypatch):
 
 
 @pytest.mark.parametrize("stage,mode,cls", [
-    (0, "auto", FP16_UnfusedOptimizer),
+    (0, "deepspeed", FP16_UnfusedOptimizer),
     pytest.param(1, "deepspeed", DeepSpeedZeroOptimizer, marks=pytest.mark.slow),
     (1, "auto", BF16_Optimizer),
     (0, "torch_autocast", torch.optim.AdamW)])
@@ -104,7 +104,7 @@ def test_bf16_resume_equals_uninterrupted(tmp_path, bf16, stage, mode, cls):
     assert _equal(s_rest, s_full)
 
 
-@pytest.mark.parametrize("mode", ["auto", "torch_autocast"])
+@pytest.mark.parametrize("mode", ["deepspeed", "torch_autocast"])  # auto at ZeRO 0: autocast
 def test_bf16_branch_equals_single_run(tmp_path, bf16, mode):
     cfg = small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2},
                     optim={"lr": 3e-3, "bf16_mode": mode})
@@ -130,8 +130,9 @@ def test_optimizer_state_cuts_into_expert_shards_and_joins_back(tmp_path, monkey
         shard_optimizer_state,
     )
 
-    if wrapped:
+    if wrapped:  # DeepSpeed's ZeRO-0 bf16 wrapper (optim.bf16_mode: deepspeed)
         monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+        monkeypatch.setitem(eng.DEFAULT_BF16_MODE, 0, "deepspeed")
     t = Trainer(small_cfg(tmp_path, moe={"num_experts": 4, "top_k": 2}))
     t.step()
     whole = t.optimizer.state_dict()

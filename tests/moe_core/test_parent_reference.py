@@ -53,6 +53,7 @@ def test_trainer_builds_the_reference_on_its_device(tmp_path):
 
 def test_bf16_model_keeps_an_fp32_reference(tmp_path, monkeypatch):
     monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+    monkeypatch.setitem(eng.DEFAULT_BF16_MODE, 0, "deepspeed")  # bf16 weights
     t = Trainer(_moe_cfg(tmp_path), parent=_parent(tmp_path))
     assert next(t.model.parameters()).dtype == torch.bfloat16
     assert all(r.dtype == torch.float32 for r in t.reference.values())

@@ -92,6 +92,7 @@ def test_bf16_child_continues_the_bf16_parents_moments_and_fp32_masters(tmp_path
     from moe_core.upcycle import WRAPPED
 
     monkeypatch.setattr(eng, "pick_dtype", lambda cfg_dtype, device: torch.bfloat16)
+    monkeypatch.setitem(eng.DEFAULT_BF16_MODE, 0, "deepspeed")  # the wrapper's fp32 masters
     pt = Trainer(_cfg(tmp_path, moe={"num_experts": 2, "top_k": 2}))
     pt.fit()
     parent = pt.parent_state()

@@ -141,7 +141,13 @@ def test_disk_estimate_by_hand():
     g = next(iter(plan.branch_groups.values()))
     assert d.stable_bytes == len(g.steps) * 12 * n
     gpu = disk_estimate(spec(resources={"cpus": 1, "gpus": 1}), plan)
-    assert gpu.bytes_per_param == 14 and gpu.parent_bytes == 16 * n_parent  # bf16 + fp32 master
+    # bf16 on a GPU at ZeRO 0: optim.bf16_mode auto is torch_autocast, fp32 weights + AdamW
+    assert gpu.bytes_per_param == 12 and gpu.parent_bytes == 12 * n_parent
+    base = copy.deepcopy(BASE)
+    base["optim"] = {**base.get("optim", {}), "bf16_mode": "deepspeed"}
+    wrapped = spec(base=base, resources={"cpus": 1, "gpus": 1})
+    w = disk_estimate(wrapped, build_plan(wrapped))
+    assert w.bytes_per_param == 14 and w.parent_bytes == 16 * n_parent  # bf16 + fp32 master
     line = console.disk_line(s, plan)
     assert line.startswith("disk (estimate): checkpoint ") and "parents' cache" in line
 

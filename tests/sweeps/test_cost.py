@@ -58,6 +58,13 @@ def test_forecast_by_hand():
     assert f.gpu_hours == pytest.approx((3 * t_trial + t_parent) * 2 / 3600)
     assert f.wall_h == pytest.approx((t_parent + 2 * t_trial) / 3600)
     assert f.cost == pytest.approx(f.gpu_hours * 2.5) and f.sources == {"assumed": 4}
+    # 2 trials of 2 GPUs reserve 4 GPUs for the whole wall; the parent trains on 2 of them
+    assert f.reserved_gpus == 4 and f.pre_wall_h == pytest.approx(t_parent / 3600)
+    used = (3 * t_trial + t_parent) * 2
+    assert f.idle_share == pytest.approx(1 - used / (4 * (t_parent + 2 * t_trial)))
+    # t_parent = 2·t_trial: 1 - (3 + 2)·2 / (4 · 4) = 37.5 %, 2 GPUs idle while the parent
+    # trains and 2 in the last wave
+    assert f.idle_share == pytest.approx(0.375) and "idle: 37.5% of the" in f.lines()[1]
 
 
 def test_sustained_tflops_for_decide():

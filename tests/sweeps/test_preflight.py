@@ -133,6 +133,15 @@ def test_trial_memory_estimate_by_hand():
     # weights 4 + gradients 4 + AdamW 8 + DeepSpeed's flat reduction bucket 4 (B/param)
     model = int(n * 20 + act + 2 * s * b * V * 4)
     assert preflight.trial_memory_bytes(cfg, 0) == preflight.RUNTIME_BYTES + model  # no parent
+    from sweeps.plan.memory import model_memory_parts
+
+    gpu = model_memory_parts(cfg, 1)  # bf16 on a GPU, ZeRO 0: auto is torch_autocast
+    assert (gpu["weights"], gpu["master"], gpu["gradients"]) == (4 * n, 0, 4 * n)
+    ds = parse_spec({"sweep": "m", "base": {**spec_base, "optim": {
+        **spec_base.get("optim", {}), "bf16_mode": "deepspeed"}}}).base_config
+    wrapped = model_memory_parts(ds, 1)  # bf16 weights and DeepSpeed's fp32 master
+    assert (wrapped["weights"], wrapped["master"], wrapped["gradients"]) == (2 * n, 4 * n, 2 * n)
+    assert gpu["activations"] == wrapped["activations"]  # bf16 compute either way
 
 
 def test_custom_resources_must_exist(tmp_path):

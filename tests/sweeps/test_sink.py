@@ -183,3 +183,36 @@ def test_finished_trials_leave_memory_and_come_back_on_a_late_row(tmp_path):
     b.load()
     assert sorted(b.rows) == sorted((r["trial_id"], r["step"]) for r in rows)
     assert b.count("ok") == 8 and not b.trials.get("a")
+
+
+def test_rewrites_grow_apart_with_the_trials(tmp_path, monkeypatch):
+    """results.parquet (an O(rows) rewrite) is rewritten at most every 0.05 s per trial: a
+    fixed period over a sweep whose length grows with its trials cost O(T²) driver CPU."""
+    import time
+    from types import SimpleNamespace
+
+    import sweeps.store.sink as sk
+
+    clock = [1e9]
+    monkeypatch.setattr(sk, "time", SimpleNamespace(time=lambda: clock[0],
+                                                    perf_counter=time.perf_counter))
+    monkeypatch.setattr(sk, "STITCH_FACTOR", 0.0)  # this machine's rewrite time left out
+    stitched = []
+    real = sk.write_stream
+    monkeypatch.setattr(sk, "write_stream", lambda path, *a, **kw: (
+        stitched.append(path) if path.name == RESULTS_FILE else None) or real(path, *a, **kw))
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for t in range(200):
+        sink.add(_row(f"t{t}", 0))
+    assert sink._stitch_period() == 0.05 * 200
+    sink.flush(wait=True)  # forced: rewritten now
+    assert len(stitched) == 1
+    clock[0] += 7  # past the fixed 2 s, not past 10 s
+    sink.flush()
+    sink.join()
+    assert len(stitched) == 1
+    clock[0] += 4
+    sink.flush()
+    sink.join()
+    assert len(stitched) == 2
+    sink.close()
