@@ -257,25 +257,24 @@ def _own_error(owner: type, raw: Any, path: str) -> ConfigError | None:
     return None
 
 
-def decode(tp: Any, data: Any, prefix: str = "") -> Any:
+def decode(tp: Any, data: Any, prefix: str = "", error: type[ConfigError] = ConfigError) -> Any:
     """Decode ``data`` (parsed YAML, ``dataclasses.asdict`` output) as type ``tp`` with pydantic:
     nested dataclasses from mappings (an instance passes through), lists into tuples, ``T |
     None`` keeps None, YAML 1.1's numeric strings (``1e-4``) into numbers where a number goes.
-    Every refusal is one ``ConfigError`` naming the full dotted key (``prefix`` is the path of
-    ``data``) and what the key takes: an unknown key (with the known ones), a missing required
-    key, a non-mapping where a mapping goes, a value of the wrong type, a bool where a number
-    goes (``true`` is not 1), NaN or ±inf, an integer beyond int64; a dataclass's own rules
-    (``__post_init__``) keep their messages."""
+    Every refusal is one ``error`` (a ``ConfigError`` class) naming the full dotted key
+    (``prefix`` is the path of ``data``) and what the key takes: an unknown key (with the known
+    ones), a missing required key, a non-mapping where a mapping goes, a value of the wrong
+    type, a bool where a number goes (``true`` is not 1), NaN or ±inf, an integer beyond int64;
+    a dataclass's own rules (``__post_init__``) keep their messages."""
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(data, tp):
             return data
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{prefix or 'the config'} must be a mapping, got "
-                              f"{type(data).__name__}")
+            raise error(f"{prefix or 'the config'} must be a mapping, got {type(data).__name__}")
     data = _thaw(data)
     problem = _misfit(tp, data, prefix)
     if problem is not None:
-        raise ConfigError(problem)
+        raise error(problem)
     while True:
         try:
             out = _adapter(tp).validate_python((data,))[0]
@@ -293,8 +292,7 @@ def decode(tp: Any, data: Any, prefix: str = "") -> Any:
             first = min(errors, key=lambda x: (_STRUCTURAL.get(x["type"], 3) > 2,
                                                len(x["loc"]), _STRUCTURAL.get(x["type"], 3)))
             problem = _message(tp, first, prefix, data)
-            raise (problem if isinstance(problem, ConfigError) else ConfigError(problem)) \
-                from None
+            raise (problem if isinstance(problem, error) else error(str(problem))) from None
     return _as_written(data, out)
 
 

@@ -98,10 +98,10 @@ class SweepPlan:
     num_samples: int
     sampled: tuple[str, ...]
     """Knobs sampled at run time (random / Optuna)."""
+    _index: dict[str, TrialPlan] = field(default_factory=dict, repr=False)
     kernels: frozenset[str] = frozenset()
     """The ``moe.experts_kernel`` values of every validated trial config
-    (``sweeps.spec.trials.check_kernels``)."""
-    _index: dict[str, TrialPlan] = field(default_factory=dict, repr=False)
+    (``sweeps.spec.trials.check_kernels``); last, so a plan pickled before it unpickles."""
 
     @property
     def num_trials(self) -> int:

@@ -421,15 +421,6 @@ def _as_file(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _decoded(tp: Any, data: Any, key: str) -> Any:
-    try:
-        return decode(tp, data, key)
-    except SearchSpaceError:
-        raise
-    except ConfigError as e:
-        raise _err(str(e)) from None
-
-
 def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     """A spec mapping (after overrides) as a SweepSpec, each rule that needs no trial config
     checked; ``sweeps.plan.build.build_plan`` builds (and so checks) the trial configs."""
@@ -437,7 +428,7 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
     if unknown:
         raise _err(f"unknown top-level key {shown(unknown[0], 100)}; known: "
                    f"{', '.join(sorted(top_keys()))}")
-    f = _decoded(_SpecFile, _as_file(raw), "")
+    f = decode(_SpecFile, _as_file(raw), "", SearchSpaceError)
     spec = SweepSpec(
         name=f.sweep, base=f.base, search=f.search, algorithm=f.algorithm,
         scheduler=f.scheduler[0], asha=f.scheduler[1], num_samples=f.num_samples,
