@@ -131,14 +131,6 @@ def json_safe(row: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in row.items()}
 
 
-def is_static(column: str) -> bool:
-    """Configuration rather than a metric: W&B takes these as run config, not curves."""
-    if column in _TYPES:
-        return column in STATIC_COLUMNS
-    return column.startswith((KNOB_PREFIX, EFFECTIVE_PREFIX)) or \
-        column.split(".", 1)[0] in CONFIG_SECTIONS
-
-
 # ---- values --------------------------------------------------------------------------------
 
 
@@ -368,11 +360,6 @@ def final_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if t not in best or (r.get("step") or 0) >= (best[t].get("step") or 0):
             best[t] = r
     return [dict(r) for r in best.values()]
-
-
-def knob_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Knob columns present in ``rows`` (sorted)."""
-    return sorted({k for r in rows for k in r if k.startswith(KNOB_PREFIX)})
 
 
 # ---- summary.json --------------------------------------------------------------------------
