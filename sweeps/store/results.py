@@ -131,6 +131,14 @@ def json_safe(row: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in row.items()}
 
 
+def is_static(column: str) -> bool:
+    """Configuration rather than a metric: W&B takes these as run config, not curves."""
+    if column in _TYPES:
+        return column in STATIC_COLUMNS
+    return column.startswith((KNOB_PREFIX, EFFECTIVE_PREFIX)) or \
+        column.split(".", 1)[0] in CONFIG_SECTIONS
+
+
 # ---- values --------------------------------------------------------------------------------
 
 
