@@ -1,222 +1,25 @@
-"""The front door of every config and spec: a bounded, strict YAML reader (``load_yaml``,
-``parse_yaml``), the ``--set key.path=value`` overrides (``apply_overrides``), and the one decoder
-of nested mappings into the project's frozen config dataclasses (``decode``: a
-``pydantic.TypeAdapter`` over the dataclasses, its errors turned into one line naming the dotted
-key and what it takes).
-
-Torch-free, so that a spec is read and refused before any training stack is imported.
+"""The one decoder of nested mappings (parsed YAML, ``dataclasses.asdict`` output) into the
+project's frozen config dataclasses: ``decode``, a ``pydantic.TypeAdapter`` over them, plus what
+pydantic does not do: YAML 1.1's numeric strings read as numbers, stricter scalars, numbers kept
+as written, and each refusal as one line naming the dotted key and what it takes. The files
+themselves are read by ``moe_core.yamlio``. Torch-free: a spec is refused before any training
+stack is imported.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
 import numbers
 import types
 import typing
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from moe_core.errors import ConfigError, one_line, shown
-from moe_core.fsio import read_bounded
-
-# ---- reading YAML: bounded, strict ---------------------------------------------------------------
-
-MAX_FILE_BYTES = 1 << 20
-"""A config or spec file is at most 1 MiB (the shipped ones are a few KB)."""
-MAX_NODES = 100_000
-"""Values in one YAML document once its aliases are expanded (an alias bomb has billions)."""
-MAX_DEPTH = 50
-"""Nesting depth of one YAML document, aliases expanded (a spec nests about 6 deep)."""
-_MERGE = "tag:yaml.org,2002:merge"
-
-
-def _at(mark: Any) -> str:
-    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-
-
-def _dotted(prefix: str, key: Any) -> str:
-    key = str(key) if len(str(key)) <= 100 else shown(key, 100)
-    return f"{prefix}.{key}" if prefix else key
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (no Python tags) that also refuses duplicate keys (YAML keeps the last
-    one silently), nesting beyond ``MAX_DEPTH``, documents beyond ``MAX_NODES`` values once
-    aliases are expanded, aliases inside what they name, and values a constructor cannot read
-    (an integer of 5,000 digits, the date 2024-13-45). Every refusal is one ``ConfigError``
-    naming ``name`` (the file, or ``--set KEY``) and the key path under ``root``."""
-
-    def __init__(self, text: str, name: str, root: str = ""):
-        super().__init__(text)
-        self.name, self.root, self.depth = name, root, 0
-        self.paths: dict[int, str] = {}
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                raise ConfigError(f"{self.name}: nested deeper than {MAX_DEPTH} levels"
-                                  f"{_at(self.peek_event().start_mark)}; flatten it")
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def check_size(self, root: yaml.Node) -> None:
-        """Count the values and the depth of the document with its aliases expanded, without
-        expanding them (each node is visited once)."""
-        done: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth)
-        active: set[int] = set()
-
-        def walk(node: yaml.Node, path: str) -> tuple[int, int]:
-            if id(node) in done:
-                return done[id(node)]
-            where = path or "the top level"
-            if id(node) in active:
-                raise ConfigError(f"{self.name}: the alias at {where} names a value that "
-                                  "contains it; remove the alias")
-            self.paths.setdefault(id(node), path)
-            active.add(id(node))
-            n, depth = 1, 0
-            children = (
-                [(k, path) for k, _ in node.value] + [
-                    (v, _dotted(path, k.value if isinstance(k, yaml.ScalarNode) else "?"))
-                    for k, v in node.value]
-                if isinstance(node, yaml.MappingNode)
-                else [(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
-                if isinstance(node, yaml.SequenceNode) else [])
-            for child, child_path in children:
-                cn, cd = walk(child, child_path)
-                n, depth = n + cn, max(depth, cd + 1)
-            active.discard(id(node))
-            if n > MAX_NODES or depth > MAX_DEPTH:
-                raise ConfigError(
-                    f"{self.name}: the value at {where}{_at(node.start_mark)} expands to more "
-                    f"than {MAX_NODES:,} values or "
-                    f"{MAX_DEPTH} levels once its YAML aliases (*name) are expanded; "
-                    "write the values out instead of nesting aliases")
-            done[id(node)] = (n, depth)
-            return n, depth
-
-        walk(root, self.root)
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep)
-        except (ConfigError, yaml.YAMLError):
-            raise
-        except (ValueError, TypeError, ArithmeticError) as e:
-            what = shown(node.value, 40) if isinstance(node, yaml.ScalarNode) else "the value"
-            raise ConfigError(
-                f"{self.name}: {what} at {self.paths.get(id(node)) or 'the top level'}"
-                f"{_at(node.start_mark)} cannot be read ({one_line(e, 80)}); "
-                "write a plain number or string") from None
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                if key_node.tag == _MERGE or not isinstance(key, Hashable):
-                    continue  # merges may repeat keys; an unhashable key is SafeLoader's error
-                if key in seen:
-                    raise ConfigError(
-                        f"{self.name}: duplicate key {_dotted(self.paths.get(id(node), ''), key)}"
-                        f"{_at(key_node.start_mark)}: YAML would silently keep the last one; "
-                        "keep only one")
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def parse_yaml(text: str, name: str, root: str = "", hint: str = "") -> Any:
-    """Parse one YAML document with ``_StrictLoader``; a ``ConfigError`` naming ``name`` (and
-    ending with ``hint``) if it is not valid, bounded YAML."""
-    loader = None
-    try:
-        loader = _StrictLoader(text, name, root)
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        loader.check_size(node)
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        why = "; ".join(str(x) for x in (getattr(e, "context", None),
-                                         getattr(e, "problem", None)) if x) or str(e)
-        raise ConfigError(one_line(f"{name} is not valid YAML{_at(mark)}: {why}{hint}",
-                                   400)) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def load_yaml(path: str) -> dict[str, Any]:
-    """Read a config or spec file: UTF-8, at most ``MAX_FILE_BYTES``, strict YAML
-    (``parse_yaml``) with a mapping at the top level."""
-    # a named pipe or a device is refused before it is read: never a hang
-    raw = read_bounded(path, MAX_FILE_BYTES, "config file", "a YAML file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at "
-                          f"offset {e.start}); save it as UTF-8") from None
-    data = parse_yaml(text, str(path))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must contain a mapping at the top level")
-    return data
-
-
-def parse_override_value(key: str, raw: str) -> Any:
-    """The value of ``--set KEY=RAW``, parsed as strict YAML (empty = null)."""
-    if raw == "":
-        return None
-    return parse_yaml(raw, f"--set {key}", root=key,
-                      hint=f"; quote a text value, e.g. --set '{key}=\"...\"'")
-
-
-def override_key(key: str) -> list[str]:
-    """The parts of ``--set KEY=...``'s dotted key, at most :data:`MAX_DEPTH` of them (a config
-    nests a few levels), each non-empty."""
-    parts = key.strip().split(".")
-    if len(parts) > MAX_DEPTH:
-        raise ConfigError(f"--set {shown(key, 60)}: the key has {len(parts):,} levels, more "
-                          f"than {MAX_DEPTH}; a config key nests a few (e.g. optim.lr)")
-    if not all(parts):
-        raise ConfigError(f"--set {shown(key, 60)}: the key has an empty part; write "
-                          "key.path=value, e.g. optim.lr=1e-3")
-    return parts
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides (values parsed as YAML) to a nested mapping.
-
-    Intermediate mappings are created only under keys that exist in a dataclass schema; the
-    final validation (``train_config_from_dict``) rejects unknown keys with their full path.
-    """
-    out = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r} must look like key.path=value")
-        key, raw = item.split("=", 1)
-        parts = override_key(key)
-        value = parse_override_value(key, raw)
-        node = out
-        for p in parts[:-1]:
-            if node.get(p) is None:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                raise ConfigError(f"--set {key}: {p} is not a mapping")
-            node = node[p]
-        node[parts[-1]] = value
-    return out
-
-
-# ---- mapping -> dataclasses, through pydantic ----------------------------------------------------
+from moe_core.errors import ConfigError, shown
 
 INT_MAX = 2**63 - 1
 """Largest magnitude an integer field takes (int64: what torch and numpy hold)."""
@@ -418,6 +221,8 @@ def _as_written(data: Any, out: Any) -> Any:
     cache keys hashed from it, do not change."""
     if isinstance(data, Mapping) and dataclasses.is_dataclass(out) and not isinstance(out, type):
         for k, v in data.items():
+            if k not in _fields(type(out)):
+                continue  # a field a validator decoded as a whole (``prune``)
             old = getattr(out, k)
             new = _as_written(v, old)
             if new is not old:
@@ -452,25 +257,24 @@ def _own_error(owner: type, raw: Any, path: str) -> ConfigError | None:
     return None
 
 
-def decode(tp: Any, data: Any, prefix: str = "") -> Any:
+def decode(tp: Any, data: Any, prefix: str = "", error: type[ConfigError] = ConfigError) -> Any:
     """Decode ``data`` (parsed YAML, ``dataclasses.asdict`` output) as type ``tp`` with pydantic:
     nested dataclasses from mappings (an instance passes through), lists into tuples, ``T |
     None`` keeps None, YAML 1.1's numeric strings (``1e-4``) into numbers where a number goes.
-    Every refusal is one ``ConfigError`` naming the full dotted key (``prefix`` is the path of
-    ``data``) and what the key takes: an unknown key (with the known ones), a missing required
-    key, a non-mapping where a mapping goes, a value of the wrong type, a bool where a number
-    goes (``true`` is not 1), NaN or ±inf, an integer beyond int64; a dataclass's own rules
-    (``__post_init__``) keep their messages."""
+    Every refusal is one ``error`` (a ``ConfigError`` class) naming the full dotted key
+    (``prefix`` is the path of ``data``) and what the key takes: an unknown key (with the known
+    ones), a missing required key, a non-mapping where a mapping goes, a value of the wrong
+    type, a bool where a number goes (``true`` is not 1), NaN or ±inf, an integer beyond int64;
+    a dataclass's own rules (``__post_init__``) keep their messages."""
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(data, tp):
             return data
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{prefix or 'the config'} must be a mapping, got "
-                              f"{type(data).__name__}")
+            raise error(f"{prefix or 'the config'} must be a mapping, got {type(data).__name__}")
     data = _thaw(data)
     problem = _misfit(tp, data, prefix)
     if problem is not None:
-        raise ConfigError(problem)
+        raise error(problem)
     while True:
         try:
             out = _adapter(tp).validate_python((data,))[0]
@@ -488,8 +292,7 @@ def decode(tp: Any, data: Any, prefix: str = "") -> Any:
             first = min(errors, key=lambda x: (_STRUCTURAL.get(x["type"], 3) > 2,
                                                len(x["loc"]), _STRUCTURAL.get(x["type"], 3)))
             problem = _message(tp, first, prefix, data)
-            raise (problem if isinstance(problem, ConfigError) else ConfigError(problem)) \
-                from None
+            raise (problem if isinstance(problem, error) else error(str(problem))) from None
     return _as_written(data, out)
 
 

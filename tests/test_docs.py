@@ -40,6 +40,7 @@ def test_spec_reference_lists_every_field_of_every_section():
     import typing
 
     from moe_core.train.config import TrainConfig
+    from sweeps.spec.algorithm import SEARCHERS, plugin
     from sweeps.spec.sweep import SweepSpec
 
     gen = _generator()
@@ -47,7 +48,8 @@ def test_spec_reference_lists_every_field_of_every_section():
     rows = [line.split("|")[1].strip().strip("`") for line in page.splitlines()
             if line.startswith("| `")]
     leaves = {r.rsplit(".", 1)[-1] for r in rows}
-    seen, todo = set(), [SweepSpec, TrainConfig]
+    seen, todo = set(), [SweepSpec, TrainConfig]  # and each algorithm's settings block:
+    todo += [p.settings_type for p in map(plugin, SEARCHERS) if p.settings_type is not None]
     while todo:
         cls = todo.pop()
         if cls in seen:

@@ -28,7 +28,7 @@ OUT = ROOT / "docs" / "reference" / "spec.md"
 
 # Top-level spec fields whose YAML key differs from the dataclass field (None: not a YAML key).
 SPEC_YAML = {"name": "sweep", "wandb": "logging.wandb", "max_failures": "failure.max_failures",
-             "asha": "scheduler", "path": None, "validated": None}
+             "asha": "scheduler", "path": None, "settings": None}
 # Modules whose string literals hold the validation messages.
 RULE_MODULES = ("moe_core.config", "moe_core.train.config", "moe_core.data.config",
                 "moe_core.schedules", "sweeps.spec.sweep", "sweeps.spec.space", "sweeps.spec.space",
@@ -168,9 +168,10 @@ def _esc(text: str) -> str:
 
 
 def _section(cls: type, path: str, messages: list[str], seen: dict[type, str],
-             yaml_names: dict[str, str | None] | None = None) -> list[str]:
-    """The table of ``cls`` at ``path``, then its nested sections (a class documented once;
-    later uses point back to it)."""
+             yaml_names: dict[str, str | None] | None = None,
+             extra: list[tuple[str, Any, str, str]] = ()) -> list[str]:
+    """The table of ``cls`` at ``path`` (and the ``extra`` rows: name, type, default, meaning),
+    then its nested sections (a class documented once; later uses point back to it)."""
     seen[cls] = path
     hints = typing.get_type_hints(cls)
     docs = _class_docstrings(cls)
@@ -181,31 +182,43 @@ def _section(cls: type, path: str, messages: list[str], seen: dict[type, str],
         lines += [" ".join(cls.__doc__.split()), ""]
     lines += [f"*{cls.__module__}.{cls.__name__}*", "",
               "| key | type | default | meaning | rules |", "| --- | --- | --- | --- | --- |"]
-    nested = []
+    rows = []
     for f in dataclasses.fields(cls):
         name = (yaml_names or {}).get(f.name, f.name)
         if name is None:
             continue
+        if not docs.get(f.name, "").strip():
+            raise SystemExit(f"{cls.__module__}.{cls.__name__}.{f.name} has no docstring: add "
+                             "one below the field (the spec reference is made from them)")
+        rows.append((name, hints[f.name], _default(f), docs[f.name]))
+    nested = []
+    for name, tp, default, meaning in [*rows, *extra]:
         key = f"{path}.{name}" if path else name
-        if _named_pairs(hints[f.name]):  # rule name -> settings (``prune: {<rule>: {...}}``)
+        if _named_pairs(tp):  # rule name -> settings (``prune: {<rule>: {...}}``)
             key = f"{path}.<{name.removesuffix('s')}>"
-        sub = _inner_dataclass(hints[f.name])
-        meaning = docs.get(f.name, "")
+        sub = _inner_dataclass(tp)
         if sub is not None and sub in seen:
             meaning += f" (keys as [`{seen[sub]}`](#{_anchor(seen[sub])}))"
         elif sub is not None:
             meaning += f" (keys: [`{key}`](#{_anchor(key)}))"
             nested.append((sub, key))
-        if not meaning.strip():
-            raise SystemExit(f"{cls.__module__}.{cls.__name__}.{f.name} has no docstring: add "
-                             "one below the field (the spec reference is made from them)")
         rules = "; ".join(_rules(key, messages, local))
-        lines.append(f"| `{key}` | {_type_name(hints[f.name])} | {_default(f)} | "
+        lines.append(f"| `{key}` | {_type_name(tp)} | {default} | "
                      f"{_esc(meaning.strip())} | {_esc(rules)} |")
     lines.append("")
     for sub, key in nested:
         lines += _section(sub, key, messages, seen)
     return lines
+
+
+def _settings_rows() -> list[tuple[str, Any, str, str]]:
+    """A row per algorithm with its own settings block (``algorithm: law``'s ``law:``)."""
+    from sweeps.spec.algorithm import SEARCHERS, plugin
+
+    return [(p.settings_key, p.settings_type | None, "`null`",
+             f"``algorithm: {p.name}``'s settings (``{p.settings_type.__module__}."
+             f"{p.settings_type.__name__}``).")
+            for p in map(plugin, SEARCHERS) if p.settings_key is not None]
 
 
 def _anchor(path: str) -> str:
@@ -237,7 +250,7 @@ def render() -> str:
         "# Sweep spec",
         "",
     ]
-    lines += _section(spec_mod.SweepSpec, "", messages, seen, SPEC_YAML)
+    lines += _section(spec_mod.SweepSpec, "", messages, seen, SPEC_YAML, _settings_rows())
     lines += ["# Training config (`base:`)", ""]
     lines += _section(TrainConfig, "base", messages, seen)
     lines += ["# Model dimensions (not YAML keys)", "",
@@ -245,7 +258,7 @@ def render() -> str:
               "checkpoint's config.json resolves to; shown for reference, set through them.", ""]
     lines += _section(ModelConfig, "ModelConfig", messages, seen)
     text = "\n".join(lines).rstrip() + "\n"
-    for key in sorted(getattr(spec_mod, "TOP_KEYS", ())):
+    for key in sorted(spec_mod.top_keys()):
         if f"| `{key}" not in text:
             raise SystemExit(f"top-level spec key {key!r} is missing from the reference: map it "
                              "in SPEC_YAML of tools/gen_spec_reference.py")

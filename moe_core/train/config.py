@@ -18,17 +18,17 @@ from moe_core.config import ModelConfig, MoEConfig, _check, from_mapping
 from moe_core.config import (
     coerce_number as coerce_number,  # re-exported (sweeps.spec.sweep uses it)
 )
-from moe_core.configio import (  # noqa: F401 (re-exported: the YAML front door's home)
-    apply_overrides,
-    load_yaml,
-    parse_override_value,
-)
 from moe_core.data.config import DataConfig
 from moe_core.errors import ConfigError, shown
 from moe_core.hf_config import pretrained_model_config, pretrained_moe
 from moe_core.presets import model_config, preset
 from moe_core.schedules import LRPolicyConfig, ScheduleConfig
 from moe_core.upcycle.strategies import STRATEGIES
+from moe_core.yamlio import (  # noqa: F401 (re-exported: the YAML front door's home)
+    apply_overrides,
+    load_yaml,
+    parse_override_value,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,7 +15,7 @@ from moe_core.configio import unknown_key
 from moe_core.errors import SearchSpaceError
 from moe_core.train.config import TrainConfig
 from sweeps.law.candidates import candidates_from_plan
-from sweeps.law.config import parse_law_block
+from sweeps.law.config import LawSearchConfig, parse_law_block
 from sweeps.law.report import describe_outcome, outcome
 from sweeps.plan.build import extends_stable, on_demand_starts
 from sweeps.spec.algorithm import Algorithm, load
@@ -41,6 +41,7 @@ class LawSearch(Algorithm):
 
     name = "law"
     settings_key = "law"
+    settings_type = LawSearchConfig
     keeps_state = True  # law_search.json, next to the results
     trains_up_front = False  # each trial trains (or loads) its own parent and stable run
     plan_title = "candidates"
@@ -53,7 +54,7 @@ class LawSearch(Algorithm):
                                "alpha3, ci_width: 0.1}")
 
     def validate(self, spec: Any) -> None:
-        law = spec.law
+        law = spec.settings
         if spec.sampled_params():
             raise SearchSpaceError(
                 f"search.{spec.sampled_params()[0].key}: algorithm=law picks its trials from "
@@ -76,9 +77,9 @@ class LawSearch(Algorithm):
                 raise SearchSpaceError(f"law.box.{k}: {problem}")
 
     def describe_plan(self, spec: Any, plan: Any) -> list[str]:
-        cap = spec.law.max_trials or plan.num_trials
+        cap = spec.settings.max_trials or plan.num_trials
         lines = [f"algorithm=law: the searcher picks at most {min(cap, plan.num_trials)} of "
-                 f"these {plan.num_trials} candidates at run time (target {spec.law.target}); "
+                 f"these {plan.num_trials} candidates at run time (target {spec.settings.target}); "
                  "the totals below are for all of them"]
         if plan.branch_groups:
             lines.append("WSD stable runs are not trained up front: a trial trains its group's "
@@ -88,12 +89,12 @@ class LawSearch(Algorithm):
         return lines
 
     def record(self, spec: Any) -> Any:
-        rec = dataclasses.asdict(spec.law)
+        rec = dataclasses.asdict(spec.settings)
         return {k: v for k, v in rec.items() if not (k in ADDED and v == ADDED[k])}
 
     def trial_cap(self, spec: Any, plan: Any) -> tuple[int, bool]:
         # runs at most max_trials of its candidates (and may stop sooner)
-        return min(plan.num_trials, spec.law.max_trials or plan.num_trials), True
+        return min(plan.num_trials, spec.settings.max_trials or plan.num_trials), True
 
     def param_space(self, spec: Any) -> dict[str, Any]:
         return {}  # the searcher suggests whole search points
@@ -102,7 +103,7 @@ class LawSearch(Algorithm):
         """The searcher keeps its state in ``results_dir``: restored with the experiment, it
         reads its own state file too, so a resume never starts the design over (ray#30861)."""
         return load("sweeps.law.searcher:LawSearcher")(
-            spec.law, candidates_from_plan(spec, plan), metric=spec.metric, mode=spec.mode,
+            spec.settings, candidates_from_plan(spec, plan), metric=spec.metric, mode=spec.mode,
             state_dir=results_dir)
 
     def num_samples(self, spec: Any, searcher: Any) -> int:
@@ -161,7 +162,7 @@ class LawSearch(Algorithm):
         state = self.state(results_dir)
         if state is None:
             return {}
-        return {"law": outcome(spec.law, state, len(candidates_from_plan(spec, plan)))}
+        return {"law": outcome(spec.settings, state, len(candidates_from_plan(spec, plan)))}
 
     def closing_line(self, spec: Any, summary: Mapping[str, Any]) -> str | None:
-        return describe_outcome(spec.law, summary["law"]) if "law" in summary else None
+        return describe_outcome(spec.settings, summary["law"]) if "law" in summary else None

@@ -21,7 +21,7 @@ def candidates_from_plan(spec, plan) -> list[Candidate]:
     trial that branches (``sweeps.plan.build.extends_stable``) shares its group's WSD stable run,
     which is trained on demand only to the longest chosen member's decay start (its
     ``stable_flops``: 6·N2·tokens up to its own decay start)."""
-    cfg = spec.law
+    cfg = spec.settings
     if cfg.candidates == "grid":
         points = list(iter_grid(spec))
     else:

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 from moe_core.configio import coerce_number, decode
-from moe_core.errors import ConfigError, SearchSpaceError, shown
+from moe_core.errors import SearchSpaceError, shown
 from scaling.interval import AUTO, MAX_WIDEN, noise_model_name, resolve_widen
 from sweeps.law.limits import check_law, finite_range
 
@@ -288,9 +288,4 @@ def parse_law_block(raw: Any) -> LawSearchConfig:
     """The spec's ``law:`` mapping as a validated :class:`LawSearchConfig` (``decode``)."""
     if not isinstance(raw, dict):
         raise _err("law must be a mapping, e.g. {law: eq8, target: dstar, ci_width: 0.1}")
-    try:
-        return decode(LawSearchConfig, _new_shape(raw), "law")
-    except SearchSpaceError:
-        raise
-    except ConfigError as e:
-        raise _err(str(e)) from None
+    return decode(LawSearchConfig, _new_shape(raw), "law", SearchSpaceError)

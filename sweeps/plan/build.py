@@ -28,12 +28,20 @@ from typing import Any
 from moe_core.errors import ConfigError
 from moe_core.params import count_params
 from moe_core.schedules import run_schedule
-from moe_core.train.config import TrainConfig
+from moe_core.train.config import TrainConfig, train_config_from_dict
 from moe_core.train.keys import parent_key
 from sweeps.plan.resources import local_cluster, resolve_gpus
 from sweeps.spec.algorithm import plugin
 from sweeps.spec.sweep import SweepSpec
-from sweeps.spec.trials import iter_grid, knob_values, point_key, take_config
+from sweeps.spec.trials import (
+    Built,
+    build_configs,
+    experts_kernels,
+    iter_grid,
+    knob_values,
+    point_key,
+    trial_dict,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,9 @@ class SweepPlan:
     sampled: tuple[str, ...]
     """Knobs sampled at run time (random / Optuna)."""
     _index: dict[str, TrialPlan] = field(default_factory=dict, repr=False)
+    kernels: frozenset[str] = frozenset()
+    """The ``moe.experts_kernel`` values of every validated trial config
+    (``sweeps.spec.trials.check_kernels``); last, so a plan pickled before it unpickles."""
 
     @property
     def num_trials(self) -> int:
@@ -161,10 +172,14 @@ def _stable_key(cfg_dict: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def plan_trial(spec: SweepSpec, point: Mapping[str, Any]) -> TrialPlan:
-    """Config, knob values, size, parent and branch facts of one search point."""
+def plan_trial(spec: SweepSpec, point: Mapping[str, Any], built: Built | None = None
+               ) -> TrialPlan:
+    """Config, knob values, size, parent and branch facts of one search point (its config
+    taken from ``built`` when there, else built now)."""
     point = dict(point)
-    d, cfg = take_config(spec, point)  # as validation built them, if it did
+    got = (built or {}).get(point_key(point))
+    d = got[0] if got is not None else trial_dict(spec, point)
+    cfg = got[1] if got is not None else train_config_from_dict(d)
     if spec.export == "hf":  # refuse a model with no exact HF form before any training
         from moe_core.hf.save import export_arch  # noqa: PLC0415 (torch: only for export: hf)
 
@@ -326,8 +341,10 @@ def on_demand_starts(spec: SweepSpec, trials: Iterable[TrialPlan]) -> dict[str, 
 
 
 def build_plan(spec: SweepSpec) -> SweepPlan:
-    """The plan of a validated spec (grid points × num_samples)."""
-    trials = [plan_trial(spec, pt) for pt in iter_grid(spec)]
+    """The plan of a spec (grid points × num_samples). Building it is the validation of the
+    search: every trial config is built here, once (``sweeps.spec.trials.build_configs``)."""
+    built = build_configs(spec)
+    trials = [plan_trial(spec, pt, built) for pt in iter_grid(spec)]
     parents: dict[str, ParentPlan] = {}
     for t in trials:
         if t.parent_key is None:
@@ -345,7 +362,7 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
         parents[t.parent_key] = dataclasses.replace(
             p, trials=p.trials + spec.num_samples, needs_optimizer=p.needs_optimizer or expands)
     index = {point_key(t.point): t for t in reversed(trials)}  # the first of equal points
-    spec.validated.clear()  # taken: the spec does not carry them on to the trials
     return SweepPlan(trials=tuple(trials), parents=parents,
                      branch_groups=_branch_groups(spec, trials), num_samples=spec.num_samples,
-                     sampled=tuple(p.key for p in spec.sampled_params()), _index=index)
+                     sampled=tuple(p.key for p in spec.sampled_params()),
+                     kernels=experts_kernels(built), _index=index)

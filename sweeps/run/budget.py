@@ -12,7 +12,7 @@ always the current run's, never the pickled ones.
 At 80 % of a limit it warns once; at 100 % it stops the sweep through Tune's own graceful
 interrupt (``SIGUSR1``, the handler Tune installs next to SIGINT's): no trial is launched,
 running trials stop with their last checkpoint and experiment state saved, every row is kept,
-and the cut trials get status ``budget`` (``sweeps.store.sink.reconcile``).
+and the cut trials get status ``budget`` (``sweeps.store.trial_outcomes.reconcile``).
 """
 
 from __future__ import annotations

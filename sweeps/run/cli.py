@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     # driver resolves it again against the running cluster)
     seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
                              else resources.local_cluster())
-    check_kernels(seen)  # liger asked for on trials that resolve to the CPU
+    check_kernels(seen, plan.kernels)  # liger asked for on trials that resolve to the CPU
     checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
         seen, plan, gpu=gpu, concurrent=args.max_concurrent, nodes=nodes,
         local=args.address is None and not types)

@@ -52,8 +52,9 @@ from sweeps.store.results import (
     write_summary,
 )
 from sweeps.store.signing import KEY_FILE_ENV, verify_tree
-from sweeps.store.sink import ResultsSink, error_reason, reconcile, recorded_prune, row_from_result
+from sweeps.store.sink import ResultsSink, row_from_result
 from sweeps.store.storage import S3_SETTINGS, STAGING_ENV, Location, join_uri, staging_dir
+from sweeps.store.trial_outcomes import error_reason, reconcile, recorded_prune
 from sweeps.store.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 from sweeps.testing import faults
 

@@ -1,27 +1,11 @@
 """Health rules: the spec's ``prune:`` block, as frozen validated dataclasses and a pure checker.
 
-A rule names a router-health statistic every eval reports and a threshold; the trial is pruned
-when the statistic is above it for ``for_evals`` consecutive evals, counting only the evals at or
-after ``after_tokens`` (002 §4 monitors these by hand; 003 warns of router collapse):
-
-=====================  ==============================  ======================================
-rule                   reported column                 fires on
-=====================  ==============================  ======================================
-``max_load_fraction``  ``router.max_load``             router collapse (one expert takes most)
-``dead_experts``       ``router.dead_experts``         experts no validation token reaches
-``expert_similarity``  ``router.expert_similarity``    upcycled copies that never diverge
-``transition_jump``    ``transition_jump``             the cold start at the transition τ
-``drop_rate``          ``router.drop_rate``            tokens dropped by the capacity factor
-``max_vio``            ``router.max_vio``              load imbalance (MaxVio, 0 = balanced)
-=====================  ==============================  ======================================
-
-Every rule but ``transition_jump`` reads the mean over the MoE layers (``dead_experts``: their
-sum) by default; ``layers: worst`` reads the least healthy layer instead
-(``router.<stat>.worst``, ``moe_core.train.evaluate.layer_health``), where one collapsed layer
-is not hidden by the others.
-
-``sweeps.run.health.HealthStopper`` applies the rules to every reported row (a Ray Tune ``Stopper``,
-so it composes with any scheduler). This module has no Ray import.
+A rule names a router-health statistic every eval reports (:data:`RULE_METRICS`) and a
+threshold; the trial is pruned when the statistic is above it for ``for_evals`` consecutive evals
+at or after ``after_tokens`` (002 §4 monitors these by hand; 003 warns of router collapse).
+``layers: worst`` reads the least healthy MoE layer instead of the mean. The rules, their columns
+and what each catches: docs/early-stopping.md. ``sweeps.run.health.HealthStopper`` applies them
+to every reported row (a Tune ``Stopper``). This module has no Ray import.
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     settings_key: ClassVar[str | None] = None
-    """The spec key holding this algorithm's own settings (recorded for ``--resume``)."""
+    """The spec key holding this algorithm's own settings (``SweepSpec.settings``; recorded for
+    ``--resume``)."""
+    settings_type: ClassVar[type | None] = None
+    """The frozen dataclass of those settings (the spec reference documents its keys)."""
     trains_up_front: ClassVar[bool] = True
     """Parents and WSD stable runs are trained before the trials (else each trial trains its
     own on demand)."""
@@ -52,7 +55,7 @@ class Algorithm:
     # ---- before anything runs (pure: also for --dry-run) ---------------------------------
 
     def parse_settings(self, raw: Any) -> Any:
-        """The spec's ``settings_key`` block as this algorithm's frozen settings."""
+        """The spec's ``settings_key`` block as this algorithm's frozen ``settings_type``."""
         return None
 
     def settings_missing(self) -> None:
@@ -155,20 +158,23 @@ def _with_settings() -> list[Algorithm]:
     return [p for p in map(plugin, SEARCHERS) if p.settings_key is not None]
 
 
-def check_settings(algorithm: str, blocks: Mapping[str, Any]) -> None:
-    """Refuse an algorithm's settings block given for another algorithm, or missing for its
-    own (``blocks``: the spec file's blocks by key)."""
+def settings_keys() -> tuple[str, ...]:
+    """The spec keys of the algorithms' own settings blocks (top-level keys of a spec)."""
+    return tuple(p.settings_key for p in _with_settings())
+
+
+def decode_settings(algorithm: str, raw: Mapping[str, Any]) -> Any:
+    """The spec's algorithm's settings, decoded by its plug-in from its block of the spec
+    mapping ``raw`` (None when it has none); a block given for another algorithm, or missing
+    for its own, is refused."""
+    settings = None
     for p in _with_settings():
         key = p.settings_key
-        if p.name != algorithm and blocks.get(key) is not None:
+        if p.name != algorithm and raw.get(key) is not None:
             raise SearchSpaceError(f"{key}: is set but algorithm is not {p.name}; set "
                                    f"algorithm: {p.name} or drop it")
-        if p.name == algorithm and blocks.get(key) is None:
-            p.settings_missing()
-
-
-def decode_settings(algorithm: str, blocks: Mapping[str, Any]) -> dict[str, Any]:
-    """``{settings_key: settings}`` of every algorithm that has a block: the spec's own
-    algorithm's decoded by its plug-in, None for the others."""
-    return {p.settings_key: p.parse_settings(blocks[p.settings_key]) if p.name == algorithm
-            else None for p in _with_settings()}
+        if p.name == algorithm:
+            if raw.get(key) is None:
+                p.settings_missing()
+            settings = p.parse_settings(raw[key])
+    return settings

@@ -3,13 +3,16 @@
 A spec has a ``base`` trial config (the ``moe_core.train`` format), a ``search`` space over dotted
 keys of it (:mod:`sweeps.spec.space`), and how to search (algorithm, scheduler, samples, resources,
 logging, results). The YAML is decoded in one ``moe_core.configio.decode`` call into
-``_SpecFile``, which mirrors it key for key, then the :class:`SweepSpec` is built from it and
-validated (:mod:`sweeps.spec.trials`). Every rule raises ``SearchSpaceError`` naming the YAML key
+``_SpecFile``, which mirrors it key for key with every part typed (``search``, ``scheduler`` and
+``prune`` decoded by their validators; the algorithm's own settings block, e.g. ``law:``, by its
+plug-in), and moved into a :class:`SweepSpec`. Building the plan (``sweeps.plan.build``) builds
+and so validates every trial config. Every rule raises ``SearchSpaceError`` naming the YAML key
 and the fix.
 """
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,29 +20,32 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
 
-from moe_core.configio import (
-    apply_overrides,
-    coerce_number,
-    decode,
-    load_yaml,
-    override_key,
-    parse_override_value,
-)
+from moe_core.configio import coerce_number, decode
 from moe_core.errors import ConfigError, SearchSpaceError, shown
 from moe_core.train.config import TrainConfig, train_config_from_dict
+from moe_core.yamlio import apply_overrides, load_yaml, override_key, parse_override_value
 from scaling.predict import METHODS as PREDICTORS
-from sweeps.law.config import LawSearchConfig
 from sweeps.run.prune import PruneConfig, parse_prune
 from sweeps.spec import algorithm as algorithm_plugins
 from sweeps.spec.algorithm import AlgorithmName, SchedulerName
 from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.space import DISTRIBUTIONS, Distribution, SearchSpace
-from sweeps.spec.trials import validate
 from sweeps.store.storage import check_uri, is_url, join_uri, local_form
 from sweeps.store.wandb_keys import PROJECT
 
 ALGORITHMS = typing.get_args(AlgorithmName)
 SCHEDULERS = typing.get_args(SchedulerName)
+MAX_TRIALS = 10_000
+"""Most trials a spec may define (grid points × seeds × num_samples), and most trial configs
+validation builds (grid points × every value or bound of the sampled knobs)."""
+METRICS = {"val_loss", "train_loss", "aux_loss", "router.max_load", "router.entropy",
+           "router.max1_max2", "router.expert_similarity", "router.dead_experts"}
+"""What trials report, and so what ``metric`` may name."""
+MAX_CPUS = 1024.0
+"""CPUs one trial rank may reserve (the largest machines have a few hundred)."""
+MAX_GPUS = 64.0
+"""GPUs one trial rank may reserve (a node has at most 16; fractions share one)."""
+MAX_RANKS = 4096
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
 (``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
@@ -113,6 +119,20 @@ class Resources:
     """> 0: each trial's driver bundle also asks for this much of the custom resource
     ``trial_driver`` (only on-demand nodes have it in sweeps/cluster/*.yaml), keeping trial
     drivers off spot nodes (``sweeps.plan.preflight.custom_resources``); 0: off."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks, bool) or not 1 <= self.ranks <= MAX_RANKS:
+            raise _err(f"resources.ranks={self.ranks} must be >= 1 (an integer, at most "
+                       f"{MAX_RANKS:,})")
+        if not 0 < self.cpus <= MAX_CPUS:
+            raise _err(f"resources.cpus={self.cpus} must be > 0 and at most {MAX_CPUS:g} (CPUs "
+                       "each trial rank reserves)")
+        if self.gpus != "auto" and not 0 <= self.gpus <= MAX_GPUS:
+            raise _err(f"resources.gpus={self.gpus} must lie in [0, {MAX_GPUS:g}] (GPUs each "
+                       "trial rank reserves; fractions share one), or be auto")
+        if not 0 <= self.trial_driver < math.inf:
+            raise _err(f"resources.trial_driver={self.trial_driver} must be >= 0 (e.g. 0.01: a "
+                       "share of a node's trial_driver slots; 0 turns it off)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,16 +276,12 @@ class SweepSpec:
     prune: PruneConfig = field(default_factory=PruneConfig)
     """Health rules (``sweeps.run.prune``): a trial is stopped and recorded as pruned when one
     fires."""
-    law: LawSearchConfig | None = None
-    """``algorithm: law``'s settings (:class:`sweeps.law.config.LawSearchConfig`)."""
+    settings: Any = None
+    """The algorithm's own settings block, decoded by its plug-in (``Algorithm.settings_key``
+    names the YAML key; None for an algorithm without one)."""
     budget: BudgetConfig | None = None
     """Limits the driver enforces (:class:`sweeps.spec.budget.BudgetConfig`): at 100 % of one
     it stops the sweep, resumable with a raised budget; None = no limit."""
-    validated: dict[str, tuple[dict[str, Any], TrainConfig]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    """The trial config dicts and configs validation built, by search point
-    (``sweeps.spec.trials.point_key``): ``sweeps.plan.build.build_plan`` takes them instead of
-    building them again (not a YAML key)."""
 
     @property
     def base_config(self) -> TrainConfig:
@@ -316,20 +332,31 @@ def _concurrency(v: Any) -> Any:
     return v
 
 
+def _search(raw: Any) -> tuple[Distribution, ...]:
+    return SearchSpace.parse(raw, TrainConfig).params
+
+
+def _scheduler(raw: Any) -> tuple[str, AshaConfig]:
+    """``scheduler: asha``, or ``{kind: asha, ...}`` with ASHA's settings: (kind, settings)."""
+    kind = raw.get("kind", "fifo") if isinstance(raw, dict) else raw
+    if kind not in SCHEDULERS:
+        raise _err(f"scheduler={kind!r} is not known; use one of {', '.join(SCHEDULERS)}")
+    rest = {k: v for k, v in raw.items() if k != "kind"} if isinstance(raw, dict) else {}
+    return kind, decode(AshaConfig, rest, "scheduler")
+
+
 @dataclass(frozen=True, slots=True)
 class _SpecFile:
-    """A spec file as written, decoded by ``moe_core.configio.decode``. ``base``, ``search``,
-    ``prune`` and ``law`` are decoded by their own parsers (``sweep`` checked here): they keep
-    their messages. ``num_samples`` and ``max_concurrent`` are checked before the decoder's
-    generic integer rules so that their messages name the bound (and a huge sample count the
-    trial cap)."""
+    """A spec file as written (but the algorithms' settings blocks), decoded by
+    ``moe_core.configio.decode``: ``search``, ``scheduler``, ``prune``, ``num_samples`` and
+    ``max_concurrent`` through validators that keep their messages."""
 
     sweep: Any = None
     description: str = ""
     base: Any = None
-    search: Any = None
+    search: Annotated[Any, BeforeValidator(_search)] = ()
     algorithm: str = "grid"
-    scheduler: str | dict[str, Any] = "fifo"
+    scheduler: Annotated[Any, BeforeValidator(_scheduler)] = ("fifo", AshaConfig())
     num_samples: Annotated[Any, BeforeValidator(_count)] = 1
     metric: str = "val_loss"
     mode: str = "min"
@@ -343,8 +370,7 @@ class _SpecFile:
     storage: StorageConfig = field(default_factory=StorageConfig)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     export: str | None = None
-    prune: Any = None
-    law: Any = None
+    prune: Annotated[Any, BeforeValidator(parse_prune)] = PruneConfig()
     budget: BudgetConfig | None = None
 
     def __post_init__(self) -> None:
@@ -358,9 +384,6 @@ class _SpecFile:
         if self.algorithm not in ALGORITHMS:
             raise _err(f"algorithm={self.algorithm!r} is not known; use one of "
                        f"{', '.join(ALGORITHMS)}")
-        if self.scheduler_kind not in SCHEDULERS:
-            raise _err(f"scheduler={self.scheduler_kind!r} is not known; use one of "
-                       f"{', '.join(SCHEDULERS)}")
         if self.mode not in ("min", "max"):
             raise _err(f"mode={shown(self.mode)} must be 'min' or 'max'")
         repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
@@ -369,21 +392,13 @@ class _SpecFile:
                        "once")
         if self.export is not None and self.export not in EXPORTS:
             raise _err(f"export={shown(self.export)} is not known; use hf, or leave it out")
-        algorithm_plugins.check_settings(self.algorithm, self.blocks)
-
-    @property
-    def blocks(self) -> dict[str, Any]:
-        """The spec file's top-level blocks by key (an algorithm's settings among them)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @property
-    def scheduler_kind(self) -> Any:
-        s = self.scheduler
-        return s.get("kind", "fifo") if isinstance(s, dict) else s
 
 
-TOP_KEYS = {f for f in _SpecFile.__dataclass_fields__}
-"""The top-level keys of a spec."""
+def top_keys() -> set[str]:
+    """The top-level keys of a spec: the file's, and each algorithm's settings block."""
+    return set(_SpecFile.__dataclass_fields__) | set(algorithm_plugins.settings_keys())
+
+
 _NULL_IS_DEFAULT = ("description", "search", "metric", "resources", "logging", "results",
                     "failure", "seeds", "wsd_branches", "storage", "checkpoint")
 """Keys whose null means their default."""
@@ -392,8 +407,11 @@ _SECTIONS = ("resources", "failure", "storage", "checkpoint")
 
 
 def _as_file(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` with nulls that mean the defaults dropped and sections' ``kind`` keys removed."""
-    out = {k: v for k, v in raw.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+    """``raw`` without the settings blocks, nulls that mean the defaults and sections' ``kind``
+    keys."""
+    own = algorithm_plugins.settings_keys()
+    out = {k: v for k, v in raw.items()
+           if k not in own and not (v is None and k in _NULL_IS_DEFAULT)}
     for k in _SECTIONS:
         if isinstance(out.get(k), dict):
             out[k] = {a: b for a, b in out[k].items() if a != "kind"}
@@ -403,40 +421,59 @@ def _as_file(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _decoded(tp: Any, data: Any, key: str) -> Any:
-    try:
-        return decode(tp, data, key)
-    except SearchSpaceError:
-        raise
-    except ConfigError as e:
-        raise _err(str(e)) from None
-
-
 def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
-    """Validate a spec mapping (after overrides) into a SweepSpec; see
-    :func:`sweeps.spec.trials.validate`."""
-    unknown = sorted(set(raw) - TOP_KEYS, key=str)
+    """A spec mapping (after overrides) as a SweepSpec, each rule that needs no trial config
+    checked; ``sweeps.plan.build.build_plan`` builds (and so checks) the trial configs."""
+    unknown = sorted(set(raw) - top_keys(), key=str)
     if unknown:
         raise _err(f"unknown top-level key {shown(unknown[0], 100)}; known: "
-                   f"{', '.join(sorted(TOP_KEYS))}")
-    f = _decoded(_SpecFile, _as_file(raw), "")
-    asha = AshaConfig()
-    if isinstance(f.scheduler, dict):  # the keys besides kind: ASHA's settings
-        asha = _decoded(AshaConfig, {k: v for k, v in f.scheduler.items() if k != "kind"},
-                        "scheduler")
+                   f"{', '.join(sorted(top_keys()))}")
+    f = decode(_SpecFile, _as_file(raw), "", SearchSpaceError)
     spec = SweepSpec(
-        name=f.sweep, base=f.base, search=SearchSpace.parse(f.search, TrainConfig).params,
-        algorithm=f.algorithm, scheduler=f.scheduler_kind, asha=asha, num_samples=f.num_samples,
+        name=f.sweep, base=f.base, search=f.search, algorithm=f.algorithm,
+        scheduler=f.scheduler[0], asha=f.scheduler[1], num_samples=f.num_samples,
         metric=f.metric, mode=f.mode, resources=f.resources, max_concurrent=f.max_concurrent,
         wandb=f.logging.wandb or WandbConfig(), results=_results_root(f.results),
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
-        export=f.export, prune=parse_prune(f.prune),
-        **algorithm_plugins.decode_settings(f.algorithm, f.blocks),
-        budget=f.budget,
-    )
-    validate(spec)
+        export=f.export, prune=f.prune, budget=f.budget,
+        settings=algorithm_plugins.decode_settings(f.algorithm, raw))
+    _check(spec)
     return spec
+
+
+def _check(spec: SweepSpec) -> None:
+    """The rules across keys: each knob once, the trial cap, the algorithm's and the
+    scheduler's own checks, the base config, the metric."""
+    keys = [p.key for p in spec.search]
+    dup = {k for k in keys if keys.count(k) > 1}
+    if dup:
+        raise _err(f"search.{sorted(dup)[0]} appears twice")
+    _check_counts(spec)
+    for algorithm in algorithm_plugins.plugins(spec):
+        algorithm.validate(spec)
+    try:
+        _ = spec.base_config
+    except ConfigError as e:
+        raise _err(f"base: {e}") from None
+    if spec.metric not in METRICS:
+        raise _err(f"metric={spec.metric!r} is not reported by trials; use one of "
+                   f"{', '.join(sorted(METRICS))}")
+
+
+def _check_counts(spec: SweepSpec) -> None:
+    """At most ``MAX_TRIALS`` trials, and at most as many trial configs to validate, counted
+    before anything is enumerated."""
+    grid = math.prod(len(p.values) for p in spec.grid_params()) * max(1, len(spec.seeds))
+    if grid * spec.num_samples > MAX_TRIALS:
+        raise _err(f"num_samples={spec.num_samples:,} × {grid:,} grid point(s) (search.*.grid "
+                   f"× seeds) = {grid * spec.num_samples:,} trials, more than {MAX_TRIALS:,}; "
+                   "lower num_samples or shrink the grid")
+    corners = math.prod(len(p.corners()) for p in spec.sampled_params())
+    if grid * corners > MAX_TRIALS:
+        raise _err(f"validating the search builds {grid:,} grid point(s) × {corners:,} "
+                   f"combinations of the sampled knobs' values and bounds, more than "
+                   f"{MAX_TRIALS:,} trial configs; list fewer choice values or shrink the grid")
 
 
 def _results_root(results: str) -> str:

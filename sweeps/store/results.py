@@ -370,11 +370,6 @@ def final_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for r in best.values()]
 
 
-def knob_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Knob columns present in ``rows`` (sorted)."""
-    return sorted({k for r in rows for k in r if k.startswith(KNOB_PREFIX)})
-
-
 # ---- summary.json --------------------------------------------------------------------------
 
 

@@ -21,9 +21,8 @@ On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parque
 unsealed trials, if it is readable at all), the log, and Tune's own trial records
 (``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
 
-On object storage (``results: s3://...``; ``sweeps.store.storage``) there is no append or fsync:
-each log record is its own write-once object (``rows/wal-NNNNNN-MMMMMMMM.jsonl``), durable when
-its PUT returns; replay reads them in name order; parts and ``results.parquet`` are whole objects.
+On object storage (``results: s3://...``) each log record is its own write-once object
+(``sweeps.store.wal.ObjectLog``, docs/storage.md); parts and ``results.parquet`` are whole objects.
 """
 
 from __future__ import annotations
@@ -57,13 +56,7 @@ from sweeps.store.results import (
     write_stream,
 )
 from sweeps.store.storage import Location, is_url
-from sweeps.store.trial_outcomes import (  # noqa: F401 - reconcile & co.: imported from here too
-    apply_mark,
-    error_reason,
-    mark_changes,
-    reconcile,
-    recorded_prune,
-)
+from sweeps.store.trial_outcomes import apply_mark, mark_changes
 from sweeps.store.trust import UntrustedStateError
 from sweeps.store.wal import LocalLog, ObjectLog, Syncer
 
@@ -139,14 +132,16 @@ class ResultsSink:
         self.log_dir = self.dir / "rows"
         self.part_dir = self.dir / "parts"
         self.flush_s = flush_s
-        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
-        self._syncer: Syncer | None = None
-        self._last_flush = time.time()  # the first rewrite comes flush_s after the start
         self._segment = 0
         self.write_errors: list[str] = []
         self._reset()
 
     def _reset(self) -> None:
+        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
+        self._syncer: Syncer | None = None
+        self._last_flush = time.time()  # the first rewrite comes flush_s after the start
+        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
+        self._last_flush = time.time()  # the first rewrite comes flush_s after the start
         self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # running trial → step → row
         self._last: dict[str, int] = {}  # trial → its highest step (a rewind check in O(1))
         self._tables: dict[str, pa.Table] = {}  # running trials', rebuilt only when changed
@@ -171,9 +166,6 @@ class ResultsSink:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
-        self._syncer: Syncer | None = None
-        self._last_flush = time.time()
         self._reset()
 
     # ---- the log ---------------------------------------------------------------------------
@@ -603,8 +595,6 @@ class ResultsSink:
     def close(self) -> None:
         self.flush(wait=True)
         if self._log is not None:
-            self._log, log = None, self._log
-            log.close()
+            self._log, _ = None, self._log.close()
         if self._syncer is not None:
-            self._syncer, syncer = None, self._syncer
-            syncer.stop()
+            self._syncer, _ = None, self._syncer.stop()

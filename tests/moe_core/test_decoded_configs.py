@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from moe_core.configio import load_yaml
 from moe_core.errors import ConfigError
 from moe_core.train.config import train_config_from_dict
+from moe_core.yamlio import load_yaml
 from sweeps.spec.sweep import load_spec
 from sweeps.spec.trials import trial_dict, validation_points
 

@@ -20,7 +20,8 @@ from moe_core.errors import SearchSpaceError
 from sweeps.run import budget
 from sweeps.spec.budget import BudgetConfig, with_flags
 from sweeps.spec.sweep import parse_spec
-from sweeps.store.sink import ResultsSink, reconcile
+from sweeps.store.sink import ResultsSink
+from sweeps.store.trial_outcomes import reconcile
 from sweeps.testing.faults import COST_ENV, CostedReport
 from tests.sweeps.tiny import tiny_base
 

@@ -66,7 +66,7 @@ def test_spec_with_algorithm_law(tmp_path):
     from sweeps.spec.sweep import load_spec
 
     spec = load_spec("search_spaces/scaling_d1_d2_law.yaml")
-    assert spec.algorithm == "law" and spec.law.target == "dstar"
+    assert spec.algorithm == "law" and spec.settings.target == "dstar"
     with pytest.raises(SearchSpaceError, match="algorithm=law needs a law: block"):
         load_spec("search_spaces/scaling_d1_d2.yaml", ["algorithm=law"])
     # the plan has the grid's WSD branch groups; its trials train them on demand

@@ -9,7 +9,8 @@ import pickle
 import pyarrow.parquet as pq
 
 from sweeps.store.results import RESULTS_FILE, read_rows
-from sweeps.store.sink import ResultsSink, error_reason, reconcile
+from sweeps.store.sink import ResultsSink
+from sweeps.store.trial_outcomes import error_reason, reconcile
 
 
 def _row(t, step, **kw):

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from moe_core.errors import SearchSpaceError
+from sweeps.plan.build import build_plan
 from sweeps.spec.space import eval_expr
 from sweeps.spec.sweep import load_spec, parse_spec
 from sweeps.spec.trials import iter_grid, trial_config, trial_dict, validation_points
@@ -23,6 +24,11 @@ BASE = {
     "tokens": 4096,
 }
 
+
+
+def planned(raw):
+    """The plan of a spec mapping: building it validates every trial config."""
+    return build_plan(parse_spec(raw))
 
 def spec(**over):
     raw = {"sweep": "t", "base": copy.deepcopy(BASE), "search": {}}
@@ -89,13 +95,13 @@ def test_spec_rules(raw, match):
 def test_impossible_combinations_refused(search, match):
     algo = "random" if any("choice" in v for v in search.values()) else "grid"
     with pytest.raises(SearchSpaceError, match=match):
-        parse_spec(spec(search=search, algorithm=algo))
+        planned(spec(search=search, algorithm=algo))
 
 
 def test_batch_not_divisible_by_ranks_refused():
     raw = spec(resources={"ranks": 3})
     with pytest.raises(SearchSpaceError, match=r"global_batch=8 is not divisible by the 3 ranks"):
-        parse_spec(raw)
+        planned(raw)
 
 
 def test_tau_beyond_run_refused():
@@ -103,7 +109,7 @@ def test_tau_beyond_run_refused():
     raw["base"]["parent"] = {"tokens": 100, "moe": {"num_experts": 4, "top_k": 2}}
     raw["base"]["upcycle"] = {"method": "expand_experts"}
     with pytest.raises(SearchSpaceError, match=r"parent\.tokens=0 must be >= 1"):
-        parse_spec(raw)
+        planned(raw)
 
 
 def test_expand_experts_shapes_checked():
@@ -166,11 +172,13 @@ def test_shipped_search_spaces_validate_fast():
     assert len(files) >= 9
     # it names a checkpoint folder it cannot ship; tests/sweeps/test_hf_sweep.py runs it on one
     with pytest.raises(SearchSpaceError, match="checkpoints/my-llama"):
-        load_spec("search_spaces/upcycle_pretrained.yaml")
+        build_plan(load_spec("search_spaces/upcycle_pretrained.yaml"))
+    build_plan(load_spec(files[0]))  # the imports, once
     for f in (f for f in files if not f.endswith("upcycle_pretrained.yaml")):
         t = time.perf_counter()
         s = load_spec(f)
-        assert time.perf_counter() - t < 2.0, f
+        build_plan(s)  # builds (and so validates) every trial config, and plans them
+        assert time.perf_counter() - t < 5.0, f
         assert s.name == yaml.safe_load(open(f))["sweep"]
 
 
@@ -254,9 +262,11 @@ def test_spec_sections_decode_through_from_mapping():
         assert type(e.value) is SearchSpaceError and isinstance(e.value, ConfigError)
 
 
-def test_validation_builds_each_trial_config_once_for_the_plan(monkeypatch):
-    """A grid of N points: validation builds N trial configs and the plan takes them (N builds,
-    not 2N); the plan's configs are the very ones validation checked."""
+def test_building_the_plan_builds_each_trial_config_once(monkeypatch):
+    """A grid of N points: parsing the spec builds no trial config; building the plan builds
+    N (its validation), each the very config of its trial; the spec keeps none of them."""
+    import dataclasses
+
     import sweeps.spec.trials as trials
     from sweeps.plan.build import build_plan
 
@@ -270,10 +280,10 @@ def test_validation_builds_each_trial_config_once_for_the_plan(monkeypatch):
     monkeypatch.setattr(trials, "train_config_from_dict", counting)
     s = parse_spec(spec(search={"moe.top_k": {"grid": [1, 2]},
                                 "optim.lr": {"grid": [1e-3, 2e-3, 3e-3]}}))
-    assert len(built) == 6 and len(s.validated) == 6
+    assert built == []
     plan = build_plan(s)
-    assert len(built) == 6  # none built again
+    assert len(built) == 6
     assert [id(t.config) for t in plan.trials] == [id(c) for c in built]
-    assert s.validated == {}  # taken: not carried on to the trials
+    assert all(f.name != "validated" for f in dataclasses.fields(s))
     build_plan(s)
     assert len(built) == 12  # a second plan builds its own

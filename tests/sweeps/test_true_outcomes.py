@@ -15,7 +15,8 @@ from sweeps.run.driver import ResultsCallback
 from sweeps.run.health import HealthStopper
 from sweeps.spec.sweep import load_spec
 from sweeps.store.results import final_rows, read_rows, summarize
-from sweeps.store.sink import ResultsSink, reconcile
+from sweeps.store.sink import ResultsSink
+from sweeps.store.trial_outcomes import reconcile
 from tests.sweeps.tiny import tiny_base
 
 SPEC = {
