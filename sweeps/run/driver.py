@@ -458,12 +458,16 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
     else:
         verify_tree(loc.fs, (loc / "tune").path)
     fs, _, where = tune_storage(results_dir)
+    state = handler_of(fs)
+    if state.skipped and not state.generation:
+        raise UnsoundStateError(f"--resume: none of the {state.skipped} saves of Tune's state in "
+                                f"{where} is whole, so the run cannot be resumed as it was; "
+                                "restore the folder from a copy, or start afresh")
     if fs.get_file_info(f"{where}/tuner.pkl").type == pafs.FileType.File:  # else Tune starts
         check_tune_state(where, fs)  # over, after logging a traceback
-    skipped = handler_of(fs).skipped
-    if skipped:
-        console.progress(f"--resume: {skipped} newer save(s) of Tune's state were cut short (a "
-                         f"kill while saving): resuming from save {handler_of(fs).generation}")
+    if state.skipped:
+        console.progress(f"--resume: the newest {state.skipped} save(s) of Tune's state were cut "
+                         f"short (a kill while saving): resuming from save {state.generation}")
     return results_dir
 
 

@@ -39,6 +39,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from sweeps.store.storage import Location
+
 STATE_DIR = ".state"
 KEEP = 3
 """Manifests kept (the newest); older ones and objects no kept manifest names are deleted."""
@@ -52,15 +54,15 @@ def _is_state(name: str) -> bool:
     return bool(name) and "/" not in name and not name.startswith(".")
 
 
-def sound(name: str, data: bytes) -> bool:
-    """Whether a state file decodes as a whole: Tune's experiment state as a JSON object, the
-    rest (pickles, also those named ``*.json``) as a pickle stream whose STOP is its last byte.
-    Nothing is unpickled."""
-    if name.startswith("experiment_state-"):
-        try:
-            return isinstance(json.loads(data), dict)
-        except ValueError:
-            return False
+def _whole_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+        return True
+    except ValueError:
+        return False
+
+
+def _whole_pickle(data: bytes) -> bool:
     try:
         last = -1
         for op, _, pos in pickletools.genops(data):
@@ -68,6 +70,17 @@ def sound(name: str, data: bytes) -> bool:
         return last == len(data) - 1
     except Exception:  # noqa: BLE001 - any decoding error: not a whole pickle
         return False
+
+
+def sound(name: str, data: bytes) -> bool:
+    """Whether a state file decodes as a whole: Tune's experiment state as JSON, its other
+    ``.json`` / ``.pkl`` files (pickles, most of them) as JSON or as a pickle stream whose STOP
+    is its last byte. Nothing is unpickled; other files are taken as they are."""
+    if name.startswith("experiment_state-"):
+        return _whole_json(data)
+    if name.endswith((".json", ".pkl")):
+        return _whole_pickle(data) or _whole_json(data)
+    return True
 
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
@@ -180,8 +193,7 @@ class StateHandler(pafs.FileSystemHandler):
         self._next = 1
         self._open = 0
         self._txn = False
-        self.skipped = 0
-        """Newer manifests that failed their checks when the state was first read."""
+        self._skipped = 0
 
     def __reduce__(self):
         return StateHandler, (self.inner, self.root)
@@ -209,7 +221,7 @@ class StateHandler(pafs.FileSystemHandler):
     def _load(self) -> dict[str, Any]:
         with self._lock:
             if self._base is None:
-                base, self.skipped = newest_good(self.inner, self.root)
+                base, self._skipped = newest_good(self.inner, self.root)
                 self._base = base or {"generation": 0, "files": {}}
                 mans, gens = _listing(self.inner, self.root)
                 self._next = max([0, *mans, *gens]) + 1  # never reuse a generation's name
@@ -221,6 +233,12 @@ class StateHandler(pafs.FileSystemHandler):
         with self._lock:
             files = {**self._load()["files"], **self._pending}
             return {k: v for k, v in files.items() if v is not None}
+
+    @property
+    def skipped(self) -> int:
+        """Manifests newer than the committed one that failed their checks when read."""
+        self._load()
+        return self._skipped
 
     @property
     def generation(self) -> int:
@@ -433,8 +451,6 @@ def tune_storage(results_dir: Any) -> tuple[pafs.PyFileSystem, str, str]:
     """Tune's storage for a results folder (a local ``Path``, or a ``Location`` on object
     storage, seen through the signing filesystem): (filesystem, storage path, experiment
     folder ``<results>/tune``), the folder kept as generations and manifests."""
-    from sweeps.store.storage import Location
-
     if isinstance(results_dir, Location):
         inner, base = results_dir.signed().fs, results_dir.path
     else:

@@ -250,3 +250,46 @@ def test_a_pickle_is_whole_only_up_to_its_stop(data, ok):
     assert gen.sound("basic-variant-state-x.json", data) is ok
     assert gen.sound("experiment_state-x.json", b'{"a": 1}')
     assert not gen.sound("experiment_state-x.json", b'{"a": ')
+
+
+def _saved(tmp_path: Path, saves: int) -> tuple[pafs.FileSystem, str]:
+    """A results folder whose Tune state holds ``saves`` whole saves (as a run leaves it)."""
+    res = tmp_path / "results" / "t"
+    fs, _, where = gen.tune_storage(res)
+    with gen.committed_uploads():
+        _uploads(fs, where, tmp_path / "stage", saves)
+    return fs, where
+
+
+def _cut(where: str, name: str, gen_no: int) -> None:
+    obj = Path(where) / gen.STATE_DIR / f"g{gen_no:08d}" / name
+    obj.write_bytes(obj.read_bytes()[:obj.stat().st_size // 2])
+
+
+def test_resume_reads_the_save_before_a_cut_short_searcher_state(tmp_path, capsys):
+    """The failure seen once after kill -9 (basic-variant-state unreadable): --resume now
+    reads the whole save before it, and says so; when no save is whole it refuses in one
+    line."""
+    from moe_core.errors import UpcycleError
+    from sweeps.run.driver import results_location
+    from sweeps.spec.sweep import load_spec
+    from tests.sweeps.test_hostile_inputs import SPEC as YAML
+
+    fs, where = _saved(tmp_path, 2)
+    newest = gen.handler_of(fs).generation
+    _cut(where, f"basic-variant-state-{SESSION}.json", newest)
+    f = tmp_path / "spec.yaml"
+    f.write_text(YAML + f"results: {tmp_path / 'results'}\n")
+    spec = load_spec(str(f))
+    # checked as Tune will read it (check_tune_state unpickles the searcher state): whole
+    assert results_location(spec, resume=True) == tmp_path / "results" / "t"
+    assert "the newest 1 save(s) of Tune's state were cut short (a kill while saving): " \
+        "resuming from save 2" in capsys.readouterr().err
+    reader = gen.state_filesystem(pafs.LocalFileSystem(), where)
+    assert _consistent(_state(reader, where)) == 1
+    for g in range(1, newest):
+        for name in (f"experiment_state-{SESSION}.json", "tuner.pkl"):
+            if (Path(where) / gen.STATE_DIR / f"g{g:08d}" / name).exists():
+                _cut(where, name, g)
+    with pytest.raises(UpcycleError, match=r"none of the \d saves of Tune's state in .* whole"):
+        results_location(spec, resume=True)
