@@ -300,10 +300,13 @@ class StateHandler(pafs.FileSystemHandler):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """One upload: what was pending before is committed first; the upload's files are
-        committed as one generation when it ends, dropped (never committed) if it fails."""
+        """One upload: what was pending before is committed first (before the first upload,
+        ``tuner.pkl`` joins it instead: no manifest names it without an experiment state); the
+        upload's files are committed as one generation when it ends, dropped (never committed)
+        if it fails."""
         with self._lock:
-            self.commit()
+            if self._load()["generation"]:
+                self.commit()
             self._txn = True
         ok = False
         try:
@@ -340,8 +343,8 @@ class StateHandler(pafs.FileSystemHandler):
         return infos
 
     def create_dir(self, path: str, recursive: bool) -> None:
-        if path.rstrip("/") == self.root and not self._txn:  # an upload starts (no wrapper)
-            self.commit()
+        if path.rstrip("/") == self.root and not self._txn and self.generation:
+            self.commit()  # an upload starts (without the wrapper; see transaction)
         self.inner.create_dir(path, recursive=recursive)
 
     def delete_dir(self, path: str) -> None:

@@ -39,7 +39,7 @@ NETRC_PREFIX = "upcycle-wandb-"
 that wrote it, by PID *and* start time (a PID alone is reused by the system)."""
 
 
-def _started(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
     """When process ``pid`` started, in hundredths of a second since the epoch (the kernel's
     clock-tick resolution); None when there is no such process."""
     try:
@@ -53,7 +53,7 @@ def _started(pid: int) -> int | None:
 def owner_tag() -> str:
     """``<pid>-<start>``: this process, as :func:`owner_alive` tells it apart from a later one
     given the same PID."""
-    return f"{os.getpid()}-{_started(os.getpid())}"
+    return f"{os.getpid()}-{process_start(os.getpid())}"
 
 
 def owner_alive(name: str, made: float) -> bool:
@@ -64,7 +64,7 @@ def owner_alive(name: str, made: float) -> bool:
     parts = name.split("-")
     if not parts[0].isdigit():
         return True  # not ours to judge: kept
-    started = _started(int(parts[0]))
+    started = process_start(int(parts[0]))
     if started is None:
         return False
     if started < 0:

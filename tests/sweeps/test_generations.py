@@ -192,18 +192,23 @@ def _writes(tmp_path: Path) -> int:
 
 def test_a_kill_at_every_write_leaves_one_whole_upload(tmp_path):
     n = _writes(tmp_path)
-    assert n >= SAVES * 3 + 2  # objects + manifests
-    seen = set()
+    assert n == 1 + SAVES * 2 + SAVES  # tuner.pkl, two state objects and a manifest per save
+    seen, states, v0_names = set(), {}, {}
     for k in range(1, n + 2):  # n + 1: never killed
         root = str(tmp_path / f"k{k}" / "tune")
         with gen.committed_uploads():
             _uploads(gen.state_filesystem(pafs.PyFileSystem(Dying(k)), root), root,
                      tmp_path / f"stage{k}", SAVES)
         reader = gen.state_filesystem(pafs.LocalFileSystem(), root)  # a fresh process
-        v = _consistent(_state(reader, root))
+        state = _state(reader, root)
+        v = _consistent(state)
+        states[k], v0_names[k] = v, set(state)
         assert v is not None, f"a kill at write {k} of {n} left a mixed or cut-short state"
         seen.add(v)
     assert seen == set(range(SAVES + 1))  # every instant leaves the newest whole upload
+    # before the first upload is whole, no manifest names tuner.pkl alone: nothing to resume
+    # (a fresh start), never "tuner.pkl but no experiment state" (refused by --resume)
+    assert not [k for k, v in states.items() if v == 0 and "tuner.pkl" in v0_names[k]]
     kept = sorted(p.name for p in (Path(root) / gen.STATE_DIR).iterdir())
     assert len([p for p in kept if p.startswith("manifest-")]) == gen.KEEP, kept
 
