@@ -2,11 +2,12 @@
 several instants, against the local S3 server (moto); every ``--resume`` starts, and no row the
 bucket held before a kill is lost.
 
-One chain: run, kill, resume, kill, ... resume to the end. The instants are spread over the
-sweep: each kill waits for one more of Tune's saves (a manifest, ``sweeps.store.generations``)
-than the last, plus a fraction of the time one save took, so the kills land before, between
-and during state uploads. Per-write kills of those uploads are covered one by one, without
-processes, in tests/sweeps/test_generations.py.
+One chain: run, kill, resume, kill, resume, kill, resume to the end. The instants are spread
+over the sweep: the i-th run (i = 0, 1, 2) is killed after it has saved Tune's state at least
+once (a new manifest, ``sweeps.store.generations``) and reported i + 1 evaluations, plus 0.4·i
+s, so the kills land at different points of training and of the save cycle (every 10 s).
+Per-write kills of those saves are covered one by one, without processes, in
+tests/sweeps/test_generations.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def _manifests(fs: pafs.FileSystem, prefix: str) -> list[str]:
                   and not i.path.endswith(".upcycle-hmac"))
 
 
+def _evals(log: Path) -> int:
+    """Evaluations this run has reported (its progress lines)."""
+    return sum(": step " in line for line in log.read_text(errors="replace").splitlines())
+
+
 def _rows(url: str, env: dict) -> list[tuple[str, int]]:
     """(trial, step) of every row the bucket holds (read as the analysis reads it)."""
     code = ("import json, sys; from sweeps.store.results import read_rows; "
@@ -74,13 +80,13 @@ def test_kill_9_of_an_s3_sweep_at_several_instants_loses_no_row(s3):
                                      str(work / "spec.yaml"), *args], env=env, cwd=work,
                                     stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            before, t_save = len(_manifests(fs, prefix)), time.monotonic()
+            before = len(_manifests(fs, prefix))
             deadline = time.monotonic() + 300
-            while proc.poll() is None and time.monotonic() < deadline \
-                    and len(_manifests(fs, prefix)) < before + i + 1:
+            while proc.poll() is None and time.monotonic() < deadline and (
+                    len(_manifests(fs, prefix)) == before
+                    or _evals(work / f"run{i}.log") < i + 1):
                 time.sleep(0.05)
-            # a fraction of one save's interval after the (i+1)-th save of this run
-            time.sleep((time.monotonic() - t_save) / (i + 1) * i / KILLS)
+            time.sleep(0.4 * i)  # and a little later each time: another point of the save cycle
             assert proc.poll() is None, (work / f"run{i}.log").read_text()[-3000:]
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
