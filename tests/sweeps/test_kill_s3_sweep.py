@@ -3,11 +3,10 @@ several instants, against the local S3 server (moto); every ``--resume`` starts,
 bucket held before a kill is lost.
 
 One chain: run, kill, resume, kill, resume, kill, resume to the end. The instants are spread
-over the sweep: the i-th run (i = 0, 1, 2) is killed after it has saved Tune's state at least
-once (a new manifest, ``sweeps.store.generations``) and reported i + 1 evaluations, plus 0.4·i
-s, so the kills land at different points of training and of the save cycle (every 10 s).
-Per-write kills of those saves are covered one by one, without processes, in
-tests/sweeps/test_generations.py.
+over the sweep (:data:`AFTER_FIRST_SAVE_S`, counted from each run's first save of Tune's state:
+a new manifest, ``sweeps.store.generations``), so the kills land at different points of
+training and of the save cycle (every 10 s). Per-write kills of those saves are covered one by
+one, without processes, in tests/sweeps/test_generations.py.
 """
 
 from __future__ import annotations
@@ -37,18 +36,18 @@ SPEC = {
     "logging": {"wandb": {"mode": "disabled"}},
     "max_concurrent": 1,
 }
-KILLS = 3
+AFTER_FIRST_SAVE_S = (1.0, 8.0, 15.0)
+"""When each run is killed: seconds after its first save of Tune's state (which comes as Tune
+starts). A trial of this spec trains for about 13 s here, so the kills land as the first trial
+starts, in the middle of one, and near a trial's end and the save it forces; the three runs
+train about 24 s of the sweep's 40, and the last --resume finishes it."""
+KILLS = len(AFTER_FIRST_SAVE_S)
 
 
 def _manifests(fs: pafs.FileSystem, prefix: str) -> list[str]:
     sel = pafs.FileSelector(f"{prefix}/tune/.state", allow_not_found=True)
     return sorted(i.path for i in fs.get_file_info(sel) if "/manifest-" in i.path
                   and not i.path.endswith(".upcycle-hmac"))
-
-
-def _evals(log: Path) -> int:
-    """Evaluations this run has reported (its progress lines)."""
-    return sum(": step " in line for line in log.read_text(errors="replace").splitlines())
 
 
 def _rows(url: str, env: dict) -> list[tuple[str, int]]:
@@ -82,11 +81,10 @@ def test_kill_9_of_an_s3_sweep_at_several_instants_loses_no_row(s3):
                                     start_new_session=True)
             before = len(_manifests(fs, prefix))
             deadline = time.monotonic() + 300
-            while proc.poll() is None and time.monotonic() < deadline and (
-                    len(_manifests(fs, prefix)) == before
-                    or _evals(work / f"run{i}.log") < i + 1):
+            while proc.poll() is None and time.monotonic() < deadline \
+                    and len(_manifests(fs, prefix)) == before:
                 time.sleep(0.05)
-            time.sleep(0.4 * i)  # and a little later each time: another point of the save cycle
+            time.sleep(AFTER_FIRST_SAVE_S[i])
             assert proc.poll() is None, (work / f"run{i}.log").read_text()[-3000:]
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
