@@ -327,8 +327,13 @@ def staging_dir(loc: Location) -> Path:
     ``$UPCYCLE_STAGING/<sha256 of the URL>`` (never a folder named after the URL)."""
     if loc.is_local:
         return loc.local_path
+    return staging_for(loc.uri)
+
+
+def staging_for(uri: str) -> Path:
+    """:func:`staging_dir` of the object-storage URL ``uri``, without reaching the bucket."""
     root = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache/upcycle-sweeps/staging")
-    return root / hashlib.sha256(loc.uri.encode()).hexdigest()[:20]
+    return root / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:20]
 
 
 @contextlib.contextmanager

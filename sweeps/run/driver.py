@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 from ray import tune
 
@@ -41,6 +42,7 @@ from sweeps.spec.algorithm import plugin, plugins
 from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
+from sweeps.store.generations import committed_uploads, handler_of, tune_storage
 from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     RESULTS_FILE,
@@ -397,11 +399,10 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
            callbacks: list[Any], conc: int, resume: bool, verbose: bool,
            health: HealthStopper | None = None) -> tune.Tuner:
     algorithm, sched = plugins(spec)
-    exp_dir = results_dir / "tune"
-    # object storage: Tune writes and reads through the HMAC-signing filesystem, so each file
-    # of its experiment state and each trial checkpoint is signed as written (sweeps.store.signing)
-    fs = results_dir.signed().fs if isinstance(results_dir, Location) else None
-    where = exp_dir.path if fs is not None else str(exp_dir)
+    # Tune's top-level state as generations and a manifest written last (a kill leaves one
+    # whole save: sweeps.store.generations); on object storage through the HMAC-signing
+    # filesystem, so each file and each trial checkpoint is signed as written (sweeps.store.signing)
+    fs, storage_path, where = tune_storage(results_dir)
     if resume and tune.Tuner.can_restore(where, storage_filesystem=fs):
         # bound to this folder; a searcher that keeps its state in the results folder is made
         # afresh and reads it back (ray#30861)
@@ -409,8 +410,7 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
                       algorithm.searcher(spec, plan, results_dir)
                       if algorithm.keeps_state else None)
     run_config = tune.RunConfig(
-        name="tune", storage_path=results_dir.path if fs is not None else str(results_dir),
-        storage_filesystem=fs,
+        name="tune", storage_path=storage_path, storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoint.keep),
         callbacks=callbacks, verbose=1 if verbose else 0, stop=health,
@@ -450,18 +450,25 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
     (``sweeps.store.trust``), on object storage every file's HMAC digest
     (``sweeps.store.signing``)."""
     loc = Location.of(spec.results_uri)
-    if loc.is_local:
-        results_dir = loc.local_path
-        if resume and (results_dir / "tune").exists():
-            verify_experiment_state(results_dir / "tune")
-            if (results_dir / "tune" / "tuner.pkl").exists():  # Tune would log and start over
-                check_tune_state(str(results_dir / "tune"), None)
+    results_dir = loc.local_path if loc.is_local else loc
+    if not resume or not (results_dir / "tune").exists():
         return results_dir
-    if resume and (loc / "tune").exists():
+    if loc.is_local:
+        verify_experiment_state(results_dir / "tune")
+    else:
         verify_tree(loc.fs, (loc / "tune").path)
-        if (loc / "tune" / "tuner.pkl").exists():
-            check_tune_state((loc / "tune").path, loc.signed().fs)
-    return loc
+    fs, _, where = tune_storage(results_dir)
+    state = handler_of(fs)
+    if state.skipped and not state.generation:
+        raise UnsoundStateError(f"--resume: none of the {state.skipped} saves of Tune's state in "
+                                f"{where} is whole, so the run cannot be resumed as it was; "
+                                "restore the folder from a copy, or start afresh")
+    if fs.get_file_info(f"{where}/tuner.pkl").type == pafs.FileType.File:  # else Tune starts
+        check_tune_state(where, fs)  # over, after logging a traceback
+    if state.skipped:
+        console.progress(f"--resume: the newest {state.skipped} save(s) of Tune's state were cut "
+                         f"short (a kill while saving): resuming from save {state.generation}")
+    return results_dir
 
 
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
@@ -517,7 +524,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                    conc, resume, verbose, health)
     budget.activate(ledger, console.progress)
     try:
-        with tune_settings(conc, plan.num_trials):
+        with tune_settings(conc, plan.num_trials), committed_uploads():
             grid = tuner.fit()
         finals = _final_results(results_dir, grid)
     finally:

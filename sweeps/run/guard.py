@@ -40,12 +40,15 @@ from sweeps.store.lease import (  # noqa: F401 - the holder record, shared with 
     describe_holder,
     holder_info,
 )
-from sweeps.store.storage import Location
+from sweeps.store.storage import Location, staging_for
 from sweeps.store.trust import UntrustedStateError
 
 SPEC_FILE = "spec.json"
 WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
 """Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
+STAGING_DIRS = ("wandb", "rank_checkpoints")
+"""Folders of the local staging folder (``sweeps.store.storage.staging_dir``) of a run whose
+results go to object storage: W&B's files and the ranks' checkpoints are written there."""
 
 
 class RunLock(Protocol):
@@ -341,10 +344,14 @@ def preflight(spec: Any, plan: Any) -> list[str]:
                 f"({type(e).__name__}: {str(e)[:200]}); point it at a finished WSD sweep's "
                 "results.parquet") from None
         lines.append(f"calibration {spec.asha.calibration}: readable")
-    if "://" in str(spec.results):  # object storage has no symbolic links to follow
+    if spec.results_uri.startswith("file:"):
         return lines
-    rd = spec.results_dir
-    for name in WRITER_DIRS:
+    if "://" in str(spec.results):  # a bucket has no symbolic links, its staging folder may
+        rd, names = staging_for(spec.results_uri), STAGING_DIRS  # (W&B's files are there)
+        confined(rd, rd.parent, f"staging folder of {spec.results_uri}")
+    else:
+        rd, names = spec.results_dir, WRITER_DIRS
+    for name in names:
         if (rd / name).exists() or (rd / name).is_symlink():
             confined(rd / name, rd, f"results folder {rd}")
     return lines

@@ -68,7 +68,10 @@ SEARCH_STATE = ("basic-variant-state-", "search_gen_state-", "searcher-state-")
 """The searcher's saved state (Tune's ``CKPT_FILE_TMPL`` of its variant generator, search
 generator and searcher): Tune restores the newest of each kind, and on an unreadable one it
 logs "Failed to restore the run state" and starts the sweep's search afresh (trials of no
-grid point were recorded so in a test): refused here in one line instead."""
+grid point were recorded so in a test): refused here in one line instead. The cause was a
+file cut short by Tune's in-place upload; state kept as generations
+(``sweeps.store.generations``) never shows such a file (its save is read past), so this
+refusal is left to folders written before them."""
 
 
 def _check_search_state(where: str, fs: pafs.FileSystem) -> None:

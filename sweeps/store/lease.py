@@ -16,9 +16,11 @@ host, pid, start, a random token and ``updated``), written only with *conditiona
   is itself a replace-if-unchanged on its own version, so it cannot release a lock it lost.
 
 A record not renewed for :attr:`ObjectRunLock.TTL` seconds belongs to a run that is gone and is
-taken over with a message. The stores are behind :class:`LeaseStore`: S3 through boto3
-(pyarrow's S3 filesystem has no conditional writes), GCS through google-cloud-storage (not
-installed by default and not tested here: see docs/reliability.md).
+taken over with a message; so is, at once, one whose holder ran on this machine (same host name
+and boot id) and is gone (its PID absent, or given to a process started at another time).
+The stores are behind :class:`LeaseStore`: S3 through boto3 (pyarrow's S3 filesystem has no
+conditional writes), GCS through google-cloud-storage (not installed by default and not tested
+here: see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from moe_core.errors import UpcycleError, shown
+from sweeps.store.trust import process_start
 
 LOCK_FILE = ".run.lock"
 """The run lock of a results folder (``sweeps.run.guard``): a flocked file, or this lease object."""
@@ -45,10 +48,32 @@ class FolderInUseError(UpcycleError):
     """Another run holds the results folder."""
 
 
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip() or None
+    except OSError:
+        return None
+
+
 def holder_info() -> dict[str, Any]:
-    """The record a run lock holds: host, pid and start time."""
+    """The record a run lock holds: host, pid and start time; the machine's boot id and the
+    process's start time (``sweeps.store.trust.process_start``) tell a dead holder on this
+    machine from a live one (:func:`dead_here`)."""
     return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "boot": _boot_id(),
+            "proc_start": process_start(os.getpid())}
+
+
+def dead_here(h: dict[str, Any]) -> bool:
+    """Whether the holder ``h`` ran on this machine (same host name and boot) and is gone: no
+    process with its pid, or one that started at another time (the pid was reused)."""
+    pid, start = h.get("pid"), h.get("proc_start")
+    if h.get("host") != socket.gethostname() or not h.get("boot") or h["boot"] != _boot_id() \
+            or not isinstance(pid, int) or not isinstance(start, int):
+        return False
+    now = process_start(pid)
+    return now is None or (now >= 0 and abs(now - start) > 2)
 
 
 def describe_holder(h: dict[str, Any]) -> str:
@@ -231,7 +256,8 @@ class ObjectRunLock:
 
     def acquire(self) -> str | None:
         old, version = self._read("taking it")
-        if old is not None and not old.get("released") and _age(old) < self.TTL:
+        if old is not None and not old.get("released") and _age(old) < self.TTL \
+                and not dead_here(old):  # a holder killed on this machine: no need to wait
             raise FolderInUseError(
                 f"{self.url} is in use by another run ({describe_holder(old)}; its lease was "
                 f"renewed {_age(old):.0f} s ago); wait for it to end, or give this run another "
@@ -251,8 +277,9 @@ class ObjectRunLock:
                                    "location") from None
         threading.Thread(target=self._renew, daemon=True, name="run-lock-lease").start()
         if old is not None and not old.get("released"):
-            return (f"took over the lock of {self.url} from {describe_holder(old)}, whose lease "
-                    f"lapsed {_age(old):.0f} s ago")
+            why = ("which is gone from this machine" if _age(old) < self.TTL else
+                   f"whose lease lapsed {_age(old):.0f} s ago")
+            return f"took over the lock of {self.url} from {describe_holder(old)}, {why}"
         return None
 
     def renew(self) -> bool:

@@ -18,6 +18,7 @@ from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one stor
     probe,
     publishing,
     staging_dir,
+    staging_for,
     tuned,
 )
 from sweeps.store.signing import signed_filesystem

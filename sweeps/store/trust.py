@@ -3,8 +3,9 @@
 - The W&B API key never enters Ray: ``hide_wandb_key`` moves ``WANDB_API_KEY`` out of the
   environment (which Ray writes into its session logs when it is passed through ``runtime_env``)
   into a private netrc file (mode 0600 in a 0700 directory, removed at exit) that wandb reads
-  through ``NETRC``. The directory names its owner's pid; a later run removes those whose
-  owner is gone (a driver killed with -9 runs no exit handler).
+  through ``NETRC``. The directory names its owner by PID and start time; a later run removes
+  those whose owner is gone (a driver killed with -9 runs no exit handler), and a reused PID
+  keeps no dead owner's folder alive.
 - Object-storage keys never enter Ray either: Ray's runtime-env agent writes its whole
   environment into its session log, so ``hide_cloud_keys`` moves ``AWS_ACCESS_KEY_ID`` /
   ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` out of the environment into a private AWS
@@ -26,38 +27,65 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
+
 from moe_core.errors import UpcycleError
 
 WANDB_KEY_ENV = "WANDB_API_KEY"
 
 
 NETRC_PREFIX = "upcycle-wandb-"
-"""``<tmp>/upcycle-wandb-<owner pid>-XXXX/netrc``: the folder names the process that wrote it."""
+"""``<tmp>/upcycle-wandb-<owner pid>-<owner start>-XXXX/netrc``: the folder names the process
+that wrote it, by PID *and* start time (a PID alone is reused by the system)."""
 
 
-def _alive(pid: int) -> bool:
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in hundredths of a second since the epoch (the kernel's
+    clock-tick resolution); None when there is no such process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return round(psutil.Process(pid).create_time() * 100)
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:  # another user's process: alive, start time unknown
+        return -1
+
+
+def owner_tag() -> str:
+    """``<pid>-<start>``: this process, as :func:`owner_alive` tells it apart from a later one
+    given the same PID."""
+    return f"{os.getpid()}-{process_start(os.getpid())}"
+
+
+def owner_alive(name: str, made: float) -> bool:
+    """Whether the owner named by ``name`` (``<pid>-<start>-…``, or ``<pid>-…`` as written
+    before start times were recorded) still runs. A live process with that PID is the owner
+    only if it started when the name says (within 0.02 s), or, for a name without a start
+    time, no later than the folder was made (``made``, seconds since the epoch)."""
+    parts = name.split("-")
+    if not parts[0].isdigit():
+        return True  # not ours to judge: kept
+    started = process_start(int(parts[0]))
+    if started is None:
         return False
-    except PermissionError:
+    if started < 0:
         return True
-    return True
+    if len(parts) > 2 and parts[1].isdigit():
+        return abs(started - int(parts[1])) <= 2
+    return started <= round(made * 100) + 2
 
 
 def clean_stale_netrc(tmp: str | Path | None = None, prefix: str = NETRC_PREFIX) -> list[Path]:
     """Remove the secret folders (the W&B netrc; with ``prefix`` :data:`AWS_PREFIX`, the AWS
-    credentials) that a driver killed with -9 left behind: ours (same uid) whose owner pid is
-    gone. Returns what was removed."""
+    credentials) that a driver killed with -9 left behind: ours (same uid) whose owner (PID
+    plus start time, :func:`owner_alive`) is gone. Returns what was removed."""
     gone = []
     for d in Path(tmp or tempfile.gettempdir()).glob(f"{prefix}*"):
-        pid = d.name[len(prefix):].split("-", 1)[0]
         try:
             st = d.lstat()
         except OSError:
             continue
-        if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
-                or _alive(int(pid)):
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
+                or owner_alive(d.name[len(prefix):], st.st_mtime):
             continue
         shutil.rmtree(d, ignore_errors=True)
         gone.append(d)
@@ -70,7 +98,7 @@ def hide_wandb_key() -> Path | None:
     clean_stale_netrc()
     if not key:
         return None
-    d = Path(tempfile.mkdtemp(prefix=f"{NETRC_PREFIX}{os.getpid()}-"))  # 0700
+    d = Path(tempfile.mkdtemp(prefix=f"{NETRC_PREFIX}{owner_tag()}-"))  # 0700
     atexit.register(shutil.rmtree, d, True)
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     path = d / "netrc"
@@ -83,8 +111,8 @@ def hide_wandb_key() -> Path | None:
 
 AWS_KEY_ENVS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 AWS_PREFIX = "upcycle-aws-"
-"""``<tmp>/upcycle-aws-<owner pid>-XXXX/credentials``: removed at exit, and by the next run
-when its owner was killed (:func:`clean_stale_netrc`)."""
+"""``<tmp>/upcycle-aws-<owner pid>-<owner start>-XXXX/credentials``: removed at exit, and by
+the next run when its owner was killed (:func:`clean_stale_netrc`)."""
 
 
 def hide_cloud_keys() -> Path | None:
@@ -97,7 +125,7 @@ def hide_cloud_keys() -> Path | None:
         return None
     for k in AWS_KEY_ENVS:
         os.environ.pop(k, None)
-    d = Path(tempfile.mkdtemp(prefix=f"{AWS_PREFIX}{os.getpid()}-"))  # 0700
+    d = Path(tempfile.mkdtemp(prefix=f"{AWS_PREFIX}{owner_tag()}-"))  # 0700
     atexit.register(shutil.rmtree, d, True)
     path = d / "credentials"
     lines = [f"[{os.environ.get('AWS_PROFILE') or 'default'}]",

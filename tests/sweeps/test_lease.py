@@ -153,3 +153,27 @@ def test_a_holder_whose_record_another_wrote_loses_it(s3_env):
     assert _record(url)["token"] == "someone-else" and not _record(url).get("released")
     with pytest.raises(Conflict):
         store.replace(b"{}", version)  # a stale version never lands
+
+
+@pytest.mark.distributed
+def test_a_holder_killed_on_this_machine_is_taken_over_at_once(s3_env):
+    """kill -9 of a run: its lease (TTL 600 s) does not keep ``--resume`` out, because the
+    record names this machine (host, boot id) and a process that is gone (PID plus start time).
+    A record of another host, or of a live process, is still held."""
+    url = f"s3://{s3_env.bucket()}/results/t"
+    first = _holder(s3_env, url, 600, 0.3, 60)
+    first.kill()
+    first.wait()
+    lock = ObjectRunLock(url)
+    try:
+        msg = lock.acquire()
+        assert msg and f"from pid {first.pid}" in msg and "gone from this machine" in msg
+    finally:
+        lock.release()
+    store = S3Store(url)
+    for other in ({"host": "elsewhere"}, {"pid": os.getpid()}):  # another host; alive
+        rec, version = store.get()
+        store.replace(json.dumps({**rec, "pid": first.pid, **other, "released": False,
+                                  "updated": time.time(), "token": "x"}).encode(), version)
+        with pytest.raises(FolderInUseError, match="in use by another run"):
+            ObjectRunLock(url).acquire()

@@ -6,7 +6,9 @@
 - ``moe_core.hf upcycle`` never deletes a file a user saved into OUT while it ran: it fails in
   one line and keeps it;
 - writers refuse a ``wandb/`` folder that a symbolic link takes outside the results folder;
-- AWS credential folders are named by their owner's pid and removed after a dead owner.
+- AWS credential folders are named by their owner's PID and start time and removed after a dead
+  owner, also when the system gave its PID to a later process;
+- on object storage, the local staging folder (W&B's files) is checked the same way.
 """
 
 from __future__ import annotations
@@ -151,7 +153,59 @@ def test_credentials_of_a_dead_owner_are_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
     path = trust.hide_cloud_keys()
-    assert path.parent.name.startswith(f"{trust.AWS_PREFIX}{os.getpid()}-")
+    assert path.parent.name.startswith(f"{trust.AWS_PREFIX}{trust.owner_tag()}-")
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ
     monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE")
 
+
+
+def test_a_reused_pid_keeps_no_dead_owners_credentials(tmp_path):
+    """The PID in a folder's name is alive, but it is a later process: the folder goes. A live
+    owner's folder (its true start time, or an old-style name made after it started) stays."""
+    from sweeps.store import trust
+
+    me = os.getpid()
+    start = round(psutil.Process(me).create_time() * 100)
+    names = {"reused": f"{me}-{start - 500}-abc", "mine": f"{me}-{start}-def",
+             "old_reused": f"{me}-ghi", "old_mine": f"{me}-jkl"}
+    dirs = {k: tmp_path / f"{trust.AWS_PREFIX}{n}" for k, n in names.items()}
+    for d in dirs.values():
+        d.mkdir(mode=0o700)
+        (d / "credentials").write_text("[default]\naws_secret_access_key = x\n")
+    made_before_me = psutil.Process(me).create_time() - 60  # made before this process started
+    os.utime(dirs["old_reused"], (made_before_me, made_before_me))
+    assert sorted(trust.clean_stale_netrc(tmp_path, prefix=trust.AWS_PREFIX)) == \
+        sorted([dirs["reused"], dirs["old_reused"]])
+    assert dirs["mine"].exists() and dirs["old_mine"].exists()
+    assert trust.owner_tag() == f"{me}-{start}"
+
+
+def test_a_wandb_folder_linked_out_of_the_staging_folder_is_refused(tmp_path, monkeypatch):
+    """Results on object storage: W&B writes into the local staging folder, whose ``wandb/``
+    (or the staging folder itself) a symbolic link must not take elsewhere."""
+    from moe_core.errors import ConfigError
+    from sweeps.plan.build import build_plan
+    from sweeps.run.guard import preflight
+    from sweeps.spec.sweep import load_spec
+    from sweeps.store.storage import staging_for
+    from tests.sweeps.test_hostile_inputs import SPEC
+
+    monkeypatch.setenv("UPCYCLE_STAGING", str(tmp_path / "staging"))
+    f = tmp_path / "spec.yaml"
+    f.write_text(SPEC + "results: s3://bucket/sweeps\n")
+    spec = load_spec(str(f))
+    plan = build_plan(spec)
+    staging = staging_for(spec.results_uri)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    preflight(spec, plan)  # no staging folder yet: fine
+    staging.mkdir(parents=True)
+    (staging / "wandb").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"wandb leads to .*elsewhere, outside .*\(a symbolic"):
+        preflight(spec, plan)
+    (staging / "wandb").unlink()
+    preflight(spec, plan)
+    staging.rmdir()
+    staging.symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"staging folder of s3://bucket/sweeps.*outside"):
+        preflight(spec, plan)

@@ -23,6 +23,7 @@ import yaml
 from moe_core.errors import UpcycleError
 from sweeps.run.driver import ResultsCallback
 from sweeps.run.health import HealthStopper
+from sweeps.store.generations import STATE_DIR, handler_of, tune_storage
 from sweeps.store.results import summarize
 from sweeps.store.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
 from tests.sweeps.tiny import tiny_base
@@ -152,7 +153,9 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         assert all(r["step"] == 8 for r in finals.values() if r["status"] == "ok"), finals
         assert summary["ok"] == sum(r["status"] == "ok" for r in finals.values())
 
-        pkl = res / "tune" / "tuner.pkl"
+        fs, _, where = tune_storage(res)  # tuner.pkl's object, as the manifest names it
+        pkl = Path(where, STATE_DIR, f"g{handler_of(fs).view()['tuner.pkl']['gen']:08d}",
+                   "tuner.pkl")
         good = pkl.read_bytes()
         # the stopper Tune restores is the one the results callback reseeds: one pickle
         rc = ray.cloudpickle.loads(good)["_run_config"]

@@ -96,8 +96,13 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     fs = s3.filesystem()
     objs = _objects(fs, bucket)
     sweep = "results/s3e2e/"
-    assert {sweep + "results.parquet", sweep + "summary.json", sweep + "tune/tuner.pkl",
-            sweep + "tune/tuner.pkl.upcycle-hmac"} <= set(objs)
+    assert {sweep + "results.parquet", sweep + "summary.json"} <= set(objs)
+    # Tune's state: immutable generations and signed manifests (sweeps.store.generations)
+    pkls = sorted(k for k in objs if k.startswith(sweep + "tune/.state/g") and
+                  k.endswith("/tuner.pkl"))
+    assert pkls and pkls[0] + ".upcycle-hmac" in objs
+    assert [k for k in objs if k.startswith(sweep + "tune/.state/manifest-")]
+    assert sweep + "tune/tuner.pkl" not in objs  # nothing replaced in place
     assert [k for k in objs if k.startswith(sweep + "parents/") and k.endswith("/meta.json")]
     ckpts = [k for k in objs if "/checkpoint_" in k and k.endswith("model.safetensors")]
     assert ckpts, sorted(objs)
@@ -154,7 +159,7 @@ def test_sweep_on_s3_writes_resumes_and_is_analysed_from_the_bucket(s3, work, mo
     assert _files_holding(work, FAKE_SECRET.encode()) == []
 
     # a state file changed in the bucket by someone without the key: refused, in one line
-    with fs.open_output_stream(f"{bucket}/{sweep}tune/tuner.pkl") as f:
+    with fs.open_output_stream(f"{bucket}/{pkls[0]}") as f:
         f.write(b"\x80\x04K\x01.")  # pickle of 1: harmless, but not ours
     bad = _run(work, env, "--resume")
     assert bad.returncode == 2
