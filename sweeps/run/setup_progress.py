@@ -4,7 +4,7 @@ A trial's set-up (its parent from the object store, the data, the model built or
 DeepSpeed engine, the knob audit, the first eval that compiles the model) can take minutes on a
 real model. Each stage is announced (``Callback.on_stage``: what and how large) to a
 :class:`SetupBoard`, which keeps the trial's stages with their start times in a small JSON file
-(``<parent cache>/setup/<sweep>/<trial_id>.json``, node-local as the parents' progress files
+(``<parent cache>/.setup/<sweep>/<trial_id>.json``, hidden: not a parent entry;, node-local as the parents' progress files
 are); the driver's progress line of a trial with no eval yet reads it (:func:`setup_line`):
 the stage, how far (stage i of n), the seconds in it and in set-up, and an ETA.
 
@@ -31,8 +31,9 @@ SUFFIX = ".json"
 
 
 def board_dir(cache_local: str | Path, sweep: str) -> Path:
-    """Where a sweep's trials keep their set-up boards (this node's parent cache folder)."""
-    return Path(cache_local) / "setup" / sweep
+    """Where a sweep's trials keep their set-up boards (this node's parent cache folder, in a
+    hidden folder that no listing of parent entries counts)."""
+    return Path(cache_local) / ".setup" / sweep
 
 
 class SetupBoard(Callback):
