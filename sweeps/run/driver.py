@@ -1,8 +1,9 @@
 """The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
 
 Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared first (``sweeps.run.parents``; or the trials train them on demand,
-where the search algorithm says so), then Ray Tune runs the trials
+stable runs are prepared by Ray tasks (``sweeps.run.parents``: each trial starts as soon as its
+own parent is ready where there are no stable runs, else every one first; or the trials train
+them on demand, where the search algorithm says so), and Ray Tune runs the trials
 (``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
 What differs between search algorithms and schedulers is asked of the spec's two plug-ins
 (``sweeps.spec.algorithm``); this module has no branch on either.
