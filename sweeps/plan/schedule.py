@@ -2,13 +2,13 @@
 
 Two policies, the one the driver runs (``sweeps.run.driver``):
 
-- ``barrier``: every parent trains first, then every trial (the driver's fallback);
-- ``own_parent``: the parents start first and each trial starts as soon as its own parent is
-  ready (and GPUs are free), while other parents still train.
+- ``barrier``: every parent trains first, then the trials, longest first (Graham's LPT list
+  schedule; the driver's fallback);
+- ``own_parent``: every parent starts at once, then the trials take GPUs in the plan's order (as
+  Tune starts them), each training as soon as its own parent is ready; a trial whose parent
+  still trains holds its GPUs meanwhile (it waits in its set-up), as it does in the driver.
 
-At each moment the ready jobs start in priority order while they fit the free GPUs: parents
-first (longest first), then trials longest first (Graham's LPT list schedule). Pure: the
-``--dry-run`` forecast (``sweeps.plan.cost``) and the tests use it without Ray.
+Pure: the ``--dry-run`` forecast (``sweeps.plan.cost``) and the tests use it without Ray.
 """
 
 from __future__ import annotations
@@ -31,40 +31,46 @@ class Task:
     """The name of the parent task it waits for (None: none; a parent itself)."""
 
 
-def _priority(t: Task, parents: set[str]) -> tuple[int, float, str]:
-    return (0 if t.name in parents else 1, -t.seconds, t.name)
+def _priority(t: Task, parents: set[str], policy: str) -> tuple[int, float]:
+    return (0 if t.name in parents else 1, -t.seconds if policy == BARRIER else 0.0)
 
 
 def schedule(tasks: Iterable[Task], capacity: float, policy: str = OWN_PARENT
              ) -> dict[str, tuple[float, float]]:
-    """Each task's (start, end) in seconds on ``capacity`` GPUs under ``policy``. A task wider
-    than the pool runs alone on all of it (a forecast, not a refusal: preflight refuses)."""
+    """Each task's (start, end) of training in seconds on ``capacity`` GPUs under ``policy``
+    (a trial waiting for its parent holds its GPUs from when it took them until its end). A
+    task wider than the pool runs alone on all of it (a forecast, not a refusal: preflight
+    refuses)."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}: one of {', '.join(POLICIES)}")
     tasks = list(tasks)
     parents = {t.parent for t in tasks if t.parent is not None} & {t.name for t in tasks}
-    waiting = sorted(tasks, key=lambda t: _priority(t, parents))
+    waiting = sorted(tasks, key=lambda t: _priority(t, parents, policy))  # stable: plan order
     done: set[str] = set()
     out: dict[str, tuple[float, float]] = {}
     running: list[tuple[float, str, float]] = []  # (end, name, gpus)
     now, free = 0.0, float(capacity)
 
-    def ready(t: Task) -> bool:
-        if t.name in parents:
-            return True
+    def start(t: Task) -> float | None:
+        """When ``t`` trains if it takes its GPUs now; None: it may not take them yet."""
+        if t.name in parents or t.parent is None or t.parent not in parents:
+            return now if t.name in parents or policy == OWN_PARENT or parents <= done \
+                else None
         if policy == BARRIER:
-            return parents <= done
-        return t.parent is None or t.parent not in parents or t.parent in done
+            return now if parents <= done else None
+        return max(now, out[t.parent][1]) if t.parent in out else None
 
     while waiting:
         for t in list(waiting):
-            need = min(t.gpus, capacity)
-            if ready(t) and need <= free + 1e-9:
+            need, at = min(t.gpus, capacity), start(t)
+            if at is not None and need <= free + 1e-9:
                 waiting.remove(t)
                 free -= need
-                out[t.name] = (now, now + t.seconds)
-                heapq.heappush(running, (now + t.seconds, t.name, need))
-        if not running:  # nothing can ever start (a parent missing from tasks is not waited on)
+                out[t.name] = (at, at + t.seconds)
+                heapq.heappush(running, (at + t.seconds, t.name, need))
+            elif policy == OWN_PARENT and t.name not in parents:
+                break  # Tune starts the trials in order
+        if not running:  # nothing can ever start
             raise ValueError(f"unschedulable: {[t.name for t in waiting][:3]}")
         now, name, g = heapq.heappop(running)
         free += g

@@ -28,6 +28,14 @@ def test_a_trial_whose_parent_is_ready_starts_before_the_other_parent_finishes()
     assert makespan(bar3) == 7
 
 
+def test_a_trial_waiting_for_its_parent_holds_its_gpu_as_in_the_driver():
+    # Tune starts B0 first: it takes the free GPU at 0 and waits there for B (3 h); A's trial
+    # gets a GPU only when A is done
+    s = schedule([Task("A", 1, 1), Task("B", 3, 1), Task("B0", 2, 1, "B"),
+                  Task("A0", 2, 1, "A")], 3)
+    assert s["B0"] == (3, 5) and s["A0"] == (1, 3)
+
+
 def test_trials_without_a_trained_parent_start_at_once_and_wide_jobs_wait_for_room():
     s = schedule([Task("P", 2, 1), Task("x", 1, 2), Task("y", 1, 3, "P")], 3)
     assert s["P"] == (0, 2) and s["x"] == (0, 1) and s["y"] == (2, 3)
