@@ -66,3 +66,38 @@ def test_forecast_overlaps_parents_with_other_parents_trials():
     assert bar.idle_share == pytest.approx(1 - 12 / 21)
     assert own.pre_wall_h == pytest.approx(3 * h)
     assert "each trial starts once its own parent is ready" in own.lines()[1]
+
+
+def test_the_8x8_h100_recipe_at_64_trials_idles_for_its_one_parent(tmp_path):
+    """docs/preflight-and-cost.md's figures: 64 one-GPU trials (32 LRs × 2 seeds) of one parent
+    are 37.5 % idle whether or not they wait for all parents (there is one); the same schedule
+    with that parent on 8 GPUs (data-parallel parents: not built) would be 6.3 %."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    from sweeps.plan.build import build_plan
+    from sweeps.spec.sweep import load_spec
+
+    src = Path(__file__).parents[2] / "search_spaces" / "cluster" / "upcycle_lr_8xh100.yaml"
+    s = yaml.safe_load(src.read_text())
+    s["search"] = {"upcycle.lr_policy": {"grid": [
+        {"policy": "reset", "peak": float(f"{1e-3 * 1.08 ** i:.4g}")} for i in range(32)]}}
+    s["resources"]["ranks"], s["max_concurrent"] = 1, 64
+    s["base"]["optim"]["expert_parallel"], s["results"] = 1, str(tmp_path / "r")
+    (tmp_path / "r64.yaml").write_text(yaml.safe_dump(s))
+    spec = load_spec(str(tmp_path / "r64.yaml"))
+    plan = build_plan(spec)
+    jobs = cost.jobs_from_plan(spec, plan, "h100")
+    assert len(plan.parents) == 1 and sum(j.kind == "trial" for j in jobs) == 64
+    assert policy_for(True, len(plan.branch_groups), 1, 64) == OWN_PARENT
+    f = {p: cost.forecast(jobs, "h100", concurrency=64, parents_parallel=64, table=[], policy=p)
+         for p in (BARRIER, OWN_PARENT)}
+    assert f[BARRIER].idle_share == pytest.approx(f[OWN_PARENT].idle_share)
+    assert f[OWN_PARENT].idle_share == pytest.approx(0.375, abs=5e-4)
+    wide = [dataclasses.replace(j, accelerators=8.0) if j.kind == "parent" else j for j in jobs]
+    w = cost.forecast(wide, "h100", concurrency=64, parents_parallel=64, table=[],
+                      policy=OWN_PARENT)
+    assert w.idle_share == pytest.approx(0.063, abs=5e-4) and w.gpu_hours == pytest.approx(
+        f[OWN_PARENT].gpu_hours)
