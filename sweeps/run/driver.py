@@ -483,7 +483,7 @@ def _parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str) -> tuple[dict[str
     soon as its own parent is ready (``sweeps.plan.schedule.policy_for``, as the forecast
     says; ``sweeps.run.parents.start_parents``), else every parent first."""
     up_front = plugins(spec)[0].trains_up_front  # else each trial trains its own
-    if not up_front:
+    if not up_front or not plan.parents:
         return {}, False
     # whether every parent task fits the cluster is checked by starting them (start_parents)
     if schedule.policy_for(up_front, len(plan.branch_groups), 0, 0) == schedule.OWN_PARENT:
