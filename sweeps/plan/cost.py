@@ -27,6 +27,7 @@ from typing import Any
 from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.params import count_params
+from sweeps.plan import schedule
 
 TABLE = Path(__file__).with_name("throughput.json")
 ASSUMED_MFU = 0.35
@@ -167,6 +168,8 @@ class Job:
     seq: int
     accelerators: float
     """GPUs (or CPU trials: 1) it holds while it trains."""
+    key: str | None = None
+    """A parent's key; a trial's parent's key (None: no trained parent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +185,10 @@ class Forecast:
     reserved_gpus: float = 0.0
     """Accelerators the sweep holds for its whole wall time: ``concurrency`` trials' worth."""
     pre_wall_h: float = 0.0
-    """Wall time of the parents and stable runs, before the first trial starts."""
+    """Wall time of the parents and stable runs, before the first trial starts (``policy``
+    own_parent: until the last parent is ready)."""
+    policy: str = schedule.BARRIER
+    """How trials wait for parents (``sweeps.plan.schedule``)."""
 
     @property
     def cost(self) -> float | None:
@@ -204,11 +210,14 @@ class Forecast:
         cost = "" if self.cost is None else f"   cost ${self.cost:,.2f} at ${self.price:g}/h"
         src = ", ".join(f"{n} {k}" for k, n in sorted(self.sources.items()))
         what = "trial slots" if self.device == "cpu" else "GPUs"
+        when = (f"each trial starts once its own parent is ready, the last parent after "
+                f"{_hours(self.pre_wall_h)}" if self.policy == schedule.OWN_PARENT else
+                f"the parents and stable runs train first, for {_hours(self.pre_wall_h)}, "
+                "the trials waiting")
         return [f"cost forecast ({self.device}): {self.gpu_hours:,.3g} {unit}   wall "
                 f"{_hours(self.wall_h)} at {self.concurrency} concurrent trials{cost}",
                 f"  idle: {self.idle_share:.1%} of the {self.reserved_gpu_hours:,.3g} reserved "
-                f"{unit} ({self.reserved_gpus:g} {what} × wall; the parents and stable runs "
-                f"train first, for {_hours(self.pre_wall_h)}, the trials waiting)",
+                f"{unit} ({self.reserved_gpus:g} {what} × wall; {when})",
                 f"  throughput per job: {src} (sweeps/plan/throughput.json)",
                 *(f"  {n}" for n in self.notes)]
 
@@ -220,21 +229,27 @@ def _hours(h: float) -> str:
 
 
 def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel: int,
-             price: float | None = None, table: list[Mapping[str, Any]] | None = None
-             ) -> Forecast:
-    """GPU-hours (each job's seconds × the accelerators it holds), wall time (the parents and
-    stable runs first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots,
-    LPT), cost, and the reserved accelerators: ``concurrency`` trials' worth, for the whole
-    wall time (``Forecast.idle_share``)."""
+             price: float | None = None, table: list[Mapping[str, Any]] | None = None,
+             policy: str = schedule.BARRIER) -> Forecast:
+    """GPU-hours (each job's seconds × the accelerators it holds), wall time, cost, and the
+    reserved accelerators: ``concurrency`` trials' worth, for the whole wall time
+    (``Forecast.idle_share``). Wall time under ``policy`` barrier: the parents and stable runs
+    first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots (LPT); under
+    own_parent: ``sweeps.plan.schedule`` over the reserved accelerators, each trial once its
+    own parent is ready."""
     table = load_table() if table is None else table
     secs: dict[str, list[float]] = {"trial": [], "pre": []}
+    tasks: list[schedule.Task] = []
     sources: dict[str, int] = {}
     notes: dict[str, None] = {}
     gpu_s, peak, per_trial = 0.0, None, 1.0
-    for j in jobs:
+    for i, j in enumerate(jobs):
         r = rate(table, device, j.preset, moe_shape(j.cfg.moe), flops_per_token(j.cfg, j.seq))
         s = j.tokens / (r.tokens_per_s * max(1.0, j.accelerators))  # ranks scale linearly
         secs["trial" if j.kind == "trial" else "pre"].append(s)
+        tasks.append(schedule.Task(f"parent:{j.key}" if j.kind == "parent" else f"{j.kind}:{i}",
+                                   s, max(1.0, j.accelerators),
+                                   f"parent:{j.key}" if j.kind == "trial" and j.key else None))
         if j.kind == "trial":
             per_trial = max(per_trial, j.accelerators)
         gpu_s += s * max(1.0, j.accelerators)
@@ -242,10 +257,15 @@ def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel
         notes[f"{j.preset} {moe_shape(j.cfg.moe)}: {r.note}"] = None
         if r.peak_mem_gb is not None:
             peak = max(peak or 0.0, float(r.peak_mem_gb))
-    pre = makespan(secs["pre"], parents_parallel)
-    wall = pre + makespan(secs["trial"], concurrency)
+    if policy == schedule.OWN_PARENT:
+        spans = schedule.schedule(tasks, concurrency * per_trial, policy)
+        wall = schedule.makespan(spans)
+        pre = max((e for n, (_, e) in spans.items() if not n.startswith("trial:")), default=0.0)
+    else:
+        pre = makespan(secs["pre"], parents_parallel)
+        wall = pre + makespan(secs["trial"], concurrency)
     return Forecast(device, gpu_s / 3600, wall / 3600, concurrency, price, sources,
-                    tuple(notes), peak, concurrency * per_trial, pre / 3600)
+                    tuple(notes), peak, concurrency * per_trial, pre / 3600, policy)
 
 
 def _preset(cfg: Any) -> str:
@@ -277,16 +297,17 @@ def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
         tps = t.config.tokens_per_step
         own = t.tokens - (t.decay_start * tps if plan.branch_of(t) is not None else 0)
         cfg = t.config.model_config()
-        jobs += [Job("trial", own, cfg, _preset(t.config), t.config.seq_len, acc)
-                 ] * plan.num_samples
+        jobs += [Job("trial", own, cfg, _preset(t.config), t.config.seq_len, acc,
+                     t.parent_key)] * plan.num_samples
     for g in plan.branch_groups.values():
         t = g.representative
         jobs += [Job("stable", max(g.starts.values()) * t.config.tokens_per_step,
                      t.config.model_config(), _preset(t.config), t.config.seq_len, task)
                  ] * plan.num_samples
-    for p in plan.parents.values():
+    for key, p in plan.parents.items():
         if p.child.parent.from_pretrained is not None:
             continue  # loaded, not trained
         pc = p.child.parent_run()
-        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, task))
+        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, task,
+                        key))
     return jobs

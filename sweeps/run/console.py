@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sweeps.plan import schedule
 from sweeps.plan.build import SweepPlan, disk_estimate
 from sweeps.plan.cost import forecast, jobs_from_plan, trial_gpus
 from sweeps.plan.resources import describe, local_cluster, resolve
@@ -170,8 +171,12 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     if cluster_gpus and device != "cpu" and conc * per_trial > cluster_gpus:
         conc = max(1, int(cluster_gpus // per_trial))
         why = f"{cluster_gpus:g} GPUs in the cluster / {per_trial:g} per trial"
-    f = forecast(jobs_from_plan(spec, plan, device), device, concurrency=conc,
-                 parents_parallel=max(1, conc), price=price)
+    jobs = jobs_from_plan(spec, plan, device)
+    policy = schedule.policy_for(plugins(spec)[0].trains_up_front, len(plan.branch_groups),
+                                 sum(j.accelerators for j in jobs if j.kind == "parent"),
+                                 conc * per_trial)
+    f = forecast(jobs, device, concurrency=conc, parents_parallel=max(1, conc), price=price,
+                 policy=policy)
     lines = f.lines()
     lines[0] += f" ({why})"
     for line in lines:

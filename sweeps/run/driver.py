@@ -1,8 +1,9 @@
 """The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
 
 Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared first (``sweeps.run.parents``; or the trials train them on demand,
-where the search algorithm says so), then Ray Tune runs the trials
+stable runs are prepared by Ray tasks (``sweeps.run.parents``: each trial starts as soon as its
+own parent is ready where there are no stable runs, else every one first; or the trials train
+them on demand, where the search algorithm says so), and Ray Tune runs the trials
 (``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
 What differs between search algorithms and schedulers is asked of the spec's two plug-ins
 (``sweeps.spec.algorithm``); this module has no branch on either.
@@ -26,7 +27,7 @@ from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
 from moe_core.train.config import TrainConfig
-from sweeps.plan import resources
+from sweeps.plan import resources, schedule
 from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
@@ -35,7 +36,13 @@ from sweeps.run import budget, console, setup_progress
 from sweeps.run.address import check_address
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper
-from sweeps.run.parents import cache_paths, train_parents, train_stables
+from sweeps.run.parents import (
+    cache_paths,
+    report_diverged,
+    start_parents,
+    train_parents,
+    train_stables,
+)
 from sweeps.run.resume import UnsoundStateError, check_tune_state, rebind
 from sweeps.run.trial import TrialContext, run_trial
 from sweeps.spec.algorithm import plugin, plugins
@@ -471,6 +478,31 @@ def results_location(spec: SweepSpec, resume: bool) -> Results:
     return results_dir
 
 
+def _parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str) -> tuple[dict[str, Any], bool]:
+    """The parents' ObjectRefs, and whether the trials start while they train: each trial as
+    soon as its own parent is ready (``sweeps.plan.schedule.policy_for``, as the forecast
+    says; ``sweeps.run.parents.start_parents``), else every parent first."""
+    up_front = plugins(spec)[0].trains_up_front  # else each trial trains its own
+    if not up_front or not plan.parents:
+        return {}, False
+    # whether every parent task fits the cluster is checked by starting them (start_parents)
+    if schedule.policy_for(up_front, len(plan.branch_groups), 0, 0) == schedule.OWN_PARENT:
+        return start_parents(spec, plan, cache_dir)
+    return train_parents(spec, plan, cache_dir), False
+
+
+def _overlapped_wall(refs: dict[str, Any]) -> float:
+    """The longest parent task's seconds (they trained in parallel), its diverged parents
+    said on the console."""
+    try:
+        payloads = dict(zip(refs, ray.get(list(refs.values()))))
+    except Exception as e:  # its trials read the disk cache instead (get_parent)
+        console.progress(f"a parent task failed: {type(e).__name__}: {str(e)[:200]}")
+        return 0.0
+    report_diverged(payloads)
+    return max((float(p.get("_seconds", 0.0)) for p in payloads.values()), default=0.0)
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False, limits: BudgetConfig | None = None) -> dict[str, Any]:
@@ -503,11 +535,12 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     algorithm, sched = plugins(spec)
     predictor = sched.predictor(spec)  # fitted before any training: fails in seconds
     t0 = time.time()
-    up_front = algorithm.trains_up_front  # else each trial trains its own when it starts
-    refs = train_parents(spec, plan, cache_dir) if up_front else {}
-    stables = train_stables(spec, plan, refs, cache_dir, results_dir) if up_front else {}
+    refs, overlapped = _parents(spec, plan, cache_dir)
+    stables = train_stables(spec, plan, refs, cache_dir, results_dir) \
+        if algorithm.trains_up_front else {}
     parent_wall = time.time() - t0
-    ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))  # parents, stables
+    if not overlapped:  # overlapped: charged once they are done (after the trials)
+        ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, ctx=TrialContext(
@@ -526,6 +559,9 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     try:
         with tune_settings(conc, plan.num_trials), committed_uploads():
             grid = tuner.fit()
+        if overlapped:
+            parent_wall = _overlapped_wall(refs)
+            ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))
         finals = _final_results(results_dir, grid)
     finally:
         budget.deactivate()

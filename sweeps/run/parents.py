@@ -128,8 +128,9 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
         return None
     ref = parents.get(key)
     if ref is not None:
-        try:
-            payload = ray.get(ref, timeout=600)
+        try:  # a parent task still training (sweeps.run.driver overlaps them): wait it out
+            pending = not ray.wait([ref], timeout=0)[0]
+            payload = ray.get(ref, timeout=None if pending else 600)
         except Exception:  # object lost with its node: fall back to the disk cache
             payload = None
         if payload is not None and "diverged" in payload:
@@ -167,10 +168,28 @@ def hashing_stage(child: TrainConfig) -> str:
     return f"hashing its inputs ({size / 1e6:,.0f} MB of safetensors)"
 
 
+@ray.remote(num_cpus=0, max_restarts=0)
+class StartBoard:
+    """The parent tasks that have started (each holds its resources then): the driver starts
+    the trials only once every parent task has (:func:`start_parents`)."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def mark(self, key: str) -> None:
+        self.keys.add(key)
+
+    def count(self) -> int:
+        return len(self.keys)
+
+
 @ray.remote(max_calls=1)
 def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool = False,
-                       planned_key: str | None = None) -> dict[str, Any]:
+                       planned_key: str | None = None, board: Any = None) -> dict[str, Any]:
     check_reserved_device()
+    if board is not None:
+        ray.get(board.mark.remote(planned_key))
+    t0 = time.time()
     remote, local = cache_paths(cache_dir)
     if planned_key is not None:  # the driver's key: the stage is shown while this hashes
         ProgressFile(local / f"{planned_key}.progress.json", 0).on_stage(hashing_stage(child))
@@ -188,7 +207,8 @@ def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool 
         return {"diverged": str(e), "step": e.step}
     finally:
         progress.path.unlink(missing_ok=True)
-    return {**parent_payload(state, with_optimizer), "_trained_now": trained}
+    return {**parent_payload(state, with_optimizer), "_trained_now": trained,
+            "_seconds": time.time() - t0}
 
 
 class ProgressFile(Callback):
@@ -270,29 +290,75 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
                              + "; ".join(parts))
 
 
-def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path) -> dict[str, Any]:
-    """Train every distinct parent of the plan once (in parallel Ray tasks) and return their
-    ObjectRefs keyed by parent hash. The state lives in the object store as numpy arrays."""
+def launch_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path,
+                   board: Any = None) -> dict[str, Any]:
+    """Start one Ray task per distinct parent of the plan; their ObjectRefs keyed by hash."""
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
     # the disk cache by the trials instead of being retrained.
     refs = {key: _train_parent_task.options(**task_options(spec), max_retries=0)
-            .remote(p.child, str(cache_dir), p.needs_optimizer, key)
+            .remote(p.child, str(cache_dir), p.needs_optimizer, key, board)
             for key, p in plan.parents.items()}
     if refs:
         console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
                          f"{cache_dir})")
-        local = cache_paths(cache_dir)[1]
-        _wait_with_progress("parents", refs,
-                            {k: local / f"{k}.progress.json" for k in refs})
-        payloads = ray.get(list(refs.values()))  # a failure surfaces now
-        for key, payload in zip(refs, payloads):
-            if "diverged" in payload:
-                console.progress(f"parent {key} {payload['diverged']}: its trials are "
-                                 "reported as diverged")
-        # put from the driver: a task's return value lives on the node that ran it, and an
-        # autoscaler never removes a node holding an object's primary copy
-        refs = {key: ray.put(payload) for key, payload in zip(refs, payloads)}
     return refs
+
+
+def settle_parents(refs: dict[str, Any], cache_dir: str | Path) -> dict[str, Any]:
+    """Wait for every parent task (its progress shown) and put each payload from the driver;
+    their ObjectRefs keyed by parent hash."""
+    if not refs:
+        return refs
+    local = cache_paths(cache_dir)[1]
+    _wait_with_progress("parents", refs, {k: local / f"{k}.progress.json" for k in refs})
+    payloads = ray.get(list(refs.values()))  # a failure surfaces now
+    report_diverged(dict(zip(refs, payloads)))
+    # put from the driver: a task's return value lives on the node that ran it, and an
+    # autoscaler never removes a node holding an object's primary copy
+    return {key: ray.put(payload) for key, payload in zip(refs, payloads)}
+
+
+def report_diverged(payloads: Mapping[str, Mapping[str, Any]]) -> None:
+    for key, payload in payloads.items():
+        if "diverged" in payload:
+            console.progress(f"parent {key} {payload['diverged']}: its trials are "
+                             "reported as diverged")
+
+
+def train_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path) -> dict[str, Any]:
+    """Train every distinct parent of the plan once (in parallel Ray tasks) and return their
+    ObjectRefs keyed by parent hash. The state lives in the object store as numpy arrays."""
+    return settle_parents(launch_parents(spec, plan, cache_dir), cache_dir)
+
+
+START_GRACE_S = 120.0
+"""How long the driver waits for every parent task to start before it falls back to training
+every parent first (their GPUs not free, or nodes still being added)."""
+
+
+def start_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path,
+                  grace_s: float = START_GRACE_S) -> tuple[dict[str, Any], bool]:
+    """Start every parent task and return (refs, True) once all of them have started: the
+    trials may start now, each waiting in its set-up for its own parent's task
+    (``get_parent``) while the other parents train (``sweeps.plan.schedule`` own_parent). A
+    trial never takes a GPU that a parent still waits for, so none waits on a parent that
+    cannot start. When not every one has started within ``grace_s``: every parent is trained
+    first, as :func:`train_parents` does, and (refs, False)."""
+    board = StartBoard.remote()
+    refs = launch_parents(spec, plan, cache_dir, board)
+    deadline = time.time() + grace_s
+    try:
+        while refs and time.time() < deadline:
+            if ray.get(board.count.remote()) >= len(refs):
+                return refs, True
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
+        if not refs:
+            return refs, True
+        console.progress(f"not every parent task started within {grace_s:g} s: training "
+                         "every parent before the trials")
+        return settle_parents(refs, cache_dir), False
+    finally:
+        ray.kill(board)
 
 
 def stable_curve(curve: list[dict[str, Any]], every_steps: int) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
+import ray
 import torch
 from ray import tune
 
@@ -318,8 +319,11 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     trial_id = tune.get_context().get_trial_id()
     board = setup_board(spec, t, cache_dir, trial_id)
     if t.parent_key is not None:
+        ref = parents.get(t.parent_key)
+        training = ref is not None and not ray.wait([ref], timeout=0)[0]
         board.on_stage(f"parent: {t.parent_key[:8]} from the object store"
-                       f"{'' if parents.get(t.parent_key) else ' (else its disk cache)'}")
+                       f"{' (still training: waiting for it)' if training else ''}"
+                       f"{'' if ref is not None else ' (else its disk cache)'}")
     try:
         parent = _start(t, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
