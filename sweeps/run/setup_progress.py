@@ -5,8 +5,9 @@ DeepSpeed engine, the knob audit, the first eval that compiles the model) can ta
 real model. Each stage is announced (``Callback.on_stage``: what and how large) to a
 :class:`SetupBoard`, which keeps the trial's stages with their start times in a small JSON file
 (``<parent cache>/.setup/<sweep>/<trial_id>.json``, hidden so no listing of parent entries
-counts it, node-local as the parents' progress files are); the driver's progress line of a trial with no eval yet reads it (:func:`setup_line`):
-the stage, how far (stage i of n), the seconds in it and in set-up, and an ETA.
+counts it, node-local as the parents' progress files are); the driver's progress line of a
+trial with no eval yet reads it (:func:`setup_line`): the stage, how far (stage i of n), the
+seconds in it and in set-up, and an ETA.
 
 The ETA comes from the set-ups that finished before in the same sweep (same folder): their
 seconds scaled by this trial's parameter bytes over theirs (set-up moves the weights a few
