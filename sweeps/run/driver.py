@@ -457,7 +457,7 @@ def _final_results(results_dir: Results, grid: Any,
         console.progress(p)
     reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [],
               signals.received(), budget.stopped_by())  # cut trials: interrupted or budget, not ok
-    for t in (sink.trial_ids("running") | sink.trial_ids(None)) if cut else ():
+    for t in sink.trial_ids("running") if cut else ():
         sink.mark(t, OOM_STATUS, cut[0], columns=cut[1])
     sink.close()
     if sink.write_errors:

@@ -20,7 +20,7 @@ THRESHOLD_ENV = "RAY_memory_usage_threshold"
 DEFAULT_THRESHOLD = 0.95
 """Ray 2.60's ``memory_usage_threshold`` when the variable is not set."""
 LOWER = ("lower max_concurrent (--max-concurrent), batch.micro_batch or the model size, or "
-         "raise optim.zero_stage")
+         "raise optim.zero_stage (a trial of several ranks)")
 """What makes a trial fit in less memory (``docs/own-checkpoint.md``)."""
 MARKERS = ("running low on memory", "OutOfMemoryError")
 """Text of Ray's memory-monitor kill (its message, or the exception's name in a traceback)."""

@@ -76,6 +76,8 @@ def mark_changes(statuses: frozenset, status: str) -> bool:
         return False
     if len(statuses) != 1 or not statuses <= {"ok", "pruned", "failed", OOM_STATUS}:
         return True
+    if statuses == {OOM_STATUS}:  # reopened: any other outcome replaces it (a --resume)
+        return status != OOM_STATUS
     return status in ("failed", OOM_STATUS) and statuses != {status}
 
 

@@ -85,10 +85,44 @@ def test_oom_rows_keep_their_figures_and_resume_to_ok(tmp_path):
     rows = sink.rows_of("a")
     assert {r["status"] for r in rows.values()} == {"oom"}
     assert all(r["memory.used_gb"] == 7.33 and r["reason"] == reason for r in rows.values())
-    sink.add({"trial_id": "a", "step": 4, "status": "running", "val_loss": 0.9})  # --resume
-    sink.mark("a", "ok")
+    reconcile(sink, [T()])  # marked again: no change
+    sink.flush(wait=True)  # sealed into a part
+    sink.mark("a", "ok")  # --resume finished it: read back and reopened
     assert {r["status"] for r in sink.rows_of("a").values()} == {"ok"}
     sink.close()
+
+
+def test_tune_dying_for_memory_stops_in_one_line_keeping_every_row(tmp_path):
+    from sweeps.run.driver import _final_results, _fit
+
+    sink = ResultsSink(tmp_path, flush_s=0)
+    for t in ("a", "b"):
+        sink.add({"trial_id": t, "step": 0, "status": "running", "val_loss": 1.0})
+    sink.mark("b", "ok")
+
+    class Tuner:  # Tune's actor manager meeting Ray's OutOfMemoryError (ray#29736)
+        def __init__(self, error):
+            self.error = error
+
+        def fit(self):
+            try:
+                raise self.error
+            except OutOfMemoryError as e:
+                raise RuntimeError(f"Caught unexpected exception: {e}") from e
+
+    class Callback:
+        pass
+
+    cb = Callback()
+    cb.sink = sink
+    grid, line, cut = _fit(Tuner(OutOfMemoryError(RAY_MESSAGE)), 1, 2, cb)
+    assert grid is None and line.startswith("the sweep stopped: ") and "\n" not in line
+    assert LOWER in line and "7.33 of 23.54 GB" in line
+    finals = {r["trial_id"]: r for r in _final_results(tmp_path, None, cut)}
+    assert finals["a"]["status"] == "oom" and finals["a"]["memory.threshold"] == 0.286
+    assert finals["b"]["status"] == "ok"
+    with pytest.raises(ValueError, match="not memory"):  # anything else is not swallowed
+        _fit(Tuner(ValueError("not memory")), 1, 2, cb)
 
 
 def test_wandb_logging_lost_is_one_line_not_a_crash(capsys):
