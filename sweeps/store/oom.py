@@ -30,7 +30,7 @@ GB = 1e9  # Ray's message counts GB of 10^9 bytes
 
 _USED = re.compile(r"was ([\d.]+)GB used / ([\d.]+)GB limit")
 _THRESHOLD = re.compile(r"threshold of (\d+)B \(([\d.]+)% of (\d+)B limit\)")
-_KILLED = re.compile(r"Selected to kill:.*?actual memory used=([\d.]+)GB")
+_KILLED = re.compile(r"Selected to kill: .*?task name=([^,]+),.*?actual memory used=([\d.]+)GB")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +43,10 @@ class NodeMemory:
     threshold: float | None
     """Ray's kill threshold, a fraction of ``total_gb``."""
     trial_rss_gb: float | None = None
-    """Memory of the killed worker (the trial's process), when Ray's message names it."""
+    """Memory of the killed trial's process (the largest killed worker that is not one of Ray's
+    own actors, ``_QueueActor``, ``_WandbLoggingActor``...), when Ray's message names it."""
+    others: tuple[str, ...] = ()
+    """Ray's own actors killed with it (W&B's logging and queue actors)."""
 
     @property
     def available_gb(self) -> float | None:
@@ -68,6 +71,8 @@ class NodeMemory:
             parts.append(f"{self.available_gb:.2f} GB available")
         if self.trial_rss_gb is not None:
             parts.append(f"the killed worker at {self.trial_rss_gb:.2f} GB")
+        if self.others:
+            parts.append(f"also killed: {', '.join(self.others)}")
         return ", ".join(parts) or "node memory unknown"
 
 
@@ -100,18 +105,26 @@ def node_now() -> NodeMemory:
                       threshold=configured_threshold())
 
 
+def _killed(message: str) -> tuple[float | None, tuple[str, ...]]:
+    """(the killed trial's GB, Ray's own actors killed with it) from Ray's ``Selected to kill``
+    lines: a trial's actor is named by its class (``ImplicitFunc``), Ray's own start with _."""
+    found = [(name.split(".")[0], float(gb)) for name, gb in _KILLED.findall(message)]
+    ours = [gb for name, gb in found if not name.startswith("_")] or [gb for _, gb in found]
+    return max(ours, default=None), tuple(sorted({n for n, _ in found if n.startswith("_")}))
+
+
 def from_message(message: str) -> NodeMemory:
     """The figures in Ray's kill message; what it lacks, from this node now."""
-    used, thr, killed = _USED.search(message), _THRESHOLD.search(message), \
-        _KILLED.search(message)
+    used, thr = _USED.search(message), _THRESHOLD.search(message)
+    rss, others = _killed(message)
     if used is None:
         now = node_now()
         return NodeMemory(total_gb=now.total_gb, used_gb=now.used_gb, threshold=(
-            float(thr.group(2)) / 100 if thr else now.threshold),
-            trial_rss_gb=float(killed.group(1)) if killed else None)
+            float(thr.group(2)) / 100 if thr else now.threshold), trial_rss_gb=rss,
+            others=others)
     return NodeMemory(total_gb=float(used.group(2)), used_gb=float(used.group(1)),
                       threshold=float(thr.group(2)) / 100 if thr else configured_threshold(),
-                      trial_rss_gb=float(killed.group(1)) if killed else None)
+                      trial_rss_gb=rss, others=others)
 
 
 def oom_outcome(message: str, what: str = "the trial") -> tuple[str, dict[str, Any]]:

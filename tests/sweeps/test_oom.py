@@ -32,8 +32,11 @@ RAY_MESSAGE = (
     "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: "
     "192.0.2.2, ID: 1ad7f7) was 7.33GB used / 23.54GB limit (0.311547)\nOOM kill reason: Memory "
     "usage 7667613696B exceeded threshold of 7224024576B (28.6% of 25276502016B limit)\n"
-    "Selected to kill: (Actor(478b03): job ID=01000000, task name=ImplicitFunc.train, pid=29909,"
-    " actual memory used=0.24GB, worker ID=7ee4ef)\n]\nTop 10 memory users: PID\tMEM(GB)\tCOMMAND"
+    "Selected to kill: (Actor(458ae7): job ID=01000000, task name=_QueueActor.__init__, "
+    "required resources={}, pid=456, actual memory used=0.12GB, worker ID=1)\n"
+    "Selected to kill: (Actor(478b03): job ID=01000000, task name=ImplicitFunc.train, required "
+    "resources={CPU_group_0_0644: 1, CPU: 1}, pid=29909, actual memory used=0.24GB, worker "
+    "ID=7ee4ef)\n]\nTop 10 memory users: PID\tMEM(GB)\tCOMMAND"
     "\n25422\t1.00\tpython bench.py\n")
 
 
@@ -45,7 +48,8 @@ def test_ray_kill_message_gives_the_node_figures():
     reason, cols = oom_outcome(RAY_MESSAGE)
     assert set(cols) == set(MEMORY_COLUMNS) and cols["memory.available_gb"] == 16.21
     assert "node 7.33 of 23.54 GB used" in reason and "threshold 0.29" in reason
-    assert "killed worker at 0.24 GB" in reason and LOWER in reason and "\n" not in reason
+    assert "killed worker at 0.24 GB, also killed: _QueueActor" in reason  # the trial's GB
+    assert LOWER in reason and "\n" not in reason
     assert is_oom(RAY_MESSAGE) and is_oom(OutOfMemoryError("x")) and not is_oom("ValueError")
     wrapped = RuntimeError("Caught unexpected exception")  # how Tune re-raises it
     wrapped.__cause__ = OutOfMemoryError(RAY_MESSAGE)
@@ -155,21 +159,23 @@ def _run(f: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProce
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_trial_killed_for_memory_is_an_oom_row_and_resumes(tmp_path):
-    """Two tiny trials, one at a time, Ray's kill threshold 3.5 GiB above the node's use now:
-    the first trial eats memory after its 2nd report (steps 0, 2) until Ray's memory monitor
-    kills it. Its rows say oom with the node's figures, the second trial runs to the end (unless
-    the shared machine's own load crossed the threshold too: then it is oom as well), the driver
-    exits 4 with one line per kill and no traceback; --resume finishes what was killed."""
+    """Two tiny trials, one at a time, W&B offline, Ray's kill threshold 3.5 GiB above the
+    node's use now: the first trial eats memory after its 2nd report (steps 0, 2) until Ray's
+    memory monitor kills it (and, as in #39's report, its W&B queue and logging actors). Its
+    rows say oom with the node's figures, the second trial runs to the end (unless the shared
+    machine's own load crossed the threshold too: then it is oom as well) and is logged to W&B,
+    the driver exits 4 with one line per kill and no traceback; --resume finishes the rest."""
     vm = psutil.virtual_memory()
     threshold = min(0.95, (vm.total - vm.available + (7 << 29)) / vm.total)
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     spec = {"sweep": "oom", "base": tiny_base(), "max_concurrent": 1,
             "search": {"optim.lr": {"grid": [1e-3, 3e-3]}}, "checkpoint": {"every_evals": 1},
-            "failure": {"max_failures": 0}, "logging": {"wandb": {"enabled": False}},
+            "failure": {"max_failures": 0}, "logging": {"wandb": {"mode": "offline"}},
             "results": str(tmp_path / "results")}
     f = tmp_path / "spec.yaml"
     f.write_text(yaml.safe_dump(spec))
     env = dict(os.environ, UPCYCLE_CACHE=str(tmp_path / "cache"), RAY_TMPDIR=str(ray_tmp),
+               WANDB_DIR=str(tmp_path / "wandb"),
                RAY_memory_usage_threshold=f"{threshold:.4f}", RAY_memory_monitor_refresh_ms="100",
                **{OOM_AFTER_ENV: "2"})
     env.pop("RAY_ADDRESS", None)
@@ -178,7 +184,6 @@ def test_a_trial_killed_for_memory_is_an_oom_row_and_resumes(tmp_path):
         t0 = time.time()
         out = _run(f, env)
         first_s = time.time() - t0
-        (Path(tempfile.gettempdir()) / "oom-test-first.err").write_text(out.stderr)
         assert out.returncode == 4, out.stdout[-2000:] + out.stderr[-3000:]
         assert "Traceback" not in out.stderr, out.stderr[-3000:]
         killed = [x for x in out.stderr.splitlines() if "killed by Ray's memory monitor" in x]
@@ -194,6 +199,8 @@ def test_a_trial_killed_for_memory_is_an_oom_row_and_resumes(tmp_path):
         hog = (tmp_path / "results").rglob(".oom-once")
         assert next(hog, None) is not None and any(  # the hog's trial: its rows before the kill
             sorted(r["step"] for r in oom if r["trial_id"] == t)[:2] == [0, 2] for t in cut)
+        ran_on = {r["trial_id"] for r in rows} - cut  # W&B logged on for the trial after it
+        assert all(any(t in w.name for w in res.rglob("*.wandb")) for t in ran_on)
         row = oom[0]
         assert row["memory.total_gb"] > 1 and 0 < row["memory.used_gb"] <= row["memory.total_gb"]
         assert row["memory.threshold"] == pytest.approx(threshold, abs=0.01)
