@@ -372,13 +372,6 @@ class ResultsSink:
             self._append({"row": row})
         self.maybe_flush()
 
-    def _apply_mark(self, trial_id: str, status: str, reason: str | None,
-                    columns: dict[str, Any] | None = None) -> bool:
-        mine = self.trials.get(trial_id, {})
-        if mine:
-            self._dirty.add(trial_id)
-        return apply_mark(mine.values(), status, reason, columns)
-
     def _mark_locked(self, trial_id: str, status: str, reason: str | None,
                      placeholder: dict[str, Any] | None = None,
                      columns: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -388,8 +381,10 @@ class ResultsSink:
             if not mark_changes(self._statuses.get(trial_id, frozenset()), status):
                 return None  # e.g. reconcile's "ok" for a trial sealed as ok: no read back
             self._unseal(trial_id)
-        added = None
-        if not self._apply_mark(trial_id, status, reason, columns) and placeholder is not None:
+        added, mine = None, self.trials.get(trial_id, {})
+        if mine:
+            self._dirty.add(trial_id)
+        if not apply_mark(mine.values(), status, reason, columns) and placeholder is not None:
             added = dict(placeholder, **(columns or {}), trial_id=trial_id, status=status,
                          reason=reason, step=0)
             self._put(added)
@@ -401,9 +396,8 @@ class ResultsSink:
     def mark(self, trial_id: str, status: str, reason: str | None = None,
              placeholder: dict[str, Any] | None = None,
              columns: dict[str, Any] | None = None) -> None:
-        """Set the outcome of a trial's rows (and ``columns`` on them: an ``oom`` trial's memory
-        figures); a trial with no row yet gets ``placeholder``. Durable (fsynced, with every row
-        logged before it) when this returns."""
+        """Set a trial's outcome (and ``columns``) on its rows; one with no row yet gets
+        ``placeholder``. Durable (fsynced, with every row logged before it) when this returns."""
         with self._lock:
             added = self._mark_locked(trial_id, status, reason, placeholder, columns)
             if added is not None:
