@@ -28,6 +28,7 @@ from sweeps.run.address import check_address, dry_run_address
 from sweeps.spec import budget as budget_flags
 from sweeps.spec.sweep import load_spec
 from sweeps.spec.trials import check_kernels
+from sweeps.store.oom import LOWER
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -119,6 +120,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
 BUDGET_EXIT = 3
 """Exit status of a sweep stopped by its budget (2: a configuration error, before launch)."""
+OOM_EXIT = 4
+"""Exit status of a sweep in which Ray's memory monitor killed a trial (its rows say ``oom``)
+or an actor the sweep needed (the sweep stopped; the running trials' rows say ``oom``)."""
 RESUME_HINT = "interrupted: rerun with --resume to continue; finished trials are kept"
 
 
@@ -176,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
               "trials stopped, rows kept; raise the limit and rerun with --resume to continue",
               file=sys.stderr)
         return BUDGET_EXIT
+    if summary.get("memory_stop") or summary.get("oom"):
+        print(summary.get("memory_stop") or f"{summary['oom']} trial(s) killed by Ray's memory "
+              f"monitor (status oom, rows kept); {LOWER}, then rerun with --resume",
+              file=sys.stderr)
+        return OOM_EXIT
     if not summary.get("complete", True):
         print(f"{RESUME_HINT} ({len(summary['unfinished'])} unfinished, "
               f"{summary['not_started']} not started)", file=sys.stderr)

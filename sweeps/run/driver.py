@@ -36,6 +36,7 @@ from sweeps.run import budget, console, setup_progress
 from sweeps.run.address import check_address
 from sweeps.run.guard import SPEC_FILE, ray_address, record_spec
 from sweeps.run.health import HealthStopper
+from sweeps.run.memory import stop_outcome, survive_oom
 from sweeps.run.parents import (
     cache_paths,
     report_diverged,
@@ -50,6 +51,7 @@ from sweeps.spec.budget import BudgetConfig
 from sweeps.spec.naming import trial_dirname
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.generations import committed_uploads, handler_of, tune_storage
+from sweeps.store.oom import OOM_STATUS, is_oom
 from sweeps.store.provenance import provenance
 from sweeps.store.results import (
     RESULTS_FILE,
@@ -63,7 +65,7 @@ from sweeps.store.results import (
 from sweeps.store.signing import KEY_FILE_ENV, verify_tree
 from sweeps.store.sink import ResultsSink, row_from_result
 from sweeps.store.storage import S3_SETTINGS, STAGING_ENV, Location, join_uri, staging_dir
-from sweeps.store.trial_outcomes import error_reason, reconcile, recorded_prune
+from sweeps.store.trial_outcomes import error_outcome, reconcile, recorded_prune
 from sweeps.store.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 from sweeps.testing import faults
 
@@ -72,8 +74,9 @@ from sweeps.testing import faults
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            faults.COST_ENV, faults.HOLD_ENV, "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV,
-            STAGING_ENV, "AWS_SHARED_CREDENTIALS_FILE", *S3_SETTINGS)
+            faults.OOM_AFTER_ENV, faults.COST_ENV, faults.HOLD_ENV, "OMP_NUM_THREADS",
+            ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV, "AWS_SHARED_CREDENTIALS_FILE",
+            *S3_SETTINGS)
 Results = Path | Location
 """A sweep's results folder: a local Path, or a Location on object storage."""
 
@@ -192,10 +195,18 @@ class ResultsCallback(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._ensure_loaded()
-        self.sink.mark(trial.trial_id, "failed", error_reason(trial),
-                       placeholder=self._placeholder(trial))
+        status, reason, cols = error_outcome(trial)  # oom: killed by Ray's memory monitor
+        self.sink.mark(trial.trial_id, status, reason, placeholder=self._placeholder(trial),
+                       columns=cols)
+        if status == OOM_STATUS:
+            console.progress(f"trial {trial.trial_id}: {reason}")
         self.sink.flush()
         self._progress(trials, trial)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        status, reason, _ = error_outcome(trial)
+        if status == OOM_STATUS:  # Tune retries it (failure.max_failures)
+            console.progress(f"trial {trial.trial_id}: {reason.split('; ')[0]}; retrying it")
 
     def _progress(self, trials, ended) -> None:
         n = len(self.done)
@@ -435,20 +446,40 @@ def _tuner(spec: SweepSpec, plan: SweepPlan, trainable: Any, results_dir: Result
     )
 
 
-def _final_results(results_dir: Results, grid: Any) -> list[dict[str, Any]]:
+def _final_results(results_dir: Results, grid: Any,
+                   cut: tuple[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The last row of each trial, with its outcome taken from Tune's own trial states (a
     resumed sweep restores finished trials without calling back for them); read one part of
-    the sink at a time."""
+    the sink at a time. ``cut``: the sweep stopped for memory, the ``oom`` reason and columns
+    of each trial it left running."""
     sink = ResultsSink(results_dir, types=config_types(TrainConfig))
     for p in sink.load(results_dir / "tune").problems:
         console.progress(p)
     reconcile(sink, getattr(getattr(grid, "_experiment_analysis", None), "trials", None) or [],
               signals.received(), budget.stopped_by())  # cut trials: interrupted or budget, not ok
+    for t in sink.trial_ids("running") if cut else ():
+        sink.mark(t, OOM_STATUS, cut[0], columns=cut[1])
     sink.close()
     if sink.write_errors:
         raise UpcycleError(f"could not write {sink.path}: {sink.write_errors[-1]}; the rows are "
                            f"kept in {sink.log_dir} and rerunning with --resume rebuilds it")
     return sink.final_rows()
+
+
+def _fit(tuner: tune.Tuner, conc: int, trials: int, results: ResultsCallback
+         ) -> tuple[Any, str | None, tuple[str, dict[str, Any]] | None]:
+    """``tuner.fit()``: (its result grid, None, None); or, when a worker the sweep needs was
+    killed for memory in a way Tune does not survive (``sweeps.run.memory``), (None, the one
+    line that says so, the ``oom`` reason and columns of the trials it cut)."""
+    try:
+        with tune_settings(conc, trials), committed_uploads(), survive_oom():
+            return tuner.fit(), None, None
+    except Exception as e:  # noqa: BLE001 - only memory is recorded; anything else re-raised
+        if not is_oom(e):
+            raise
+        line, reason, cols = stop_outcome(e)
+        results.sink.close()  # its rows durable before they are read back
+        return None, line, (reason, cols)
 
 
 def results_location(spec: SweepSpec, resume: bool) -> Results:
@@ -551,25 +582,24 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         {**resources.trial_resources(spec), **custom_resources(spec)},
     )
     conc = _concurrency(spec, max_concurrent)
-    tuner = _tuner(spec, plan, trainable, results_dir,
-                   _callbacks(spec, plan, results_dir, health,
-                              setup_progress.board_dir(cache_paths(cache_dir)[1], spec.name)),
-                   conc, resume, verbose, health)
+    callbacks = _callbacks(spec, plan, results_dir, health,
+                           setup_progress.board_dir(cache_paths(cache_dir)[1], spec.name))
+    tuner = _tuner(spec, plan, trainable, results_dir, callbacks, conc, resume, verbose, health)
     budget.activate(ledger, console.progress)
     try:
-        with tune_settings(conc, plan.num_trials), committed_uploads():
-            grid = tuner.fit()
+        grid, memory_stop, cut = _fit(tuner, conc, plan.num_trials, callbacks[0])
         if overlapped:
             parent_wall = _overlapped_wall(refs)
             ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))
-        finals = _final_results(results_dir, grid)
+        finals = _final_results(results_dir, grid, cut)
     finally:
         budget.deactivate()
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=algorithm.planned(spec, plan, results_dir),
                         results=join_uri(spec.results_uri, RESULTS_FILE),
                         wall_s=time.time() - t0, parent_wall_s=parent_wall)
-    summary["errors"] = grid.num_errors
+    summary["errors"] = grid.num_errors if grid is not None else summary["failed"]
+    summary["memory_stop"] = memory_stop  # the one line; the cut trials' rows say oom
     summary["budget"] = ledger.record()  # limits, spent (earlier runs included), status
     summary["provenance"] = provenance()  # the code, libraries and device (sweeps.store.provenance)
     summary.update(algorithm.after_run(spec, plan, results_dir))

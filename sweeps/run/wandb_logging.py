@@ -9,6 +9,12 @@ sweep's group, with
   (``health/worst/<stat>``, ``health/all/<stat>``) so W&B's panels group it by layer, plotted
   against the optimizer ``step``.
 
+W&B logging is never what ends a sweep: if a trial's logging actor or its queue actor dies
+(Ray's memory monitor kills them first when the node runs low, ``sweeps.run.memory``), one line
+says that W&B logging is lost for the rest of the run, the remaining logging actors are let go,
+and every later call is a no-op; the results Parquet, which the driver writes itself, stays
+complete.
+
 Imported only where W&B logs (it imports wandb)."""
 
 from __future__ import annotations
@@ -16,13 +22,18 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+import ray
 from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+from ray.exceptions import RayError
 
+from sweeps.run import console
+from sweeps.store.oom import is_oom
 from sweeps.store.provenance import provenance
 from sweeps.store.wandb_keys import HEALTH, nest, wandb_result
 
 STEP_METRICS = (f"{HEALTH}/*", "val_loss", "train_loss", "lr", "aux_loss")
 """Metrics W&B plots against the optimizer ``step`` column (``define_metric``)."""
+LOST = "W&B logging lost for the rest of the run"
 
 
 class StepLoggingActor(_WandbLoggingActor):
@@ -42,9 +53,12 @@ class StepLoggingActor(_WandbLoggingActor):
 
 class ProvenanceWandbLogger(WandbLoggerCallback):
     """``WandbLoggerCallback`` whose runs hold the provenance and the trial's columns as config
-    and the health metrics by layer (``static``: the sweep's static columns)."""
+    and the health metrics by layer (``static``: the sweep's static columns); it gives up W&B
+    logging (in one line) rather than the sweep when one of its actors dies."""
 
     _logger_actor_cls = StepLoggingActor
+    lost: str | None = None
+    """Why W&B logging was given up, once it was."""
 
     def __init__(self, *args: Any, static: Collection[str] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,5 +71,58 @@ class ProvenanceWandbLogger(WandbLoggerCallback):
         wandb_init_kwargs["config"] = config
         super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
 
+    def _guarded(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        if self.lost is not None:
+            return
+        try:
+            call(*args, **kwargs)
+        except (RayError, RuntimeError) as e:  # RuntimeError: Ray's own wrapping of an OOM kill
+            if not isinstance(e, RayError) and not is_oom(e):
+                raise
+            self.give_up(e)
+
+    def _dead_actor(self, trial: Any) -> BaseException | None:
+        """The error of ``trial``'s logging actor if it has already ended in one (killed)."""
+        fut = self._trial_logging_futures.get(trial)
+        if fut is None or not ray.wait([fut], timeout=0)[0]:
+            return None
+        try:
+            ray.get(fut)
+        except RayError as e:
+            return e
+        return None
+
+    def give_up(self, error: BaseException) -> None:
+        """Stop logging to W&B for the rest of the run, in one line."""
+        why = "killed for memory" if is_oom(error) else type(error).__name__
+        self.lost = f"{LOST} (a logging actor died: {why}); results.parquet keeps every row"
+        console.progress(self.lost)
+        for actor in [*self._trial_logging_actors.values(),
+                      *(getattr(q, "actor", None) for q in self._trial_queues.values())]:
+            if actor is None or not ray.is_initialized():
+                continue
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead: nothing to let go
+                pass
+        self._trial_logging_actors, self._trial_logging_futures = {}, {}
+        self._logging_future_to_trial, self._trial_queues = {}, {}
+
+    def log_trial_start(self, trial: Any) -> None:
+        self._guarded(super().log_trial_start, trial)
+
     def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
-        super().log_trial_result(iteration, trial, wandb_result(result, self.static))
+        dead = self._dead_actor(trial) if self.lost is None else None
+        if dead is not None:
+            self.give_up(dead)
+        self._guarded(super().log_trial_result, iteration, trial,
+                      wandb_result(result, self.static))
+
+    def log_trial_save(self, trial: Any) -> None:
+        self._guarded(super().log_trial_save, trial)
+
+    def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+        self._guarded(super().log_trial_end, trial, failed)
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        self._guarded(super().on_experiment_end, trials, **info)

@@ -17,7 +17,10 @@ Columns, in this order:
 - effective columns ``effective.<YAML path>``: the value of each knob read back from the live
   trainer at set-up (``moe_core.train.audit``; a trial whose value differs fails in one line);
 - compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
-  dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``).
+  dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``);
+- memory columns ``memory.<figure>`` on the rows of a trial Ray's memory monitor killed (status
+  ``oom``): the node's total, used and available GB, Ray's kill threshold and the killed
+  worker's GB (``sweeps.store.oom``).
 
 Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
 read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
@@ -61,6 +64,8 @@ EFFECTIVE_PREFIX = "effective."
 """Effective columns: ``effective.`` + a key, its value read back from the live run."""
 ROUTER_PREFIX = "router."
 """Router statistics reported at each eval (never configuration)."""
+MEMORY_PREFIX = "memory."
+"""The node's memory figures on the rows of a trial killed for memory (``sweeps.store.oom``)."""
 CONFIG_SECTIONS = ("model", "moe", "upcycle", "optim", "data", "schedule", "batch", "parent",
                    "eval")
 """Top-level TrainConfig sections flattened into config columns by YAML path."""
@@ -78,8 +83,9 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("sweep", pa.string(), True, "sweep name (the spec's `sweep:`)"),
     Column("trial_id", pa.string(), True, "Ray Tune trial id"),
-    Column("status", pa.string(), False, "running | ok | failed | diverged | pruned"),
-    Column("reason", pa.string(), False, "why a trial failed or diverged"),
+    Column("status", pa.string(), False,
+           "running | ok | failed | diverged | pruned | oom | interrupted | budget"),
+    Column("reason", pa.string(), False, "why a trial failed, diverged or was killed (oom)"),
     Column("parent_key", pa.string(), True, "content hash of the trial's parent ('' = none)"),
     Column("kind", pa.string(), True, "dense | moe | upcycled"),
     Column("seed", pa.int64(), True, "the trial's seed"),
@@ -234,7 +240,8 @@ def config_types(config_cls: type) -> dict[str, pa.DataType]:
 
 
 def _array(name: str, vals: list[Any], typ: pa.DataType | None = None) -> pa.Array:
-    typ = _TYPES.get(name) or typ or (pa.float64() if name.startswith(ROUTER_PREFIX) else None)
+    typ = _TYPES.get(name) or typ or (
+        pa.float64() if name.startswith((ROUTER_PREFIX, MEMORY_PREFIX)) else None)
     if typ is not None:
         try:
             return pa.array(vals, typ)
@@ -377,13 +384,14 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
               planned: Mapping[str, Any], results: str, wall_s: float,
               parent_wall_s: float) -> dict[str, Any]:
     """The sweep's outcome and compute ledger (``planned``: the plan's estimates).
-    ``complete`` is false while a planned trial has not ended (ok, failed, diverged or pruned):
+    ``complete`` is false while a planned trial has not ended (ok, failed, diverged, pruned or
+    oom: killed by Ray's memory monitor):
     ``unfinished`` lists the trials that started, ``not_started`` counts the others. A pruned
     trial counts neither as ok nor as failed."""
     finals = list(finals)
     ok = [r for r in finals if r.get("status") == "ok"]
     unfinished = sorted(str(r["trial_id"]) for r in finals
-                        if r.get("status") not in ("ok", "failed", "diverged", "pruned"))
+                        if r.get("status") not in ("ok", "failed", "diverged", "pruned", "oom"))
     not_started = max(0, int(planned["trials"]) - len(finals))
     vals = [r[metric] for r in ok if isinstance(r.get(metric), (int, float))]
     best = (min if mode == "min" else max)(vals) if vals else None
@@ -394,6 +402,7 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
         "failed": sum(r.get("status") == "failed" for r in finals),
         "diverged": sum(r.get("status") == "diverged" for r in finals),
         "pruned": sum(r.get("status") == "pruned" for r in finals),
+        "oom": sum(r.get("status") == "oom" for r in finals),
         "interrupted": sum(r.get("status") == "interrupted" for r in finals),
         "budget_stopped": sum(r.get("status") == "budget" for r in finals),
         "best": best, "metric": metric, "wall_s": round(wall_s, 1),

@@ -56,7 +56,7 @@ from sweeps.store.results import (
     write_stream,
 )
 from sweeps.store.storage import Location, is_url
-from sweeps.store.trial_outcomes import apply_mark, mark_changes
+from sweeps.store.trial_outcomes import REOPENED, apply_mark, mark_changes
 from sweeps.store.trust import UntrustedStateError
 from sweeps.store.wal import LocalLog, ObjectLog, Syncer
 
@@ -111,7 +111,7 @@ STITCH_S_PER_TRIAL = 0.05
 sweep whose length grows with its trials T cost the driver O(T²) CPU (bench/driver_cpu.py); a
 period that grows with T keeps it linear, as Tune's state saves (``sweeps.run.driver``)."""
 SEAL_BATCH = 64  # marked trials are sealed with a rewrite, or once this many wait
-_OPEN = frozenset({None, "running", "interrupted", "budget"})
+_OPEN = frozenset(REOPENED)  # not sealed on load: --resume may run them on
 
 
 class ResultsSink:
@@ -372,23 +372,21 @@ class ResultsSink:
             self._append({"row": row})
         self.maybe_flush()
 
-    def _apply_mark(self, trial_id: str, status: str, reason: str | None) -> bool:
-        mine = self.trials.get(trial_id, {})
-        if mine:
-            self._dirty.add(trial_id)
-        return apply_mark(mine.values(), status, reason)
-
     def _mark_locked(self, trial_id: str, status: str, reason: str | None,
-                     placeholder: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                     placeholder: dict[str, Any] | None = None,
+                     columns: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Apply a mark (live, or replayed from the log); the placeholder row it added, if
         any. A marked trial is sealed by the next write."""
         if trial_id in self._owner:
             if not mark_changes(self._statuses.get(trial_id, frozenset()), status):
                 return None  # e.g. reconcile's "ok" for a trial sealed as ok: no read back
             self._unseal(trial_id)
-        added = None
-        if not self._apply_mark(trial_id, status, reason) and placeholder is not None:
-            added = dict(placeholder, trial_id=trial_id, status=status, reason=reason, step=0)
+        added, mine = None, self.trials.get(trial_id, {})
+        if mine:
+            self._dirty.add(trial_id)
+        if not apply_mark(mine.values(), status, reason, columns) and placeholder is not None:
+            added = dict(placeholder, **(columns or {}), trial_id=trial_id, status=status,
+                         reason=reason, step=0)
             self._put(added)
         if trial_id in self.trials:
             self._restatus(trial_id)
@@ -396,14 +394,16 @@ class ResultsSink:
         return added
 
     def mark(self, trial_id: str, status: str, reason: str | None = None,
-             placeholder: dict[str, Any] | None = None) -> None:
-        """Set the outcome of a trial's rows; a trial with no row yet gets ``placeholder``.
-        Durable (fsynced, with every row logged before it) when this returns."""
+             placeholder: dict[str, Any] | None = None,
+             columns: dict[str, Any] | None = None) -> None:
+        """Set a trial's outcome (and ``columns``) on its rows; one with no row yet gets
+        ``placeholder``. Durable (fsynced, with every row logged before it) when this returns."""
         with self._lock:
-            added = self._mark_locked(trial_id, status, reason, placeholder)
+            added = self._mark_locked(trial_id, status, reason, placeholder, columns)
             if added is not None:
                 self._append({"row": added})
-            self._append({"mark": {"trial_id": trial_id, "status": status, "reason": reason}})
+            mark = {"trial_id": trial_id, "status": status, "reason": reason}
+            self._append({"mark": dict(mark, columns=columns) if columns else mark})
             log = self._log
         log.sync()  # outside the lock: rows keep arriving meanwhile (a closed segment: synced)
 

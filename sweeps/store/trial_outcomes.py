@@ -1,5 +1,6 @@
 """A trial's outcome as the sweep records it: from Tune's own trial states (``reconcile``), a
-health rule that already fired (``recorded_prune``), a failed trial's error as one line."""
+health rule that already fired (``recorded_prune``), a failed trial's error as one line, a
+trial killed by Ray's memory monitor as ``oom`` with the node's figures (``sweeps.store.oom``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from sweeps.store.oom import OOM_STATUS, is_oom, oom_outcome
 from sweeps.store.results import PRUNE_COLUMNS
 
 
@@ -28,7 +30,8 @@ def reconcile(sink: Any, trials: Iterable[Any], signal: int | None = None,
         elif status == "TERMINATED":
             sink.mark(t.trial_id, "ok")
         elif status == "ERROR":
-            sink.mark(t.trial_id, "failed", error_reason(t))
+            status, reason, cols = error_outcome(t)
+            sink.mark(t.trial_id, status, reason, columns=cols)
 
 
 def recorded_prune(rows: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -39,14 +42,31 @@ def recorded_prune(rows: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     return None if row is None else {k: row.get(k) for k in (*PRUNE_COLUMNS, "reason")}
 
 
-def error_reason(trial: Any) -> str:
-    """The last line of a failed trial's error (not a path into Ray's session folder)."""
+def error_text(trial: Any) -> str:
+    """A failed trial's error file (Tune's ``error.txt``: every failure's message), or ''."""
     path = getattr(trial, "error_file", None) or getattr(trial, "pickled_error_file", None)
     try:
-        lines = [x for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
-        return lines[-1][:500] if lines else "trial error"
+        return Path(path).read_text(errors="replace")
     except (OSError, TypeError):
-        return "trial error"
+        return ""
+
+
+def error_reason(trial: Any) -> str:
+    """The last line of a failed trial's error (not a path into Ray's session folder)."""
+    lines = [x for x in error_text(trial).splitlines() if x.strip()]
+    return lines[-1][:500] if lines else "trial error"
+
+
+def error_outcome(trial: Any) -> tuple[str, str, dict[str, Any] | None]:
+    """(status, reason, columns) of a trial Tune ended in error: ``oom`` with the node's
+    memory figures when Ray's memory monitor killed it (its last failure), else ``failed``
+    with the error's last line."""
+    text = error_text(trial)
+    last = text.rsplit("Failure # ", 1)[-1]  # Tune appends each failure: judge the last one
+    if is_oom(last):
+        reason, cols = oom_outcome(last)
+        return OOM_STATUS, reason, cols
+    return "failed", error_reason(trial), None
 
 
 def mark_changes(statuses: frozenset, status: str) -> bool:
@@ -54,13 +74,23 @@ def mark_changes(statuses: frozenset, status: str) -> bool:
     :func:`apply_mark`); True when unsure (the trial is then read back)."""
     if statuses == {"diverged"}:
         return False
-    if len(statuses) != 1 or not statuses <= {"ok", "pruned", "failed"}:
+    if len(statuses) != 1 or not statuses <= {"ok", "pruned", "failed", OOM_STATUS}:
         return True
-    return status == "failed" and statuses != {"failed"}
+    if statuses == {OOM_STATUS}:  # reopened: any other outcome replaces it (a --resume)
+        return status != OOM_STATUS
+    return status in ("failed", OOM_STATUS) and statuses != {status}
 
 
-def apply_mark(rows: Iterable[dict[str, Any]], status: str, reason: str | None) -> bool:
-    """Set the outcome ``status`` on a trial's ``rows`` (in place); False if it has none."""
+ENDS_EVERY_ROW = ("failed", OOM_STATUS)
+"""Outcomes set on every row of a trial (not only on its open ones)."""
+REOPENED = (None, "running", "interrupted", "budget", OOM_STATUS)
+"""Row statuses a later outcome replaces (an ``oom`` trial retried by ``--resume`` ends ok)."""
+
+
+def apply_mark(rows: Iterable[dict[str, Any]], status: str, reason: str | None,
+               columns: dict[str, Any] | None = None) -> bool:
+    """Set the outcome ``status`` (with ``columns``, e.g. an ``oom`` trial's memory figures)
+    on a trial's ``rows`` (in place); False if it has none."""
     rows = list(rows)
     div = max((r for r in rows if r.get("status") == "diverged"),
               key=lambda r: r.get("step") or 0, default=None)
@@ -78,8 +108,9 @@ def apply_mark(rows: Iterable[dict[str, Any]], status: str, reason: str | None) 
         cur = row.get("status")
         if cur == "diverged":
             continue
-        if cur in (None, "running", "interrupted", "budget") or status == "failed":
+        if cur in REOPENED or status in ENDS_EVERY_ROW:
             row["status"] = status
             if reason:
                 row["reason"] = reason
+            row.update(columns or {})
     return bool(rows)

@@ -10,6 +10,9 @@ trainable and its reporter know nothing of it. ``UPCYCLE_SWEEPS_REPORT_COST_S=S`
 report claim S seconds of work (``CostedReport``): trials of known cost for the budget's test.
 ``UPCYCLE_SWEEPS_HOLD_AT_STEP=S`` holds every trial once after its report of step S until the
 test releases it (``HoldReport``): the preemption test's disruptions at a known step.
+``UPCYCLE_SWEEPS_OOM_AFTER=N`` makes the first trial of the sweep to reach its N-th report eat
+memory until Ray's memory monitor kills it (``MemoryHog``; a marker ``.oom-once`` in the parent
+cache says it did, so no other trial, and no retry, eats again).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from ray import tune
 
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
@@ -28,6 +32,35 @@ HOLD_ENV = "UPCYCLE_SWEEPS_HOLD_AT_STEP"
 COST_ENV = "UPCYCLE_SWEEPS_REPORT_COST_S"
 """Seconds of work every report claims (``time_this_iter_s``, which Tune keeps when a trial
 reports it): simulated trials of known cost for the budget's tests (``sweeps.run.budget``)."""
+OOM_AFTER_ENV = "UPCYCLE_SWEEPS_OOM_AFTER"
+HOG_STEP = 64 << 20  # bytes the hog takes at a time
+HOG_SPARE = 3 << 30  # it never takes the node below this much available memory
+
+
+class MemoryHog:
+    """``report`` after whose ``after``-th call, in the first trial of the sweep to get there,
+    memory is taken (and touched) 64 MiB at a time until Ray's memory monitor kills the
+    process; should the node run down to ``HOG_SPARE`` first, it raises instead."""
+
+    def __init__(self, after: int, marker_dir: str | Path, report: Any):
+        self.after, self.marker_dir, self.report, self.calls = after, Path(marker_dir), report, 0
+
+    def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        self.report(metrics, checkpoint=checkpoint)
+        self.calls += 1
+        if self.calls != self.after:
+            return
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(self.marker_dir / ".oom-once", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:  # another trial, or this one before a retry, ate already
+            return
+        held = []
+        while psutil.virtual_memory().available > HOG_SPARE:
+            held.append(bytearray(HOG_STEP))  # zero-filled: the pages are really taken
+            time.sleep(0.02)
+        raise RuntimeError(f"injected memory hog took {len(held) * HOG_STEP >> 20} MiB and was "
+                           "not killed (test hook: is RAY_memory_usage_threshold set?)")
 
 
 class CostedReport:
@@ -102,6 +135,8 @@ def report_function(marker_dir: str | Path, report: Any = None,
     if os.environ.get(HOLD_ENV):
         report = HoldReport(int(os.environ[HOLD_ENV]), marker_dir, report or tune.report,
                             trial_id)
+    if os.environ.get(OOM_AFTER_ENV):
+        report = MemoryHog(int(os.environ[OOM_AFTER_ENV]), marker_dir, report or tune.report)
     if not after:
         return report or tune.report
     return FailOnceReport(int(after), marker_dir, report, trial_id)
