@@ -107,7 +107,7 @@ def parent_reference_mlp(parent: ParentState | None,
                          ("w_gate", "w_up", "w_down")]
             except KeyError:
                 return {}
-            out[j] = torch.cat([torch.as_tensor(np.asarray(p), dtype=torch.float32).reshape(-1)
+            out[j] = torch.cat([torch.tensor(np.asarray(p), dtype=torch.float32).reshape(-1)
                                 for p in parts]).to(device)
             j += 1
     return out

@@ -291,6 +291,24 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     return out
 
 
+def memory_line(spec: SweepSpec, plan: SweepPlan, concurrent: int | None = None,
+                host_memory: int | None = None) -> str:
+    """The memory estimate ``--dry-run`` prints (the figure :func:`check_capacity` checks):
+    CPU trials, one trial's peak RSS and ``concurrent`` of them against the host's memory;
+    accelerator trials, one trial's device memory."""
+    if _resolved(spec).resources.gpus > 0:
+        return (f"memory (estimate): {human_bytes(max_trial_memory(spec, plan, device=True))} "
+                "of accelerator memory per trial")
+    r = spec.resources.ranks
+    mem = max_trial_memory(spec, plan, ranks=r)
+    n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
+    host = host_memory if host_memory is not None else host_memory_bytes()
+    return (f"memory (estimate): peak RSS {human_bytes(mem)} per CPU trial"
+            f"{f' rank × {r} ranks' if r > 1 else ''}; {human_bytes(mem * n * r)} at {n} "
+            f"concurrent (max_concurrent); this machine has "
+            f"{human_bytes(host) if host else 'an unknown amount'}")
+
+
 def _device_capacity(spec: SweepSpec, plan: SweepPlan, gpu: str | None) -> list[Problem]:
     """One trial's accelerator memory against the ``gpu``'s (a share of it)."""
     mem = max_trial_memory(spec, plan, device=True)

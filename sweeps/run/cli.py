@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     checked = guard.preflight(spec, plan)  # before anything starts or moves
     if args.dry_run:
         console.print_plan(spec, plan)
+        print(preflight.memory_line(seen, plan, concurrent=args.max_concurrent), flush=True)
         console.print_forecast(seen, plan, gpu=gpu, price=args.price,
                                max_concurrent=args.max_concurrent,
                                cluster_gpus=_gpus(types, nodes))

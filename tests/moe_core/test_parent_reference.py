@@ -58,3 +58,20 @@ def test_bf16_model_keeps_an_fp32_reference(tmp_path, monkeypatch):
     assert next(t.model.parameters()).dtype == torch.bfloat16
     assert all(r.dtype == torch.float32 for r in t.reference.values())
     assert 0.9 < t.evaluate()["router.cos_to_parent"] <= 1.0
+
+
+def test_read_only_parent_arrays_build_the_reference_without_a_warning(tmp_path):
+    """A parent from Ray's object store holds read-only numpy arrays (zero-copy): the reference
+    is a copy, so torch's "NumPy array is not writable" warning (seen in every trial's log of
+    the real-model sweep) is not raised."""
+    import warnings
+
+    parent = _parent(tmp_path)
+    for a in parent.model_state.values():
+        if isinstance(a, np.ndarray):
+            a.setflags(write=False)
+    moe = dense_to_moe(build_model(parent.model_config), MoEConfig(num_experts=4, top_k=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = parent_reference_mlp(parent, moe)
+    assert set(ref) == {0, 1}

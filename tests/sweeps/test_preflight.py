@@ -223,3 +223,19 @@ def test_a_refusal_names_the_knobs_that_make_it_fit_with_their_figures(tmp_path)
     assert preflight.disk_fixes(d, 2500) == [f"checkpoint.keep: 2 ({human_bytes(2400)})",
                                              f"max_concurrent: 2 ({human_bytes(2200)})"]
     assert preflight.disk_fixes(d, 100) == []
+
+
+def test_dry_run_prints_the_memory_estimate_it_checks(tmp_path):
+    """The per-trial peak-RSS estimate the host check uses is printed, not only in a refusal
+    (#39: a sweep's measured peak RSS is set against it)."""
+    from sweeps.plan.memory import trial_memory_bytes
+    from sweeps.run.console import human_bytes
+
+    spec = _spec(tmp_path, max_concurrent=1)
+    plan = build_plan(spec)
+    one = trial_memory_bytes(plan.trials[0].config, 0)
+    line = preflight.memory_line(spec, plan, host_memory=8 * 2**30)
+    assert line == (f"memory (estimate): peak RSS {human_bytes(one)} per CPU trial; "
+                    f"{human_bytes(one)} at 1 concurrent (max_concurrent); this machine has "
+                    "8.0 GiB")
+    assert f"{human_bytes(2 * one)} at 2 concurrent" in preflight.memory_line(spec, plan, 2)
