@@ -182,7 +182,10 @@ def test_buffers_stay_fp32_after_bf16_cast_and_in_the_trainer(tmp_path):
     layer = _layer().to(DEVICE, torch.bfloat16)
     assert {n: getattr(layer, n).dtype for n in BUFFERS} == BUFFERS
     assert all(getattr(layer, n).device.type == DEVICE for n in BUFFERS)
-    t = Trainer(small_cfg(tmp_path, "bf16"))  # after DeepSpeed's own bf16 set-up
+    # after DeepSpeed's own bf16 set-up (its ZeRO-0 wrapper: bf16 weights; auto's
+    # torch_autocast keeps them fp32)
+    t = Trainer(small_cfg(tmp_path, "bf16", optim={"lr": 3e-3, "dtype": "bf16",
+                                                   "bf16_mode": "deepspeed"}))
     for _ in range(3):
         t.step()
     for m in t.model.moe_layers():
@@ -198,6 +201,7 @@ def test_bf16_clipping_on_cuda_counts_expert_gradients(tmp_path):
 
     def grads(clip):
         t = Trainer(small_cfg(tmp_path, "bf16", optim={"lr": 3e-3, "dtype": "bf16",
+                                                       "bf16_mode": "deepspeed",
                                                        "grad_clip": clip}))
         seen = []
         t.optimizer.optimizer.register_step_pre_hook(lambda opt, a, k: seen.append(
