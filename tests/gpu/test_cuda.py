@@ -278,7 +278,10 @@ SPEC = {
         "data": {"source": "synthetic", "synthetic_vocab": 32, "synthetic_tokens": 60000,
                  "seq_len": 32},
         "batch": {"global_batch": 8, "micro_batch": 8},
-        "optim": {"lr": 3e-3},
+        # DeepSpeed's bf16 ZeRO-0 wrapper, whose state (bf16 weights, fp32_groups) the test
+        # reads back; the default (auto: torch_autocast at ZeRO 0) is tests/moe_core/
+        # test_bf16_modes.py's
+        "optim": {"lr": 3e-3, "bf16_mode": "deepspeed"},
         "schedule": {"kind": "wsd", "warmup_steps": 2, "decay_frac": 0.25},
         "eval": {"every_steps": 2, "batches": 2},
         "tokens": 2048,
