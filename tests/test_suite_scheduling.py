@@ -94,3 +94,14 @@ def test_distributed_tests_are_dealt_one_group_per_worker_under_loadgroup(tmp_pa
         tagged = [ln for ln in out.stdout.splitlines()
                   if "PASSED" in ln and f"@distributed-{g}" in ln]
         assert len(tagged) == n, out.stdout[-3000:]
+
+
+def test_every_estimate_names_a_test_of_the_suite():
+    """``tests/durations.json`` names tests that exist (a renamed or moved test's estimate would
+    silently fall back to the default): each key's file defines its test function."""
+    root = CONFTEST.parent.parent
+    estimates = json.loads(CONFTEST.with_name("durations.json").read_text())
+    assert estimates and all(v > 0 for v in estimates.values())
+    for nodeid in estimates:
+        path, name = nodeid.split("::")
+        assert f"def {name.split('[')[0]}(" in (root / path).read_text(), nodeid
