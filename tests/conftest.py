@@ -5,7 +5,7 @@
   ``ray.init`` would then fail ("ray.init twice").
 - ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). The
   tests marked ``distributed`` (they start Ray, gloo ranks or a cluster of processes: about two
-  thirds of the suite's time in 30 tests) are dealt into one ``xdist_group`` per worker,
+  thirds of the suite's time in about 40 tests) are dealt into one ``xdist_group`` per worker,
   ``distributed-0`` and ``distributed-1``. pytest-xdist hands out the largest groups first and
   each group runs on one worker, so each worker starts on its share of them and the short
   ungrouped tests fill in after: at most two such tests run at once, one per worker. Before,
@@ -14,9 +14,10 @@
 - They are dealt by module (a module's tests stay on one worker, so a module-scoped fixture,
   a sweep several tests read or an S3 server, starts once), heaviest module first to the worker
   with the fewest estimated seconds so far (``deal``). The estimates are ``durations.json``
-  beside this file: seconds per test node id, measured; a test it does not list counts
-  ``DEFAULT_S``. Dealt in collection order instead, one worker's group could end minutes after
-  the other's."""
+  beside this file, seconds per test node id: the quiet-machine ``--durations`` figures of
+  docs/getting-started.md where it has them, else a loaded machine's divided by 4 (the
+  weights only need to be in proportion); a test it does not list counts ``DEFAULT_S``. Dealt
+  in collection order instead, one worker's group could end minutes after the other's."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ TERMINAL_ENV = ("COLUMNS", "LINES")
 rich would then wrap the project's output at 80 columns: a worker gets the values (or their
 absence) of the process that started the run, as a run without workers sees them."""
 DURATIONS = Path(__file__).with_name("durations.json")
-"""Measured seconds of the ``distributed`` tests, by node id (what ``deal`` weighs)."""
+"""Estimated seconds of the ``distributed`` tests, by node id (what ``deal`` weighs)."""
 DEFAULT_S = 20.0
 """The estimate of a ``distributed`` test ``durations.json`` does not list."""
 
