@@ -5,18 +5,28 @@
   ``ray.init`` would then fail ("ray.init twice").
 - ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). The
   tests marked ``distributed`` (they start Ray, gloo ranks or a cluster of processes: about two
-  thirds of the suite's time in 30 tests) are dealt, in collection order, into one
-  ``xdist_group`` per worker, ``distributed-0`` and ``distributed-1``. pytest-xdist hands out
-  the largest groups first and each group runs on one worker, so each worker starts on its half
-  of them and the short ungrouped tests fill in after: at most two such tests run at once, one
-  per worker. Before, they all were one group on one worker, whose 13 min alone outlasted the
-  other worker's whole share by minutes."""
+  thirds of the suite's time in about 40 tests) are dealt into one ``xdist_group`` per worker,
+  ``distributed-0`` and ``distributed-1``. pytest-xdist hands out the largest groups first and
+  each group runs on one worker, so each worker starts on its share of them and the short
+  ungrouped tests fill in after: at most two such tests run at once, one per worker. Before,
+  they all were one group on one worker, whose 13 min alone outlasted the other worker's whole
+  share by minutes.
+- They are dealt by module (a module's tests stay on one worker, so a module-scoped fixture,
+  a sweep several tests read or an S3 server, starts once), heaviest module first to the worker
+  with the fewest estimated seconds so far (``deal``). The estimates are ``durations.json``
+  beside this file, seconds per test node id: the quiet-machine ``--durations`` figures of
+  docs/getting-started.md where it has them, else a loaded machine's divided by 4 (the
+  weights only need to be in proportion); a test it does not list counts ``DEFAULT_S``. Dealt
+  in collection order instead, one worker's group could end minutes after the other's."""
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +39,10 @@ TERMINAL_ENV = ("COLUMNS", "LINES")
 """Set to 80 x 24 in every pytest-xdist worker (GNU readline's start-up does it there), where
 rich would then wrap the project's output at 80 columns: a worker gets the values (or their
 absence) of the process that started the run, as a run without workers sees them."""
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Estimated seconds of the ``distributed`` tests, by node id (what ``deal`` weighs)."""
+DEFAULT_S = 20.0
+"""The estimate of a ``distributed`` test ``durations.json`` does not list."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller
@@ -54,11 +68,30 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     workers = max(1, int(getattr(config, "workerinput", {}).get("workercount", 1)))
     heavy = [item for item in items if item.get_closest_marker("distributed") is not None]
-    for k, item in enumerate(heavy):  # before pytest-xdist's own hook reads the group marks
-        item.add_marker(pytest.mark.xdist_group(f"{HEAVY_GROUP}-{k % workers}"))
+    estimates = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    group = deal([item.nodeid for item in heavy], workers, estimates)
+    for item in heavy:  # before pytest-xdist's own hook reads the group marks
+        item.add_marker(pytest.mark.xdist_group(f"{HEAVY_GROUP}-{group[item.nodeid]}"))
     result = yield
     _tag_loadgroup_ids(config, items)  # after it
     return result
+
+
+def deal(nodeids: Sequence[str], workers: int, estimates: Mapping[str, float]) -> dict[str, int]:
+    """The worker group (0 .. workers-1) of each test: whole modules, the heaviest first (by the
+    sum of their tests' ``estimates``, ``DEFAULT_S`` where a test has none; ties in collection
+    order), each to the group with the fewest seconds so far (the lowest-numbered on a tie)."""
+    weight: dict[str, float] = {}
+    for nodeid in nodeids:
+        module = nodeid.split("::", 1)[0]
+        weight[module] = weight.get(module, 0.0) + float(estimates.get(nodeid, DEFAULT_S))
+    load = [0.0] * max(1, workers)
+    of_module: dict[str, int] = {}
+    for module in sorted(weight, key=lambda m: -weight[m]):  # stable: collection order on ties
+        k = min(range(len(load)), key=lambda g: (load[g], g))
+        load[k] += weight[module]
+        of_module[module] = k
+    return {nodeid: of_module[nodeid.split("::", 1)[0]] for nodeid in nodeids}
 
 
 def _tag_loadgroup_ids(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 CONFTEST = Path(__file__).with_name("conftest.py")
-SUITE = '''
+HEAVY = '''
 import json, os
 import pytest
 
@@ -27,40 +27,81 @@ def _log(kind, i):
                             os.environ.get("COLUMNS")]) + "\\n")
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("i", range(8))
+@pytest.mark.parametrize("i", range({n}))
 def test_heavy(i):
-    _log("heavy", i)
+    _log("{name}", i)
+'''
+LIGHT = '''
+import json, os
+import pytest
+
+def _log(kind, i):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(json.dumps([kind, i, os.environ["PYTEST_XDIST_WORKER"],
+                            os.environ.get("COLUMNS")]) + "\\n")
 
 @pytest.mark.parametrize("i", range(6))
 def test_light(i):
     _log("light", i)
 '''
 INI = "[pytest]\nmarkers =\n    distributed: spawns several processes\n"
+# test_c lists no estimate (3 x DEFAULT_S = 60 s), test_a 3 x 15 = 45 s, test_b 2 x 10 = 20 s:
+# c goes to one worker, a to the other, then b to a's (45 < 60)
+MODULES = {"a": 3, "b": 2, "c": 3}
+ESTIMATES = {**{f"test_a.py::test_heavy[{i}]": 15 for i in range(3)},
+             **{f"test_b.py::test_heavy[{i}]": 10 for i in range(2)}}
+
+
+def test_deal_weighs_whole_modules_heaviest_first():
+    from tests.conftest import DEFAULT_S, deal
+
+    ids = [f"test_{m}.py::test_heavy[{i}]" for m, n in MODULES.items() for i in range(n)]
+    got = deal(ids, 2, ESTIMATES)
+    assert DEFAULT_S == 20.0
+    assert got == {i: (0 if "test_c" in i else 1) for i in ids}
+    assert deal(ids, 1, ESTIMATES) == {i: 0 for i in ids}
+    # equal weights: collection order breaks the tie, the lower group first
+    assert deal(["x.py::t", "y.py::t"], 2, {}) == {"x.py::t": 0, "y.py::t": 1}
+    assert deal(ids, 3, ESTIMATES) == {i: "cab".index(i[5]) for i in ids}
 
 
 @pytest.mark.slow  # two worker processes start
 def test_distributed_tests_are_dealt_one_group_per_worker_under_loadgroup(tmp_path):
     pytest.importorskip("xdist", reason="pytest-xdist (the dev extra) is not installed")
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_generated.py").write_text(SUITE)
+    for m, n in MODULES.items():
+        (tmp_path / f"test_{m}.py").write_text(HEAVY.replace("{n}", str(n)).replace("{name}", m))
+    (tmp_path / "test_light.py").write_text(LIGHT)
+    (tmp_path / "durations.json").write_text(json.dumps(ESTIMATES))
     (tmp_path / "pytest.ini").write_text(INI)
     log = tmp_path / "log.jsonl"
     out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup",
-                          "-p", "no:cacheprovider", "test_generated.py"], cwd=tmp_path,
+                          "-p", "no:cacheprovider", "."], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300,
                          env={**{k: v for k, v in os.environ.items()
                                  if k not in ("COLUMNS", "LINES")}, "LOG": str(log)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted((k, i) for k, i, _, _ in rows) == sorted(
-        [("heavy", i) for i in range(8)] + [("light", i) for i in range(6)])  # each ran once
-    worker_of = {i: w for k, i, w, _ in rows if k == "heavy"}
-    groups = [{worker_of[i] for i in range(g, 8, 2)} for g in (0, 1)]  # dealt alternately
-    assert [len(g) for g in groups] == [1, 1], rows  # a group stays on one worker
-    assert groups[0] != groups[1], rows  # and the two groups on two workers
+        [(m, i) for m, n in MODULES.items() for i in range(n)]
+        + [("light", i) for i in range(6)])  # each ran once
+    worker_of = {m: {w for k, _, w, _ in rows if k == m} for m in MODULES}
+    assert [len(w) for w in worker_of.values()] == [1, 1, 1], rows  # a module on one worker
+    assert worker_of["a"] == worker_of["b"] != worker_of["c"], rows  # dealt by the estimates
     assert {w for _, _, w, _ in rows} == {"gw0", "gw1"}, rows
     assert {c for *_, c in rows} == {None}, rows  # no 80-column terminal made up in a worker
-    for g in (0, 1):  # the group is in the node ids xdist reads
+    for g, n in ((0, 3), (1, 5)):  # the group is in the node ids xdist reads
         tagged = [ln for ln in out.stdout.splitlines()
                   if "PASSED" in ln and f"@distributed-{g}" in ln]
-        assert len(tagged) == 4, out.stdout[-3000:]
+        assert len(tagged) == n, out.stdout[-3000:]
+
+
+def test_every_estimate_names_a_test_of_the_suite():
+    """``tests/durations.json`` names tests that exist (a renamed or moved test's estimate would
+    silently fall back to the default): each key's file defines its test function."""
+    root = CONFTEST.parent.parent
+    estimates = json.loads(CONFTEST.with_name("durations.json").read_text())
+    assert estimates and all(v > 0 for v in estimates.values())
+    for nodeid in estimates:
+        path, name = nodeid.split("::")
+        assert f"def {name.split('[')[0]}(" in (root / path).read_text(), nodeid

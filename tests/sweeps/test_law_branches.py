@@ -1,7 +1,8 @@
 """``algorithm: law`` trials as WSD branches: each trial trains its branch group's stable run
 on demand, only as far as its own decay start (``sweeps.run.parents.extend_stable``), under the
 group's file lock, with a manifest that stays consistent through a crash; the searcher charges
-the stable run once per group; a law sweep's results equal the grid's with branches."""
+the stable run once per group. The law sweep whose rows equal the grid's with branches is in
+tests/sweeps/test_wsd_branches.py, beside the grid sweep it is compared with."""
 
 from __future__ import annotations
 
@@ -19,13 +20,7 @@ from sweeps.law.candidates import candidates_from_plan
 from sweeps.law.design import Ledger
 from sweeps.plan.build import build_plan, extends_stable, on_demand_starts
 from sweeps.spec.sweep import parse_spec
-from tests.sweeps.test_wsd_branches import SPEC
-from tests.sweeps.tiny import run_sweep_cli
-
-LAW = {"law": "chinchilla", "target": "loss_at", "loss_at": {"N": 8, "D": 1536},
-       # the law's N is any positive config key here: two trials never reach a refit
-       "variables": {"N": "batch.global_batch", "D": "tokens"},
-       "seed_trials": 2, "max_trials": 2, "ci_width": None, "bootstrap": 10}
+from tests.sweeps.test_wsd_branches import LAW, SPEC
 
 
 def _law_spec(**kw):
@@ -159,38 +154,3 @@ def test_crash_mid_extension_keeps_a_consistent_manifest(tmp_path, monkeypatch):
     assert parents.read_manifest(out)["diverged_at"] == 5
     assert parents.extend_stable(big, None, out) is None  # not tried again
     assert parents.extend_stable(trials[1536], None, out) is not None  # before the divergence
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path):
-    """A law sweep picks budgets 1024 and 1536 of the group {1024, 1536, 2048} (two trials at
-    once): both branch from one stable run trained only to step 4 (1536's decay start, not
-    2048's 6), and every row equals the same points run as a grid with WSD branches."""
-    law = {**SPEC, "algorithm": "law", "law": LAW, "max_concurrent": 2}
-    grid = {**SPEC, "search": {"tokens": {"grid": [1024, 1536]}}}
-    lr, gr = run_sweep_cli(tmp_path, "law", law), run_sweep_cli(tmp_path, "grid", grid)
-
-    def curves(rows):
-        out = {}
-        for r in rows:
-            out.setdefault(r["tokens_budget"], {})[r["step"]] = (r["val_loss"], r["train_loss"])
-        return out
-
-    cl, cg = curves(lr), curves(gr)
-    assert set(cl) == set(cg) == {1024, 1536}
-    assert cl == cg  # bit for bit, every eval of both trials
-    assert {b: sorted(c) for b, c in cl.items()} == {1024: [0, 3, 4], 1536: [0, 3, 6]}
-    assert {(r["tokens_budget"], r["branch_from_step"]) for r in lr} == {(1024, 3), (1536, 4)}
-    for t in {r["trial_id"] for r in lr}:  # wall_s counts the stable run's seconds too
-        walls = [r["wall_s"] for r in sorted((r for r in lr if r["trial_id"] == t),
-                                             key=lambda r: r["step"])]
-        assert walls == sorted(walls) and walls[-1] > walls[1] > 0, (t, walls)
-    (st,) = (tmp_path / "r" / "law" / "stable").glob("*/stable.json")
-    m = json.loads(st.read_text())
-    assert sorted(int(s) for s in m["steps"]) == [3, 4]  # never trained to 2048's start (6)
-    assert not (st.parent / "step_00000006").exists()
-    summary = json.loads((tmp_path / "r" / "law" / "summary.json").read_text())
-    assert summary["tokens_saved_by_branches"] == 3 * 256 and summary["complete"]
-    assert summary["law"]["stop"] == "max_trials" and summary["law"]["trials"] == 2
-    assert summary["law"]["estimate"] is None  # two trials never reach a refit

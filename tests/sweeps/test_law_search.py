@@ -308,7 +308,9 @@ def test_tuner_restore_gives_the_searcher_its_state(tmp_path):
         first = LawSearcher(cfg, _candidates())
         tuner = tune.Tuner(train, param_space={}, tune_config=tune.TuneConfig(
             search_alg=first, num_samples=6, metric="val_loss", mode="min",
-            max_concurrent_trials=2), run_config=tune.RunConfig(
+            # the two trial actors serve all six trials, as in a sweep (sweeps.run.driver): a
+            # fresh one per trial cost six Ray worker start-ups, most of the test's time
+            max_concurrent_trials=2, reuse_actors=True), run_config=tune.RunConfig(
             name="exp", storage_path=str(tmp_path), verbose=0))
         assert len(tuner.fit()) == 6
         restored = tune.Tuner.restore(str(tmp_path / "exp"), trainable=train,

@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 import yaml
 
-from moe_core.hf import load_moe
-from moe_core.train.checkpoint import load_checkpoint
 from sweeps.store.provenance import KEYS
 from sweeps.store.results import is_static, read_provenance
 from tests.sweeps.tiny import tiny_base
@@ -156,52 +153,3 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
     after = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows}
     for k, wall in done_before.items():  # finished trials were not rerun
         assert after[k] == wall
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_multi_rank_trials_with_expert_parallelism(tmp_path):
-    """2 trials × 2 gloo ranks: each trial is a Ray Train TorchTrainer inside a Tune trial,
-    experts sharded across its ranks; every rank's shard lands in one checkpoint directory, and
-    ``export: hf`` writes the whole model (its shards gathered), equal to the last
-    checkpoint's shards joined in expert order. Each trial's rank 0 raises once after its 3rd
-    report (step 4, with a checkpoint): Ray Train restarts the worker group from that
-    expert-parallel checkpoint (which failed to load before the Trainer joined its shards)
-    and the curve is complete, no step twice."""
-    base = dict(SPEC["base"])
-    base.pop("parent")
-    base.pop("upcycle")
-    base["batch"] = {"global_batch": 8, "micro_batch": 4}
-    base["tokens"] = 1536
-    spec = _write(tmp_path, base=base, resources={"cpus": 1, "ranks": 2},
-                  search={"moe.router.order": {"grid": ["softmax_topk", "topk_softmax"]}},
-                  logging={"wandb": {"enabled": False}}, export="hf")
-    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec)],
-                         env=_env(tmp_path, UPCYCLE_SWEEPS_FAIL_ONCE_AFTER="3"),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = _rows(tmp_path)
-    trials = {r["trial_id"] for r in rows}
-    assert len(trials) == 2
-    markers = tmp_path / "results" / "e2e" / "parents"
-    assert len(list(markers.glob(".failed-*"))) == 2
-    assert sorted(p.read_text() for p in markers.glob(".resumed-*")) == ["6", "6"]
-    for t in trials:
-        assert sorted(r["step"] for r in rows if r["trial_id"] == t) == [0, 2, 4, 6]
-    assert {r["ranks"] for r in rows} == {2} and {r["status"] for r in rows} == {"ok"}
-    train = tmp_path / "results" / "e2e" / "train"
-    for t in trials:
-        # Ray Train's checkpoint of the last step: each rank's own files (written in its own
-        # folder, rank_checkpoints/<t>/rank<r>) uploaded into one folder
-        (last,) = [m.parent for m in train.glob(f"*-{t}/checkpoint_*/meta.json")
-                   if json.loads(m.read_text())["step"] == 6]
-        files = {p.name for p in last.iterdir()}
-        assert {"model_rank0.safetensors", "model_rank1.safetensors", "meta.json"} <= files
-        mine = {p.name for p in (train / "rank_checkpoints" / t / "rank1" / "step_00000006")
-                .iterdir()}
-        assert "meta.json" not in mine and "model_rank0.safetensors" not in mine
-        joined = load_checkpoint(last).full_model_state()
-        _, exported = load_moe(tmp_path / "results" / "e2e" / "export" / t)
-        assert "blocks.0.mlp.w_gate" in exported  # the weights (buffers are not exported)
-        for k, v in exported.items():
-            assert torch.equal(v, joined[k].float()), (t, k)

@@ -1,6 +1,8 @@
 """Token-budget grids run as WSD decay branches of one shared stable run, with results equal
-(bit for bit on CPU) to training each budget on its own."""
+(bit for bit on CPU) to training each budget on its own; a law sweep's rows equal the grid's
+with branches. One grid sweep (the module's fixture) serves both comparisons."""
 
+import json
 
 import pytest
 
@@ -26,6 +28,10 @@ SPEC = {
     "search": {"tokens": {"grid": [1024, 1536, 2048]}},
     "logging": {"wandb": {"enabled": False}},
 }
+LAW = {"law": "chinchilla", "target": "loss_at", "loss_at": {"N": 8, "D": 1536},
+       # the law's N is any positive config key here: two trials never reach a refit
+       "variables": {"N": "batch.global_batch", "D": "tokens"},
+       "seed_trials": 2, "max_trials": 2, "ci_width": None, "bootstrap": 10}
 
 
 def test_plan_groups_budgets():
@@ -71,10 +77,18 @@ def _run(tmp_path, name, branches):
     return run_sweep_cli(tmp_path, name, dict(SPEC, wsd_branches=branches))
 
 
+@pytest.fixture(scope="module")
+def with_branches(tmp_path_factory):
+    """The grid as WSD branches of one stable run (sweep ``with``, under ``root/r``): its rows
+    and ``root``; both sweep tests below compare with it."""
+    root = tmp_path_factory.mktemp("with")
+    return _run(root, "with", True), root
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_branches_equal_separate_runs(tmp_path):
-    br = _run(tmp_path, "with", True)
+def test_branches_equal_separate_runs(tmp_path, with_branches):
+    br, root = with_branches
     sep = _run(tmp_path, "without", False)
 
     def curves(rows):
@@ -97,5 +111,41 @@ def test_branches_equal_separate_runs(tmp_path):
             walls = [r["wall_s"] for r in sorted((r for r in rows if r["trial_id"] == t),
                                                  key=lambda r: r["step"])]
             assert walls == sorted(walls), (t, walls)
-    assert (tmp_path / "r" / "with" / "stable").is_dir()
+    assert (root / "r" / "with" / "stable").is_dir()
     assert {r.get("branch_from_step") for r in br if r["tokens_budget"] == 2048} == {6}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_law_trials_branch_from_an_on_demand_stable_run(tmp_path, with_branches):
+    """A law sweep picks budgets 1024 and 1536 of the group {1024, 1536, 2048} (two trials at
+    once): both branch from one stable run trained only to step 4 (1536's decay start, not
+    2048's 6), and every row equals the same points run as a grid with WSD branches (the
+    module's grid sweep: its stable run goes on to step 6, its first 4 steps are the same)."""
+    law = {**SPEC, "algorithm": "law", "law": LAW, "max_concurrent": 2}
+    lr = run_sweep_cli(tmp_path, "law", law)
+    gr = [r for r in with_branches[0] if r["tokens_budget"] in (1024, 1536)]
+
+    def curves(rows):
+        out = {}
+        for r in rows:
+            out.setdefault(r["tokens_budget"], {})[r["step"]] = (r["val_loss"], r["train_loss"])
+        return out
+
+    cl, cg = curves(lr), curves(gr)
+    assert set(cl) == set(cg) == {1024, 1536}
+    assert cl == cg  # bit for bit, every eval of both trials
+    assert {b: sorted(c) for b, c in cl.items()} == {1024: [0, 3, 4], 1536: [0, 3, 6]}
+    assert {(r["tokens_budget"], r["branch_from_step"]) for r in lr} == {(1024, 3), (1536, 4)}
+    for t in {r["trial_id"] for r in lr}:  # wall_s counts the stable run's seconds too
+        walls = [r["wall_s"] for r in sorted((r for r in lr if r["trial_id"] == t),
+                                             key=lambda r: r["step"])]
+        assert walls == sorted(walls) and walls[-1] > walls[1] > 0, (t, walls)
+    (st,) = (tmp_path / "r" / "law" / "stable").glob("*/stable.json")
+    m = json.loads(st.read_text())
+    assert sorted(int(s) for s in m["steps"]) == [3, 4]  # never trained to 2048's start (6)
+    assert not (st.parent / "step_00000006").exists()
+    summary = json.loads((tmp_path / "r" / "law" / "summary.json").read_text())
+    assert summary["tokens_saved_by_branches"] == 3 * 256 and summary["complete"]
+    assert summary["law"]["stop"] == "max_trials" and summary["law"]["trials"] == 2
+    assert summary["law"]["estimate"] is None  # two trials never reach a refit
