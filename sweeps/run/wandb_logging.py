@@ -29,7 +29,7 @@ from ray.exceptions import RayError
 from sweeps.run import console
 from sweeps.store.oom import is_oom
 from sweeps.store.provenance import provenance
-from sweeps.store.wandb_keys import HEALTH, nest, wandb_result
+from sweeps.store.wandb_keys import HEALTH, merged, nest, wandb_result
 
 STEP_METRICS = (f"{HEALTH}/*", "val_loss", "train_loss", "lr", "aux_loss")
 """Metrics W&B plots against the optimizer ``step`` column (``define_metric``)."""
@@ -63,6 +63,7 @@ class ProvenanceWandbLogger(WandbLoggerCallback):
     def __init__(self, *args: Any, static: Collection[str] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.static = frozenset(static)
+        self._configs: dict[Any, dict[str, Any]] = {}  # each trial's run config so far
 
     def _start_logging_actor(self, trial: Any, exclude_results: list[str],
                              **wandb_init_kwargs: Any) -> None:
@@ -115,8 +116,11 @@ class ProvenanceWandbLogger(WandbLoggerCallback):
         dead = self._dead_actor(trial) if self.lost is None else None
         if dead is not None:
             self.give_up(dead)
-        self._guarded(super().log_trial_result, iteration, trial,
-                      wandb_result(result, self.static))
+        out = wandb_result(result, self.static)
+        # the run config accumulates: each update sends all that the trial has reported
+        key = getattr(trial, "trial_id", id(trial))
+        out["config"] = self._configs[key] = merged(self._configs.get(key, {}), out["config"])
+        self._guarded(super().log_trial_result, iteration, trial, out)
 
     def log_trial_save(self, trial: Any) -> None:
         self._guarded(super().log_trial_save, trial)

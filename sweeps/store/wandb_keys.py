@@ -95,3 +95,15 @@ def wandb_result(result: Mapping[str, Any], static: Collection[str]) -> dict[str
            if k != "config" and k not in config}
     out["config"] = nest({**dict(result.get("config") or {}), **config})
     return out
+
+
+def merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` over ``old``, nested dicts merged key by key: a run's config as it accumulates
+    over its results (W&B replaces a whole top-level key that an update names, and a trial
+    restored from a checkpoint may report fewer effective values than it did at step 0)."""
+    out = dict(old)
+    for k, v in new.items():
+        out[k] = merged(out[k], v) if isinstance(v, Mapping) and isinstance(
+            out.get(k), Mapping) else v
+    return out
+

@@ -15,6 +15,13 @@ from sweeps.store.results import encode_value, read_rows, write_rows
 from sweeps.store.wandb_keys import health_stats, lookup, metric_key, nest, wandb_result
 from tests.sweeps.wandb_files import mismatches, read_offline_run
 
+
+class _Trial(SimpleNamespace):
+    """A stand-in for Tune's ``Trial``, which callbacks key dicts by: hashable by identity."""
+
+    __hash__ = object.__hash__
+
+
 STATIC = ("sweep", "trial_id", "kind", "seed", "N1", "optim.lr", "upcycle.lr_policy",
           "upcycle.lr_policy.policy", "upcycle.lr_policy.peak", "parent.moe")
 
@@ -98,8 +105,11 @@ def test_an_offline_run_reads_back_as_its_parquet_rows(tmp_path, monkeypatch):
     cb = ProvenanceWandbLogger(project="p", group="wb", mode="offline", dir=str(tmp_path),
                                static=STATIC)
     results = _results("t0", 1e-3)
-    trial = SimpleNamespace(config=dict(results[0]["config"]), trial_id="t0",
-                            experiment_dir_name="x", local_path=str(tmp_path))
+    # a trial restored from a checkpoint reports fewer effective values (the knobs read on the
+    # step-0 weights are not read again): the run config keeps what it had
+    del results[2]["effective.moe.top_k"]
+    trial = _Trial(config=dict(results[0]["config"]), trial_id="t0",
+                   experiment_dir_name="x", local_path=str(tmp_path))
     cb.log_trial_start(trial)
     for r in results:
         cb.log_trial_result(r["training_iteration"], trial, r)
@@ -119,6 +129,7 @@ def test_an_offline_run_reads_back_as_its_parquet_rows(tmp_path, monkeypatch):
     run = read_offline_run(run_dir)
     assert (run.run_id, run.group, run.project, run.exit_code) == ("t0", "wb", "p", 0)
     assert mismatches(run, parquet, STATIC) == []
+    assert parquet[2]["effective.moe.top_k"] is None
     assert [h["health/layer1/max_load"] for h in run.history] == [0.4, 0.6000000000000001, 0.8]
     assert run.config["effective"] == {"optim": {"lr": 1e-3 * 0.1}, "moe": {"top_k": 2}}
     assert run.config["provenance"]["code"] == pv.provenance()["code"]
@@ -128,3 +139,15 @@ def test_an_offline_run_reads_back_as_its_parquet_rows(tmp_path, monkeypatch):
     assert mismatches(run, parquet, STATIC) == [
         "step 2 health/layer1/max_load: 0.6000000000000001 != 0.55",
         "config effective.optim.lr: 0.0001 != 1.0"]
+
+
+def test_a_run_config_accumulates_over_results():
+    from sweeps.store.wandb_keys import merged
+
+    old = {"effective": {"moe": {"top_k": 2}, "optim": {"lr": 1.0}}, "seed": 0}
+    new = {"effective": {"optim": {"lr": 0.5}}, "trial_id": "t"}
+    assert merged(old, new) == {"effective": {"moe": {"top_k": 2}, "optim": {"lr": 0.5}},
+                                "seed": 0, "trial_id": "t"}
+    assert old["effective"]["optim"] == {"lr": 1.0}  # neither side is changed
+    assert merged({"a": {"b": 1}}, {"a": 3}) == {"a": 3}  # a leaf replaces a folder
+
