@@ -268,9 +268,9 @@ def archive_previous(results_dir: Results) -> Results | None:
     """Move an earlier run's results, row log, summary and Tune state to ``previous/<time>/``
     so that a fresh (not ``--resume``) sweep neither merges nor destroys them. Cached parents
     and WSD stable runs stay."""
-    names = [n for n in (RESULTS_FILE, "rows", "summary.json", "tune", "train", SPEC_FILE)
-             if (results_dir / n).exists()]
-    if not {RESULTS_FILE, "rows", "tune"} & set(names):
+    names = [n for n in (RESULTS_FILE, "rows", "parts", "summary.json", "tune", "train",
+                         SPEC_FILE) if (results_dir / n).exists()]  # parts: the sink's sealed rows
+    if not {RESULTS_FILE, "rows", "parts", "tune"} & set(names):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     while (results_dir / "previous" / stamp).exists():

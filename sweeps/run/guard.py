@@ -44,7 +44,8 @@ from sweeps.store.storage import Location, staging_for
 from sweeps.store.trust import UntrustedStateError
 
 SPEC_FILE = "spec.json"
-WRITER_DIRS = ("export", "parents", "rows", "tune", "stable", "train", "previous", "wandb")
+WRITER_DIRS = ("export", "parents", "rows", "parts", "tune", "stable", "train", "previous",
+               "wandb")
 """Folders under ``results/<sweep>/`` the run writes into (checked by :func:`preflight`)."""
 STAGING_DIRS = ("wandb", "rank_checkpoints")
 """Folders of the local staging folder (``sweeps.store.storage.staging_dir``) of a run whose

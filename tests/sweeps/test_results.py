@@ -99,6 +99,25 @@ def test_fresh_run_archives_an_earlier_one(tmp_path):
     assert prev2 != prev and (prev / RESULTS_FILE).exists()
 
 
+def test_a_fresh_run_does_not_merge_an_earlier_runs_sealed_rows(tmp_path):
+    """A finished trial's rows are sealed into ``parts/``; a fresh run moves them to
+    ``previous/`` with the rest (they were left behind, and the next run's table and progress
+    counted the earlier run's trials: "8/6 trials done")."""
+    from sweeps.run.driver import archive_previous
+    from sweeps.store.sink import ResultsSink
+
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    sink.add({"sweep": "s", "trial_id": "a", "step": 0, "val_loss": 1.0})
+    sink.mark("a", "ok")
+    sink.close()
+    assert any((tmp_path / "parts").iterdir())  # sealed
+    prev = archive_previous(tmp_path)
+    assert prev is not None and any((prev / "parts").iterdir())
+    fresh = ResultsSink(tmp_path, flush_s=1e9)
+    assert fresh.trial_ids() == set()
+    fresh.close()
+
+
 def test_columns_null_in_every_row_are_still_typed(tmp_path):
     """A knob null throughout a sweep is typed from the config, so sweeps read as one dataset
     (duckdb/polars refuse to union a NULL-typed column with a typed one)."""
