@@ -56,9 +56,11 @@ def _rows(url: str, env: dict) -> list[tuple[str, int]]:
             "print(json.dumps([[r['trial_id'], r['step']] for r in read_rows(sys.argv[1])]))")
     out = subprocess.run([sys.executable, "-c", code, url], env=env, capture_output=True,
                          text=True, timeout=120)
-    if out.returncode != 0:  # nothing written yet
-        return []
-    return [(t, s) for t, s in yaml.safe_load(out.stdout.strip().splitlines()[-1])]
+    # the rows are the printed line: a reader that printed them and then aborted at exit (pyarrow's
+    # S3 client torn down with its threads: "terminate called without an active exception")
+    # still read them; no line: nothing written yet
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
+    return [(t, s) for t, s in yaml.safe_load(lines[-1])] if lines else []
 
 
 @pytest.mark.slow
@@ -85,8 +87,10 @@ def test_kill_9_of_an_s3_sweep_at_several_instants_loses_no_row(s3):
                     and len(_manifests(fs, prefix)) == before:
                 time.sleep(0.05)
             time.sleep(AFTER_FIRST_SAVE_S[i])
-            assert proc.poll() is None, (work / f"run{i}.log").read_text()[-3000:]
-            os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is not None:  # a fast machine: the sweep finished before the kill
+                assert proc.returncode == 0, (work / f"run{i}.log").read_text()[-3000:]
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
             log.close()
             held |= set(_rows(f"{url}/kill", {**os.environ, **s3.reader_env(work)}))
