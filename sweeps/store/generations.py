@@ -31,7 +31,6 @@ import json
 import pickletools
 import posixpath
 import re
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from sweeps.store.signing import SpooledWriter
 from sweeps.store.storage import Location
 
 STATE_DIR = ".state"
@@ -139,44 +139,16 @@ def newest_good(fs: pafs.FileSystem, root: str) -> tuple[dict[str, Any] | None, 
     return None, skipped
 
 
-class _GenWriter:
+class _GenWriter(SpooledWriter):
     """A write-only file: the bytes are spooled, then written whole as a new object of the
     open generation at close (see :meth:`StateHandler._landed`)."""
 
     def __init__(self, handler: StateHandler, name: str):
+        super().__init__(64 << 20)
         self.handler, self.name = handler, name
-        self.buf = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-        self.closed = False
 
-    def write(self, data: Any) -> int:
-        b = bytes(data)
-        self.buf.write(b)
-        return len(b)
-
-    def flush(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self.buf.tell()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.buf.seek(0)
-            self.handler._landed(self.name, self.buf.read())
-        finally:
-            self.buf.close()
+    def _landed(self) -> None:
+        self.handler._landed(self.name, self.buf.read())
 
 
 class StateHandler(pafs.FileSystemHandler):

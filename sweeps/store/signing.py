@@ -130,23 +130,24 @@ def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None)
         raise _refuse(path, "its HMAC-SHA256 digest does not match")
 
 
-class _SigningWriter:
-    """A write-only file object, crash-consistent: the bytes are spooled (memory, then a temp
-    file) while their digest is computed; at close, three whole-object PUTs: (1) the sidecar
-    listing the new digest *and* those it listed before, (2) the object, (3) the sidecar with
-    the new digest alone. A PUT lands whole or not at all, so a process killed at any instant
-    leaves an object (old or new) that its sidecar vouches for: never a digest mismatch."""
+class SpooledWriter:
+    """A write-only file object whose bytes are spooled (memory, then a temp file) and handed
+    over whole at close (:meth:`_landed`, with the spool at its start); ``_seen`` sees each
+    chunk as it is written. pyarrow's ``PythonFile`` needs only these methods."""
 
-    def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
-        self.fs, self.path, self.metadata = fs, path, metadata
-        self.key = load_key()
-        self.mac = hmac.new(self.key, _DOMAIN + path.encode() + b"\0", hashlib.sha256)
-        self.buf = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    def __init__(self, max_size: int):
+        self.buf = tempfile.SpooledTemporaryFile(max_size=max_size)
         self.closed = False
+
+    def _seen(self, b: bytes) -> None:
+        pass
+
+    def _landed(self) -> None:
+        raise TypeError(f"{type(self).__name__} must say where its bytes go")
 
     def write(self, data: Any) -> int:
         b = bytes(data)
-        self.mac.update(b)
+        self._seen(b)
         self.buf.write(b)
         return len(b)
 
@@ -165,24 +166,44 @@ class _SigningWriter:
     def tell(self) -> int:
         return self.buf.tell()
 
-    def _put_sidecar(self, digests: list[str]) -> None:
-        with self.fs.open_output_stream(self.path + SUFFIX) as f:
-            f.write("\n".join(digests[:MAX_DIGESTS]).encode())
-
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        new = self.mac.hexdigest()
         try:
-            self._put_sidecar([new, *(d for d in _digests(self.fs, self.path) if d != new)])
             self.buf.seek(0)
-            with self.fs.open_output_stream(self.path, metadata=self.metadata) as out:
-                while chunk := self.buf.read(8 << 20):
-                    out.write(chunk)
-            self._put_sidecar([new])  # the manifest, last
+            self._landed()
         finally:
             self.buf.close()
+
+
+class _SigningWriter(SpooledWriter):
+    """A write-only file object, crash-consistent: the bytes are spooled (memory, then a temp
+    file) while their digest is computed; at close, three whole-object PUTs: (1) the sidecar
+    listing the new digest *and* those it listed before, (2) the object, (3) the sidecar with
+    the new digest alone. A PUT lands whole or not at all, so a process killed at any instant
+    leaves an object (old or new) that its sidecar vouches for: never a digest mismatch."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
+        super().__init__(SPOOL_BYTES)
+        self.fs, self.path, self.metadata = fs, path, metadata
+        self.key = load_key()
+        self.mac = hmac.new(self.key, _DOMAIN + path.encode() + b"\0", hashlib.sha256)
+
+    def _seen(self, b: bytes) -> None:
+        self.mac.update(b)
+
+    def _put_sidecar(self, digests: list[str]) -> None:
+        with self.fs.open_output_stream(self.path + SUFFIX) as f:
+            f.write("\n".join(digests[:MAX_DIGESTS]).encode())
+
+    def _landed(self) -> None:
+        new = self.mac.hexdigest()
+        self._put_sidecar([new, *(d for d in _digests(self.fs, self.path) if d != new)])
+        with self.fs.open_output_stream(self.path, metadata=self.metadata) as out:
+            while chunk := self.buf.read(8 << 20):
+                out.write(chunk)
+        self._put_sidecar([new])  # the manifest, last
 
 
 class SigningHandler(pafs.FileSystemHandler):
