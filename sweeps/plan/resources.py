@@ -176,7 +176,8 @@ def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
         tr = trial_resources(spec)
         rows = [("trial", {"CPU": tr["cpu"], "GPU": tr["gpu"]})]
     pr = r.parent_ranks
-    return rows + [("parent" if pr == 1 else f"parent rank (x{pr})", task),
+    return rows + [("parent" if pr == 1 else f"parent rank (x{pr})" if pr != AUTO else
+                    "parent rank (auto)", task),
                    ("stable run", task)]
 
 

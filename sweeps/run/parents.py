@@ -286,12 +286,12 @@ def _train_parent_ranks_task(spec: SweepSpec, child: TrainConfig, cache_dir: str
 
 
 def planned_ranks(spec: SweepSpec, plan: SweepPlan) -> dict[str, int]:
-    """Ranks of each trained parent (``resources.parent_ranks``; ``auto`` against the GPUs of
-    the running cluster the trials would hold at once)."""
+    """Ranks of each trained parent (``resources.parent_ranks``; ``auto`` against the GPUs the
+    trials would hold at once on the running cluster, or on the nodes its autoscaler may add)."""
     r = spec.resources
     conc = spec.max_concurrent or plan.num_trials
     if r.gpus > 0:
-        gpus = float(ray.cluster_resources().get("GPU", 0))
+        gpus = float(resources.ray_cluster().get("GPU", 0))  # autoscaler's node types too
         conc = min(conc, max(1, int(gpus // (r.gpus * r.ranks))))
     return parent_rank_counts(spec, plan, "cpu" if r.gpus == 0 else "gpu", conc)
 

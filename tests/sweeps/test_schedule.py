@@ -117,6 +117,10 @@ def test_the_8x8_h100_recipe_idles_37_percent_with_a_one_rank_parent_6_with_auto
     assert w.gpu_hours == pytest.approx(f[OWN_PARENT].gpu_hours)
     assert w.wall_h == pytest.approx(f[OWN_PARENT].wall_h - 7 / 8 * f[OWN_PARENT].pre_wall_h)
     assert cost.jobs_from_plan(spec8, plan8, "cpu", 64)[-1].accelerators == 1.0  # CPU: 1 rank
+    from sweeps.run.console import parent_ranks_line  # what --dry-run prints
+
+    line = parent_ranks_line(spec8, cost.parent_rank_counts(spec8, plan8, "h100", 64))
+    assert line.startswith("  parents: ") and " on 8 ranks (resources.parent_ranks=auto" in line
 
 
 def test_a_multi_rank_parent_shortens_the_wait_of_the_trials_that_hold_the_other_gpus():
