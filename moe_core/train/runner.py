@@ -71,22 +71,36 @@ def train_parent(
         return cached, False
     if cfg.parent is not None and cfg.parent.from_pretrained is not None:
         return load_pretrained_parent(cfg.parent.from_pretrained, path, callbacks), True
+    fit_parent(cfg, path, callbacks)
+    return load_parent(path), True
+
+
+def fit_parent(cfg: TrainConfig, path: Path, callbacks: tuple[Callback, ...] = (),
+               save: bool = True) -> None:
+    """Train ``cfg``'s parent and, with ``save``, write it to ``path`` (a parent cache entry).
+    Every rank of a data-parallel parent calls it (``torch.distributed`` set up; the same global
+    batch, split over the ranks by ``TokenBatcher``), rank 0 alone with ``save``. Its optimizer
+    state is saved where one rank holds all of it (ZeRO 0, or one rank); a ZeRO-1/2 run on
+    several ranks saves none (each holds a partition; only an MoE parent's is ever read)."""
     p = cfg.parent_run()
     trainer = Trainer(p, phase=parent_phase(cfg), callbacks=callbacks)
     res = trainer.fit()
+    if not save:
+        return
     state = trainer.parent_state()
+    whole = trainer.world == 1 or p.optim.zero_stage == 0
     save_checkpoint(
         path, model_state={k: torch.as_tensor(v) for k, v in state.model_state.items()},
-        optimizer_state=state.optimizer_state,
+        optimizer_state=state.optimizer_state if whole else None,
         meta={
             "step": res.steps, "tokens": res.tokens, "peak_lr": res.peak_lr,
-            "lr": res.final_lr, "val_loss": res.val_loss, "parent_key": key,
+            "lr": res.final_lr, "val_loss": res.val_loss, "parent_key": parent_key(cfg),
             "config": p.to_dict(), "model_config": dataclasses.asdict(state.model_config),
             "curve": res.curve, "wall_s": res.wall_s,
             "data_seed": state.seed, "tokens_per_step": state.tokens_per_step,
+            **({"ranks": trainer.world} if trainer.world > 1 else {}),
         },
     )
-    return load_parent(path), True
 
 
 def check_cache_entry(path: Path, key: str) -> None:

@@ -28,6 +28,7 @@ from moe_core.config import ModelConfig
 from moe_core.errors import ConfigError
 from moe_core.params import count_params
 from sweeps.plan import schedule
+from sweeps.plan.resources import parent_ranks
 
 TABLE = Path(__file__).with_name("throughput.json")
 ASSUMED_MFU = 0.35
@@ -283,12 +284,25 @@ def trial_gpus(spec: Any, device: str) -> float:
     return 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
 
 
-def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
+def parent_rank_counts(spec: Any, plan: Any, device: str, concurrency: int | None = None
+                       ) -> dict[str, int]:
+    """Ranks each trained parent of the plan trains on (``sweeps.plan.resources.parent_ranks``):
+    ``auto`` fills the GPUs its waiting trials would hold (``concurrency`` trials at most, None:
+    every trial at once); on the CPU one rank unless the spec names a number."""
+    r, per_trial = spec.resources, trial_gpus(spec, device)
+    gpus = 0.0 if device == "cpu" else 1.0 if r.gpus == "auto" else float(r.gpus)
+    return {key: parent_ranks(spec, p.child, gpus,
+                              min(p.trials, concurrency or p.trials) * per_trial)
+            for key, p in plan.parents.items() if p.child.parent.from_pretrained is None}
+
+
+def jobs_from_plan(spec: Any, plan: Any, device: str, concurrency: int | None = None
+                   ) -> list[Job]:
     """What the plan trains: every trial (a WSD branch only its decay: its stable phase is the
     group's stable run), each trained parent once, each stable run once (per sample). A GPU
-    trial holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a parent or
-    a stable run is one task with one rank's (``sweeps.plan.resources.task_options``); a CPU job
-    counts as one trial slot."""
+    trial holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a stable run
+    is one task with one rank's (``sweeps.plan.resources.task_options``), a parent
+    :func:`parent_rank_counts` ranks' (a CPU job counts as one trial slot)."""
     r = spec.resources
     acc = trial_gpus(spec, device)
     task = 1.0 if device == "cpu" else max(1.0, r.gpus)  # a parent / stable run: one rank's
@@ -304,10 +318,11 @@ def jobs_from_plan(spec: Any, plan: Any, device: str) -> list[Job]:
         jobs += [Job("stable", max(g.starts.values()) * t.config.tokens_per_step,
                      t.config.model_config(), _preset(t.config), t.config.seq_len, task)
                  ] * plan.num_samples
+    ranks = parent_rank_counts(spec, plan, device, concurrency)
     for key, p in plan.parents.items():
-        if p.child.parent.from_pretrained is not None:
+        if key not in ranks:
             continue  # loaded, not trained
         pc = p.child.parent_run()
-        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len, task,
-                        key))
+        jobs.append(Job("parent", p.tokens, pc.model_config(), _preset(pc), pc.seq_len,
+                        task * (1 if device == "cpu" else ranks[key]), key))
     return jobs

@@ -24,11 +24,15 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from moe_core.errors import SearchSpaceError
 from moe_core.fsio import atomic_write_text
 from moe_core.train.callbacks import Callback
 from sweeps.spec.sweep import Resources, SweepSpec
+
+if TYPE_CHECKING:
+    from moe_core.train.config import TrainConfig
 
 AUTO = "auto"
 ON_ZERO_ENV = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
@@ -120,6 +124,46 @@ def task_options(spec: SweepSpec) -> dict[str, float]:
     return {"num_cpus": r.cpus, "num_gpus": _gpus(r)}
 
 
+PARENT_RANKS_AUTO_CAP = 8
+"""``resources.parent_ranks: auto`` trains a parent on at most this many ranks: one node of 8
+GPUs, whose NVLink keeps data-parallel scaling near the linear scaling the forecast assumes."""
+
+
+def data_parallel_refusal(child: TrainConfig) -> str | None:
+    """Why ``child``'s parent cannot train data-parallel over several ranks, or None."""
+    if child.parent is None or child.parent.from_pretrained is not None:
+        return "it is loaded, not trained"
+    if child.parent_run().moe is not None:
+        return "an MoE parent's experts would be split over its ranks"
+    return None
+
+
+def parent_ranks(spec: SweepSpec, child: TrainConfig, gpus: float, waiting_gpus: float) -> int:
+    """Ranks that train the parent of ``child`` (a trial config), each holding ``gpus`` GPUs:
+    ``resources.parent_ranks`` as given (refused in one line where the parent cannot train on
+    them), or for ``auto`` as many as ``waiting_gpus`` (what the trials waiting for it would
+    hold) fill with whole GPUs, at most :data:`PARENT_RANKS_AUTO_CAP`, such that the parent's
+    global batch splits into whole micro-batches on every rank; 1 on the CPU, with shared
+    (fractional) GPUs and for a parent that cannot train data-parallel."""
+    want, why = spec.resources.parent_ranks, data_parallel_refusal(child)
+    batch = child.parent_run().batch if why is None else None
+    if want != AUTO:
+        if want > 1 and why is not None:
+            raise SearchSpaceError(f"resources.parent_ranks={want}: the parent cannot train on "
+                                   f"several ranks ({why}); set resources.parent_ranks: 1")
+        if want > 1 and batch is not None and batch.global_batch % (want * batch.micro_batch):
+            raise SearchSpaceError(
+                f"resources.parent_ranks={want}: the parent's batch.global_batch="
+                f"{batch.global_batch} does not split into {want} ranks × micro-batches of "
+                f"{batch.micro_batch}; pick a rank count that divides it, or auto")
+        return int(want)
+    if gpus < 1 or batch is None:
+        return 1
+    cap = max(1, min(PARENT_RANKS_AUTO_CAP, int(waiting_gpus // gpus)))
+    return max(n for n in range(1, cap + 1)
+               if batch.global_batch % (n * batch.micro_batch) == 0)
+
+
 def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
     """(task, {resource: amount}) of every kind of task the sweep starts (a resolved spec)."""
     r = spec.resources
@@ -131,7 +175,10 @@ def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
     else:
         tr = trial_resources(spec)
         rows = [("trial", {"CPU": tr["cpu"], "GPU": tr["gpu"]})]
-    return rows + [("parent", task), ("stable run", task)]
+    pr = r.parent_ranks
+    return rows + [("parent" if pr == 1 else f"parent rank (x{pr})" if pr != AUTO else
+                    "parent rank (auto)", task),
+                   ("stable run", task)]
 
 
 def describe(spec: SweepSpec, resolved: SweepSpec, cluster: Mapping[str, float],

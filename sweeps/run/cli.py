@@ -22,6 +22,7 @@ from sweeps.cluster.launcher import (
 )
 from sweeps.plan import preflight, resources
 from sweeps.plan.build import build_plan
+from sweeps.plan.cost import parent_rank_counts
 from sweeps.run import _signals as signals
 from sweeps.run import console, guard
 from sweeps.run.address import check_address, dry_run_address
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
                              else resources.local_cluster())
     check_kernels(seen, plan.kernels)  # liger asked for on trials that resolve to the CPU
+    parent_rank_counts(seen, plan, "gpu")  # a parent_ranks its parents cannot train on: refused
     checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
         seen, plan, gpu=gpu, concurrent=args.max_concurrent, nodes=nodes,
         local=args.address is None and not types)

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from sweeps.plan import schedule
 from sweeps.plan.build import SweepPlan, disk_estimate
-from sweeps.plan.cost import forecast, jobs_from_plan, trial_gpus
-from sweeps.plan.resources import describe, local_cluster, resolve
+from sweeps.plan.cost import forecast, jobs_from_plan, parent_rank_counts, trial_gpus
+from sweeps.plan.resources import PARENT_RANKS_AUTO_CAP, describe, local_cluster, resolve
 from sweeps.spec.algorithm import plugins
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.results import KNOB_PREFIX, format_knob
@@ -144,6 +144,15 @@ def print_ranked(spec: SweepSpec, finals: Sequence[Mapping[str, Any]],
               f"{summary['tokens_saved_by_branches']:,} by WSD branches")
 
 
+def parent_ranks_line(spec: SweepSpec, ranks: dict[str, int]) -> str:
+    """How many ranks the trained parents train on (``resources.parent_ranks``)."""
+    want = spec.resources.parent_ranks
+    how = (f"resources.parent_ranks=auto: the GPUs its waiting trials would hold, at most "
+           f"{PARENT_RANKS_AUTO_CAP}" if want == "auto" else f"resources.parent_ranks={want}")
+    counts = ", ".join(f"{k[:8]} on {n} rank{'s' * (n > 1)}" for k, n in ranks.items())
+    return f"  parents: {counts or 'none trained'} ({how})"
+
+
 def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                    price: float | None = None, max_concurrent: int | None = None,
                    cluster_gpus: float | None = None) -> None:
@@ -158,6 +167,8 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     if device is None:
         con.print("cost forecast: pass --gpu h100|h200|a100|l4|... (and --price $/GPU-h) for "
                   "GPU-hours, wall time and cost", markup=False)
+        con.print(parent_ranks_line(spec, parent_rank_counts(
+            spec, plan, "gpu", max_concurrent or spec.max_concurrent)), markup=False)
         return
     conc = max_concurrent or spec.max_concurrent
     why = "max_concurrent" if conc else None
@@ -171,7 +182,7 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     if cluster_gpus and device != "cpu" and conc * per_trial > cluster_gpus:
         conc = max(1, int(cluster_gpus // per_trial))
         why = f"{cluster_gpus:g} GPUs in the cluster / {per_trial:g} per trial"
-    jobs = jobs_from_plan(spec, plan, device)
+    jobs = jobs_from_plan(spec, plan, device, conc)
     policy = schedule.policy_for(plugins(spec)[0].trains_up_front, len(plan.branch_groups),
                                  sum(j.accelerators for j in jobs if j.kind == "parent"),
                                  conc * per_trial)
@@ -179,6 +190,7 @@ def print_forecast(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                  policy=policy)
     lines = f.lines()
     lines[0] += f" ({why})"
+    lines.append(parent_ranks_line(spec, parent_rank_counts(spec, plan, device, conc)))
     for line in lines:
         con.print(line, markup=False, highlight=False)
 

@@ -39,6 +39,7 @@ from sweeps.run.health import HealthStopper
 from sweeps.run.memory import stop_outcome, survive_oom
 from sweeps.run.parents import (
     cache_paths,
+    planned_ranks,
     report_diverged,
     start_parents,
     train_parents,
@@ -570,8 +571,11 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
     stables = train_stables(spec, plan, refs, cache_dir, results_dir) \
         if algorithm.trains_up_front else {}
     parent_wall = time.time() - t0
+    # the longest parent's ranks (resources.parent_ranks) over the parents' wall time
+    parent_devices = budget.trial_devices(max(planned_ranks(spec, plan).values(), default=1),
+                                          spec.resources.gpus)
     if not overlapped:  # overlapped: charged once they are done (after the trials)
-        ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))
+        ledger.charge(parent_wall, parent_devices)
     health = HealthStopper(spec.prune) if spec.prune else None
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, ctx=TrialContext(
@@ -590,7 +594,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         grid, memory_stop, cut = _fit(tuner, conc, plan.num_trials, callbacks[0])
         if overlapped:
             parent_wall = _overlapped_wall(refs)
-            ledger.charge(parent_wall, budget.trial_devices(1, spec.resources.gpus))
+            ledger.charge(parent_wall, parent_devices)
         finals = _final_results(results_dir, grid, cut)
     finally:
         budget.deactivate()

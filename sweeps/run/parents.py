@@ -41,12 +41,14 @@ from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
-from moe_core.train.runner import cached_parent, parent_key, train_parent
+from moe_core.train.runner import cached_parent, fit_parent, parent_key, train_parent
 from moe_core.train.wsd import train_stable
 from sweeps.plan import resources
 from sweeps.plan.build import BranchGroup, SweepPlan, TrialPlan
+from sweeps.plan.cost import parent_rank_counts
 from sweeps.plan.devices import check_reserved_device
 from sweeps.run import console
+from sweeps.run.ranks import rank_trainer
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import Location, is_url, join_uri, staging_dir
 
@@ -211,6 +213,89 @@ def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool 
             "_seconds": time.time() - t0}
 
 
+def _divergence(e: BaseException) -> DivergenceError | None:
+    """The DivergenceError a failed TorchTrainer's ranks raised (Ray Train's
+    ``WorkerGroupError.worker_failures``, each possibly wrapped by Ray), or None."""
+    seen = [e, *getattr(e, "worker_failures", {}).values()]
+    while seen:
+        x = seen.pop()
+        if isinstance(x, DivergenceError):
+            return x
+        seen += [c for c in (getattr(x, "cause", None), x.__cause__) if c is not None]
+    return None
+
+
+def _parent_rank(config: dict[str, Any]) -> None:
+    """One rank of a data-parallel parent (Ray Train worker, ``torch.distributed`` set up):
+    every rank trains, rank 0 marks the start board (every rank holds its resources now) and
+    saves, stamps and publishes the parent as the one-rank task does."""
+    import ray.train
+
+    child, cache_dir = config["child"], config["cache_dir"]
+    check_reserved_device()
+    rank = ray.train.get_context().get_world_rank()
+    if rank == 0 and config["board"] is not None:
+        ray.get(config["board"].mark.remote(config["planned_key"]))
+    remote, local = cache_paths(cache_dir)
+    key = parent_key(child)
+    progress = ProgressFile(local / f"{key}.progress.json", child.parent_run().steps)
+    try:
+        fit_parent(child, local / key, (progress,) if rank == 0 else (), save=rank == 0)
+        if rank == 0:
+            resources.stamp_placement(local / key)
+            publish(remote and remote / key, local / key, "meta.json")
+    finally:
+        if rank == 0:
+            progress.path.unlink(missing_ok=True)
+
+
+@ray.remote(max_calls=1)
+def _train_parent_ranks_task(spec: SweepSpec, child: TrainConfig, cache_dir: str,
+                             with_optimizer: bool, planned_key: str, board: Any,
+                             ranks: int) -> dict[str, Any]:
+    """:func:`_train_parent_task` for a parent on ``ranks`` data-parallel ranks: a TorchTrainer
+    (``sweeps.run.ranks``) whose workers hold the resources (this task holds none); its rank 0
+    publishes the parent, which this task then reads back from the cache (fetched from object
+    storage when the cache is a URL; a local cache must be shared by the nodes)."""
+    t0 = time.time()
+    remote, local = cache_paths(cache_dir)
+    key = parent_key(child)
+    fetch(remote and remote / key, local / key, "meta.json")
+    state = cached_parent(local / key, key)
+    trained = state is None
+    if trained:
+        try:
+            rank_trainer(spec, _parent_rank, {"child": child, "cache_dir": cache_dir,
+                                              "board": board, "planned_key": planned_key},
+                         name=f"{spec.name}-parent-{key}", workers=ranks).fit()
+        except Exception as e:  # noqa: BLE001 -- its trials report a divergence as theirs
+            div = _divergence(e)
+            if div is None:
+                raise
+            return {"diverged": str(div), "step": div.step}
+        fetch(remote and remote / key, local / key, "meta.json")
+        state = cached_parent(local / key, key)
+        if state is None:
+            raise FileNotFoundError(
+                f"parent {key} trained on {ranks} ranks but {local / key} is not on this node: "
+                "put storage.parent_cache on storage every node shares (or a URL)")
+    elif board is not None:
+        ray.get(board.mark.remote(planned_key))
+    return {**parent_payload(state, with_optimizer), "_trained_now": trained,
+            "_seconds": time.time() - t0, "_ranks": ranks}
+
+
+def planned_ranks(spec: SweepSpec, plan: SweepPlan) -> dict[str, int]:
+    """Ranks of each trained parent (``resources.parent_ranks``; ``auto`` against the GPUs the
+    trials would hold at once on the running cluster, or on the nodes its autoscaler may add)."""
+    r = spec.resources
+    conc = spec.max_concurrent or plan.num_trials
+    if r.gpus > 0:
+        gpus = float(resources.ray_cluster().get("GPU", 0))  # autoscaler's node types too
+        conc = min(conc, max(1, int(gpus // (r.gpus * r.ranks))))
+    return parent_rank_counts(spec, plan, "cpu" if r.gpus == 0 else "gpu", conc)
+
+
 class ProgressFile(Callback):
     """The run's last eval (step of steps, val loss, when the run started), or the stage of a
     parent that has no steps (loading a pretrained checkpoint, writing its cache) with the
@@ -292,12 +377,17 @@ def _wait_with_progress(what: str, tasks: dict[str, Any], progress: dict[str, Pa
 
 def launch_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path,
                    board: Any = None) -> dict[str, Any]:
-    """Start one Ray task per distinct parent of the plan; their ObjectRefs keyed by hash."""
+    """Start one Ray task per distinct parent of the plan (its ranks' TorchTrainer for a parent
+    on several ranks: ``resources.parent_ranks``); their ObjectRefs keyed by hash."""
     # max_retries=0: no lineage reconstruction; a parent lost with its node is read back from
     # the disk cache by the trials instead of being retrained.
-    refs = {key: _train_parent_task.options(**task_options(spec), max_retries=0)
-            .remote(p.child, str(cache_dir), p.needs_optimizer, key, board)
-            for key, p in plan.parents.items()}
+    ranks = planned_ranks(spec, plan)
+    refs = {key: _train_parent_ranks_task.options(num_cpus=0, max_retries=0).remote(
+        spec, p.child, str(cache_dir), p.needs_optimizer, key, board, ranks[key])
+        if ranks.get(key, 1) > 1 else
+        _train_parent_task.options(**task_options(spec), max_retries=0)
+        .remote(p.child, str(cache_dir), p.needs_optimizer, key, board)
+        for key, p in plan.parents.items()}
     if refs:
         console.progress(f"preparing {len(refs)} parent(s) (cached by content hash in "
                          f"{cache_dir})")

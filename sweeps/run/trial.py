@@ -40,7 +40,6 @@ from moe_core.train.audit import check as audit_knobs
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
-from sweeps.plan import resources
 from sweeps.plan.build import SweepPlan, TrialPlan, extends_stable
 from sweeps.plan.devices import check_reserved_device
 from sweeps.run import compile_stats
@@ -56,6 +55,7 @@ from sweeps.run.parents import (
     publish,
 )
 from sweeps.run.preemption import PreemptionWatch, this_node
+from sweeps.run.ranks import rank_trainer, train_storage
 from sweeps.run.setup_progress import SetupBoard, board_dir
 from sweeps.spec.sweep import CheckpointSpec, SweepSpec
 from sweeps.store.results import (
@@ -65,7 +65,7 @@ from sweeps.store.results import (
     json_safe,
     knob_columns,
 )
-from sweeps.store.storage import Location, join_uri, publishing, staging_dir
+from sweeps.store.storage import join_uri, publishing, staging_dir
 from sweeps.testing import faults
 
 
@@ -543,27 +543,14 @@ def run_multi_rank(spec: SweepSpec, run: RankRun) -> None:
     Ray Train uploads every rank's files into one checkpoint folder under ``<results>/train`` and
     commits it after all ranks reported; a restarted rank downloads it whole. A WSD branch's
     ``stable`` run is fetched on each rank's node."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    r = spec.resources
     trial_id = run.static["trial_id"]
-    storage = Location.of(join_uri(spec.results_uri, "train"))
     # each rank writes into its own subfolder (``rank<r>``), on its own node
-    ckpt_root = staging_dir(storage) / "rank_checkpoints" / trial_id
-    trainer = TorchTrainer(
-        _train_worker,
-        train_loop_config={"run": dataclasses.replace(run, ckpt_root=str(ckpt_root))},
-        torch_config=TorchConfig(backend="nccl" if r.gpus > 0 else "gloo"),
-        scaling_config=ScalingConfig(num_workers=r.ranks, use_gpu=r.gpus > 0,
-                                     resources_per_worker=resources.rank_resources(spec)),
-        run_config=RunConfig(name=f"{spec.name}-{trial_id}", storage_path=storage.path,
-                             storage_filesystem=None if storage.is_local else
-                             storage.signed().fs,
-                             failure_config=FailureConfig(max_failures=spec.max_failures),
-                             checkpoint_config=CheckpointConfig(
-                                 num_to_keep=spec.checkpoint.keep),
-                             callbacks=[TuneReportCallback()]),
-    )
+    ckpt_root = staging_dir(train_storage(spec)) / "rank_checkpoints" / trial_id
+    trainer = rank_trainer(
+        spec, _train_worker, {"run": dataclasses.replace(run, ckpt_root=str(ckpt_root))},
+        name=f"{spec.name}-{trial_id}", workers=spec.resources.ranks,
+        max_failures=spec.max_failures, keep=spec.checkpoint.keep,
+        callbacks=[TuneReportCallback()])
     trainer.fit()

@@ -115,6 +115,11 @@ class Resources:
     GPU)."""
     ranks: int = 1
     """>1: the trial runs as a multi-rank DeepSpeed job (Ray Train TorchTrainer)."""
+    parent_ranks: int | Literal["auto"] = 1
+    """Ranks each trained parent runs on, data-parallel with the same global batch (a Ray Train
+    TorchTrainer, each rank holding one trial rank's CPUs and GPUs); ``auto``: the GPUs its
+    waiting trials would hold, at most 8 (one node) and a divisor the parent's batch allows,
+    1 on the CPU (``sweeps.plan.resources.parent_ranks``). Dense parents only."""
     trial_driver: float = 0.0
     """> 0: each trial's driver bundle also asks for this much of the custom resource
     ``trial_driver`` (only on-demand nodes have it in sweeps/cluster/*.yaml), keeping trial
@@ -124,6 +129,11 @@ class Resources:
         if isinstance(self.ranks, bool) or not 1 <= self.ranks <= MAX_RANKS:
             raise _err(f"resources.ranks={self.ranks} must be >= 1 (an integer, at most "
                        f"{MAX_RANKS:,})")
+        if self.parent_ranks != "auto" and (isinstance(self.parent_ranks, bool) or not
+                                            isinstance(self.parent_ranks, int) or
+                                            not 1 <= self.parent_ranks <= MAX_RANKS):
+            raise _err(f"resources.parent_ranks={self.parent_ranks!r} must be an integer >= 1 "
+                       f"(at most {MAX_RANKS:,}) or auto")
         if not 0 < self.cpus <= MAX_CPUS:
             raise _err(f"resources.cpus={self.cpus} must be > 0 and at most {MAX_CPUS:g} (CPUs "
                        "each trial rank reserves)")

@@ -68,11 +68,9 @@ def test_forecast_overlaps_parents_with_other_parents_trials():
     assert "each trial starts once its own parent is ready" in own.lines()[1]
 
 
-def test_the_8x8_h100_recipe_at_64_trials_idles_for_its_one_parent(tmp_path):
-    """docs/preflight-and-cost.md's figures: 64 one-GPU trials (32 LRs × 2 seeds) of one parent
-    are 37.5 % idle whether or not they wait for all parents (there is one); the same schedule
-    with that parent on 8 GPUs (data-parallel parents: not built) would be 6.3 %."""
-    import dataclasses
+def _recipe_64(tmp_path, parent_ranks):
+    """docs/preflight-and-cost.md's 8x8 H100 recipe at 64 one-GPU trials (32 LRs x 2 seeds) of
+    one parent."""
     from pathlib import Path
 
     import yaml
@@ -85,19 +83,86 @@ def test_the_8x8_h100_recipe_at_64_trials_idles_for_its_one_parent(tmp_path):
     s["search"] = {"upcycle.lr_policy": {"grid": [
         {"policy": "reset", "peak": float(f"{1e-3 * 1.08 ** i:.4g}")} for i in range(32)]}}
     s["resources"]["ranks"], s["max_concurrent"] = 1, 64
+    s["resources"]["parent_ranks"] = parent_ranks
     s["base"]["optim"]["expert_parallel"], s["results"] = 1, str(tmp_path / "r")
     (tmp_path / "r64.yaml").write_text(yaml.safe_dump(s))
     spec = load_spec(str(tmp_path / "r64.yaml"))
-    plan = build_plan(spec)
-    jobs = cost.jobs_from_plan(spec, plan, "h100")
+    return spec, build_plan(spec)
+
+
+def test_the_8x8_h100_recipe_idles_37_percent_with_a_one_rank_parent_6_with_auto(tmp_path):
+    """docs/preflight-and-cost.md's figures: with its one parent on one GPU (parent_ranks 1,
+    the default) the 64 trials idle 37.5 % of the reserved GPU-hours whether or not they wait
+    for all parents (there is one); with parent_ranks auto the parent trains on 8 ranks (the
+    cap; 512 sequences split into 8 x 4 micro-batches of 16) and the idle share is 6.3 %, the
+    GPU-hours unchanged (linear scaling assumed)."""
+    spec, plan = _recipe_64(tmp_path, 1)
+    jobs = cost.jobs_from_plan(spec, plan, "h100", 64)
     assert len(plan.parents) == 1 and sum(j.kind == "trial" for j in jobs) == 64
+    assert [j.accelerators for j in jobs if j.kind == "parent"] == [1.0]
     assert policy_for(True, len(plan.branch_groups), 1, 64) == OWN_PARENT
     f = {p: cost.forecast(jobs, "h100", concurrency=64, parents_parallel=64, table=[], policy=p)
          for p in (BARRIER, OWN_PARENT)}
     assert f[BARRIER].idle_share == pytest.approx(f[OWN_PARENT].idle_share)
     assert f[OWN_PARENT].idle_share == pytest.approx(0.375, abs=5e-4)
-    wide = [dataclasses.replace(j, accelerators=8.0) if j.kind == "parent" else j for j in jobs]
+    import dataclasses
+
+    spec8, plan8 = dataclasses.replace(spec, resources=dataclasses.replace(
+        spec.resources, parent_ranks="auto")), plan
+    wide = cost.jobs_from_plan(spec8, plan8, "h100", 64)
+    assert [j.accelerators for j in wide if j.kind == "parent"] == [8.0]
     w = cost.forecast(wide, "h100", concurrency=64, parents_parallel=64, table=[],
                       policy=OWN_PARENT)
-    assert w.idle_share == pytest.approx(0.063, abs=5e-4) and w.gpu_hours == pytest.approx(
-        f[OWN_PARENT].gpu_hours)
+    assert w.idle_share == pytest.approx(0.063, abs=5e-4) and w.idle_share <= 0.10
+    assert w.gpu_hours == pytest.approx(f[OWN_PARENT].gpu_hours)
+    assert w.wall_h == pytest.approx(f[OWN_PARENT].wall_h - 7 / 8 * f[OWN_PARENT].pre_wall_h)
+    assert cost.jobs_from_plan(spec8, plan8, "cpu", 64)[-1].accelerators == 1.0  # CPU: 1 rank
+    from sweeps.run.console import parent_ranks_line  # what --dry-run prints
+
+    line = parent_ranks_line(spec8, cost.parent_rank_counts(spec8, plan8, "h100", 64))
+    assert line.startswith("  parents: ") and " on 8 ranks (resources.parent_ranks=auto" in line
+
+
+def test_a_multi_rank_parent_shortens_the_wait_of_the_trials_that_hold_the_other_gpus():
+    # one 8-h parent on 1 GPU, or on 4 (2 h): 4 one-GPU trials of 1 h on 4 GPUs. Its ranks take
+    # 4 GPUs first; the trials wait for them, then run on the 4 GPUs the parent gave back
+    one = schedule([Task("P", 8.0, 1)] + [Task(f"t{i}", 1.0, 1, "P") for i in range(4)], 4)
+    four = schedule([Task("P", 2.0, 4)] + [Task(f"t{i}", 1.0, 1, "P") for i in range(4)], 4)
+    assert makespan(one) == 9 and makespan(four) == 3
+    assert {four[f"t{i}"] for i in range(4)} == {(2.0, 3.0)}
+
+
+def test_parent_ranks_auto_fills_the_waiting_gpus_within_the_cap_and_the_batch():
+    import dataclasses
+
+    from moe_core.errors import SearchSpaceError
+    from moe_core.train.config import (
+        BatchConfig,
+        MoEConfig,
+        ParentConfig,
+        TrainConfig,
+        UpcycleConfig,
+    )
+    from sweeps.plan.resources import PARENT_RANKS_AUTO_CAP, parent_ranks
+    from sweeps.spec.sweep import Resources, SweepSpec
+
+    def spec(pr):
+        return SweepSpec(name="t", base={}, search={}, resources=Resources(parent_ranks=pr))
+
+    child = TrainConfig(batch=BatchConfig(global_batch=48, micro_batch=4), moe=MoEConfig(),
+                        parent=ParentConfig(tokens=1000))
+    assert parent_ranks(spec(1), child, 1.0, 64) == 1  # the default: as before
+    assert parent_ranks(spec("auto"), child, 1.0, 64) == 6  # 48 = 6 x 2 x 4; 8 does not split
+    assert PARENT_RANKS_AUTO_CAP == 8 and parent_ranks(spec("auto"), child, 1.0, 5) == 4
+    assert parent_ranks(spec("auto"), child, 0.0, 64) == 1  # on the CPU
+    assert parent_ranks(spec("auto"), child, 0.5, 64) == 1  # shared GPUs
+    assert parent_ranks(spec(3), child, 1.0, 1) == 3  # as given
+    with pytest.raises(SearchSpaceError, match=r"^resources.parent_ranks=5: .*global_batch=48"):
+        parent_ranks(spec(5), child, 1.0, 64)
+    moe = dataclasses.replace(child, parent=ParentConfig(tokens=1000, moe=MoEConfig()),
+                              upcycle=UpcycleConfig(method="continue"))
+    assert parent_ranks(spec("auto"), moe, 1.0, 64) == 1
+    with pytest.raises(SearchSpaceError, match="MoE parent.*set resources.parent_ranks: 1"):
+        parent_ranks(spec(2), moe, 1.0, 64)
+    with pytest.raises(SearchSpaceError, match="^resources.parent_ranks=0 must be an integer"):
+        Resources(parent_ranks=0)
