@@ -3,21 +3,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from moe_core.errors import UpcycleError
+from moe_core.config import ModelConfig
+from moe_core.errors import ConfigError, UpcycleError
 from moe_core.hf.save import save_moe
 from moe_core.hf.tokenizer import save_run_tokenizer
+from moe_core.hf_config import model_config, pretrained_hf
 from moe_core.location import Location, is_url
 from moe_core.model import build_model
 from moe_core.moe.named_state import load_model_state
 from moe_core.outdir import MARKER
 from moe_core.train.checkpoint import load_checkpoint
-from moe_core.train.config import train_config_from_dict
+from moe_core.train.config import TrainConfig, train_config_from_dict
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -39,6 +42,23 @@ def logits_of(model: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
 SIDECAR = ".upcycle-hmac"
 """Suffix of the HMAC sidecars ``sweeps.store.signing`` writes beside a sweep's objects (not part of
 a checkpoint; ``analysis.best --export`` verifies them, this module cannot hold the key)."""
+
+
+def exported_config(tcfg: TrainConfig, cfg: ModelConfig) -> ModelConfig:
+    """The ModelConfig the export describes. A run upcycled from a Hugging Face checkpoint
+    builds its model with the run's sequence length (``model.max_seq_len`` unset: RoPE tables
+    of ``data.seq_len`` rows), yet its weights serve the positions the checkpoint had: RoPE does
+    not depend on the table's length. The export keeps the checkpoint's
+    ``max_position_embeddings`` (SmolLM2: 8192, not the trials' 64); a checkpoint no longer at
+    its path leaves the run's."""
+    src = tcfg.parent.from_pretrained if tcfg.parent is not None else None
+    if src is None or tcfg.model.max_seq_len is not None:
+        return cfg
+    try:
+        positions = model_config(pretrained_hf(src)[0]).max_seq_len
+    except ConfigError:
+        return cfg
+    return dataclasses.replace(cfg, max_seq_len=max(positions, cfg.max_seq_len))
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, **kw: Any) -> dict[str, Any]:
@@ -83,7 +103,7 @@ def export_local(checkpoint: str | Path, out: str | Path, *, arch: str | None = 
         raise UpcycleError(f"{checkpoint}: its meta.json holds no training config")
     state = ck.full_model_state()
     tcfg = train_config_from_dict(ck.meta["config"])
-    cfg = tcfg.model_config(vocab_size=int(state["tok_emb.weight"].shape[0]))
+    cfg = exported_config(tcfg, tcfg.model_config(vocab_size=int(state["tok_emb.weight"].shape[0])))
     out = Path(out)
     res: dict[str, Any] = {"architecture": save_moe(state, cfg, out, arch=arch), "out": str(out),
                            "checkpoint": str(checkpoint), "step": ck.step,

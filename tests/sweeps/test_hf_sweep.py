@@ -90,6 +90,23 @@ def test_a_pretrained_parent_may_state_its_d1(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_an_export_keeps_the_checkpoints_positions(tmp_path):
+    """The model is built with the run's 16 positions; the export says the checkpoint's 64
+    (RoPE does not depend on the table's length), unless model.max_seq_len asked for a length
+    or the checkpoint is no longer there."""
+    from moe_core.hf.export import exported_config
+
+    path = tiny_dense("llama", tmp_path / "llama")
+    cfg = cfg_with(path)
+    assert cfg.model_config().max_seq_len == 16
+    assert exported_config(cfg, cfg.model_config()).max_seq_len == 64
+    asked = cfg_with(path, **{"model.max_seq_len": 32})
+    assert exported_config(asked, asked.model_config()).max_seq_len == 32
+    built = cfg.model_config()
+    (path / "config.json").unlink()
+    assert exported_config(cfg, built).max_seq_len == 16
+
+
 def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
     path = tiny_dense("llama", tmp_path / "llama")
     sets = [f"base.parent.from_pretrained={path}", "base.data.source=synthetic",
@@ -118,8 +135,9 @@ def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
     tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
     for t in trials:
         folder = res / "export" / t
-        assert json.loads((folder / "config.json").read_text())["architectures"] == [
-            "MixtralForCausalLM"]
+        hf_cfg = json.loads((folder / "config.json").read_text())
+        assert hf_cfg["architectures"] == ["MixtralForCausalLM"]
+        assert hf_cfg["max_position_embeddings"] == 64  # the checkpoint's, not seq_len 16
         assert (folder / "tokenizer.json").is_file()  # synthetic symbols: the parent has none
         cfg, state = load_moe(folder)
         m = build_model(cfg)
