@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from sweeps.store.signing import SpooledWriter
+from sweeps.store.signing import ForwardingHandler, SpooledWriter
 from sweeps.store.storage import Location
 
 STATE_DIR = ".state"
@@ -151,10 +151,12 @@ class _GenWriter(SpooledWriter):
         self.handler._landed(self.name, self.buf.read())
 
 
-class StateHandler(pafs.FileSystemHandler):
+class StateHandler(ForwardingHandler):
     """``inner`` with the top-level files of the experiment folder ``root`` kept as
     generations and manifests (module docstring); every other path passes through. Pickles as
     ``(inner, root)`` (a trial's copy never writes the folder's top level)."""
+
+    TYPE_PREFIX = "upcycle-state"
 
     def __init__(self, inner: pafs.FileSystem, root: str):
         self.inner, self.root = inner, root.rstrip("/")
@@ -169,19 +171,6 @@ class StateHandler(pafs.FileSystemHandler):
 
     def __reduce__(self):
         return StateHandler, (self.inner, self.root)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StateHandler) and other.root == self.root \
-            and other.inner.equals(self.inner)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def get_type_name(self) -> str:
-        return f"upcycle-state+{self.inner.type_name}"
-
-    def normalize_path(self, path: str) -> str:
-        return self.inner.normalize_path(path)
 
     # ---- the state ------------------------------------------------------------------------
 
@@ -319,15 +308,6 @@ class StateHandler(pafs.FileSystemHandler):
             self.commit()  # an upload starts (without the wrapper; see transaction)
         self.inner.create_dir(path, recursive=recursive)
 
-    def delete_dir(self, path: str) -> None:
-        self.inner.delete_dir(path)
-
-    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
-        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self) -> None:
-        self.inner.delete_dir_contents("/", accept_root_dir=True)
-
     def delete_file(self, path: str) -> None:
         name = self._name(path)
         if name and name in self.view():
@@ -336,10 +316,6 @@ class StateHandler(pafs.FileSystemHandler):
                 self._pending[name] = None
             return
         self.inner.delete_file(path)
-
-    def move(self, src: str, dest: str) -> None:
-        self.copy_file(src, dest)
-        self.delete_file(src)
 
     def copy_file(self, src: str, dest: str) -> None:
         data = self._read_state(src)

@@ -275,19 +275,24 @@ def concat_tables(tables: Iterable[pa.Table]) -> pa.Table:
     return pa.concat_tables(list(tables), promote_options="permissive")
 
 
-def write_table(path: str | Path | Location, table: pa.Table) -> Path | Location:
-    """Write a results table to ``path`` atomically (unique temp file, fsync, rename; on
-    object storage one whole object)."""
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           _META_KEY: str(SCHEMA_VERSION).encode()})
+def _put(path: str | Path | Location, write: Any, sign: bool) -> Path | Location:
+    """Run ``write(sink)`` into ``path`` atomically: a local file by temp file, fsync and
+    rename; on object storage one whole object (``sign``: through ``sweeps.store.signing``)."""
     if isinstance(path, Location) or is_url(path):
-        loc = Location.of(path).signed()  # object storage: signed (sweeps.signing)
+        loc = Location.of(path).signed() if sign else Location.of(path)
         if not loc.is_local:
             buf = pa.BufferOutputStream()
-            pq.write_table(table, buf)
+            write(buf)
             return loc.write_bytes(buf.getvalue().to_pybytes())
         path = loc.local_path
-    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    return atomic_write(path, lambda tmp: write(str(tmp)))
+
+
+def write_table(path: str | Path | Location, table: pa.Table) -> Path | Location:
+    """Write a results table to ``path`` atomically (on object storage signed)."""
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           _META_KEY: str(SCHEMA_VERSION).encode()})
+    return _put(path, lambda sink: pq.write_table(table, sink), sign=True)
 
 
 def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]],
@@ -395,16 +400,16 @@ def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, m
     not_started = max(0, int(planned["trials"]) - len(finals))
     vals = [r[metric] for r in ok if isinstance(r.get(metric), (int, float))]
     best = (min if mode == "min" else max)(vals) if vals else None
+
+    def count(status: str) -> int:
+        return sum(r.get("status") == status for r in finals)
+
     return {
         "sweep": sweep, "complete": not unfinished and not not_started,
         "unfinished": unfinished, "not_started": not_started,
         "trials": len(finals), "ok": len(ok),
-        "failed": sum(r.get("status") == "failed" for r in finals),
-        "diverged": sum(r.get("status") == "diverged" for r in finals),
-        "pruned": sum(r.get("status") == "pruned" for r in finals),
-        "oom": sum(r.get("status") == "oom" for r in finals),
-        "interrupted": sum(r.get("status") == "interrupted" for r in finals),
-        "budget_stopped": sum(r.get("status") == "budget" for r in finals),
+        **{s: count(s) for s in ("failed", "diverged", "pruned", "oom", "interrupted")},
+        "budget_stopped": count("budget"),
         "best": best, "metric": metric, "wall_s": round(wall_s, 1),
         "parent_wall_s": round(parent_wall_s, 1), "parents": planned["parents"],
         "tokens_saved_by_sharing": planned["tokens_saved_by_sharing"],
@@ -508,14 +513,7 @@ def write_stream(path: str | Path | Location, schema: pa.Schema,
                 if t.num_rows:
                     w.write_table(conform(t, schema))
 
-    if isinstance(path, Location) or is_url(path):
-        loc = Location.of(path)
-        if not loc.is_local:
-            buf = pa.BufferOutputStream()
-            _write(buf)
-            return loc.write_bytes(buf.getvalue().to_pybytes())
-        path = loc.local_path
-    return atomic_write(path, lambda tmp: _write(str(tmp)))
+    return _put(path, _write, sign=False)
 
 
 def last_rows(table: pa.Table) -> list[dict[str, Any]]:

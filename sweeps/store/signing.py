@@ -206,24 +206,26 @@ class _SigningWriter(SpooledWriter):
         self._put_sidecar([new])  # the manifest, last
 
 
-class SigningHandler(pafs.FileSystemHandler):
-    """A pyarrow filesystem handler over ``inner`` that signs what it writes and verifies
-    what it reads (see the module docstring). Pickles as ``inner`` alone (never the key)."""
+class ForwardingHandler(pafs.FileSystemHandler):
+    """A pyarrow filesystem handler that passes every call to ``inner``; subclasses override
+    what they change and name themselves ``<TYPE_PREFIX>+<inner's type>``."""
+
+    TYPE_PREFIX = "upcycle"
 
     def __init__(self, inner: pafs.FileSystem):
         self.inner = inner
 
     def __reduce__(self):
-        return SigningHandler, (self.inner,)
+        return type(self), (self.inner,)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SigningHandler) and other.inner.equals(self.inner)
+        return type(other) is type(self) and other.__reduce__() == self.__reduce__()
 
     def __ne__(self, other: object) -> bool:
         return not self == other
 
     def get_type_name(self) -> str:
-        return f"upcycle-signed+{self.inner.type_name}"
+        return f"{self.TYPE_PREFIX}+{self.inner.type_name}"
 
     def normalize_path(self, path: str) -> str:
         return self.inner.normalize_path(path)
@@ -232,7 +234,7 @@ class SigningHandler(pafs.FileSystemHandler):
         return self.inner.get_file_info(paths)
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
-        return [i for i in self.inner.get_file_info(selector) if not i.path.endswith(SUFFIX)]
+        return self.inner.get_file_info(selector)
 
     def create_dir(self, path: str, recursive: bool) -> None:
         self.inner.create_dir(path, recursive=recursive)
@@ -248,6 +250,23 @@ class SigningHandler(pafs.FileSystemHandler):
 
     def delete_file(self, path: str) -> None:
         self.inner.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.copy_file(src, dest)
+        self.delete_file(src)
+
+
+class SigningHandler(ForwardingHandler):
+    """A pyarrow filesystem handler over ``inner`` that signs what it writes and verifies
+    what it reads (see the module docstring). Pickles as ``inner`` alone (never the key)."""
+
+    TYPE_PREFIX = "upcycle-signed"
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return [i for i in self.inner.get_file_info(selector) if not i.path.endswith(SUFFIX)]
+
+    def delete_file(self, path: str) -> None:
+        self.inner.delete_file(path)
         try:
             self.inner.delete_file(path + SUFFIX)
         except (FileNotFoundError, OSError):
@@ -258,10 +277,6 @@ class SigningHandler(pafs.FileSystemHandler):
             data = f.read()
         check(self.inner, path, data)
         return data
-
-    def move(self, src: str, dest: str) -> None:
-        self.copy_file(src, dest)
-        self.delete_file(src)
 
     def copy_file(self, src: str, dest: str) -> None:
         data = self._read_verified(src)
