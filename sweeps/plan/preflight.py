@@ -77,13 +77,10 @@ def spec_key(spec: SweepSpec, key: str) -> str:
 
 def _configs(plan: SweepPlan) -> list[Any]:
     """Every distinct trial config of the plan (the parents' share the trials' data)."""
-    seen, out = set(), []
+    out: dict[str, Any] = {}
     for t in plan.trials:
-        k = json.dumps(t.config.to_dict(), sort_keys=True, default=str)
-        if k not in seen:
-            seen.add(k)
-            out.append(t.config)
-    return out
+        out.setdefault(json.dumps(t.config.to_dict(), sort_keys=True, default=str), t.config)
+    return list(out.values())
 
 
 def _readable(p: Path) -> str | None:
@@ -278,10 +275,7 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                            "larger storage"))
     if spec.resources.gpus > 0 or gpu:
         return out + _device_capacity(spec, plan, gpu)
-    r = spec.resources.ranks
-    mem = max_trial_memory(spec, plan, ranks=r)
-    host = host_memory if host_memory is not None else host_memory_bytes()
-    n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
+    r, mem, n, host = _cpu_load(spec, plan, concurrent, host_memory)
     if host and mem * n * r > host:
         fixes = memory_fixes(_configs(plan), spec.resources.gpus, r, n, host)
         out.append(Problem("max_concurrent", f"{n} concurrent CPU trials need about "
@@ -289,6 +283,15 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                            f"{f' × {r} ranks' if r > 1 else ''}) but this machine has "
                            f"{human_bytes(host)}; {fits_line(fixes)}"))
     return out
+
+
+def _cpu_load(spec: SweepSpec, plan: SweepPlan, concurrent: int | None,
+              host_memory: int | None) -> tuple[int, int, int, int | None]:
+    """(ranks per trial, one rank's peak RSS, concurrent trials, the host's memory)."""
+    r = spec.resources.ranks
+    n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
+    host = host_memory if host_memory is not None else host_memory_bytes()
+    return r, max_trial_memory(spec, plan, ranks=r), n, host
 
 
 def memory_line(spec: SweepSpec, plan: SweepPlan, concurrent: int | None = None,
@@ -299,10 +302,7 @@ def memory_line(spec: SweepSpec, plan: SweepPlan, concurrent: int | None = None,
     if _resolved(spec).resources.gpus > 0:
         return (f"memory (estimate): {human_bytes(max_trial_memory(spec, plan, device=True))} "
                 "of accelerator memory per trial")
-    r = spec.resources.ranks
-    mem = max_trial_memory(spec, plan, ranks=r)
-    n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
-    host = host_memory if host_memory is not None else host_memory_bytes()
+    r, mem, n, host = _cpu_load(spec, plan, concurrent, host_memory)
     return (f"memory (estimate): peak RSS {human_bytes(mem)} per CPU trial"
             f"{f' rank × {r} ranks' if r > 1 else ''}; {human_bytes(mem * n * r)} at {n} "
             f"concurrent (max_concurrent); this machine has "
@@ -421,17 +421,12 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     else on this machine."""
     spec = _resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)
-    seen: set[tuple[str, str]] = set()
+    found: dict[tuple[str, str], Problem] = {}
     for cfg in _configs(plan):
-        for p in check_data(spec, cfg):
-            if (p.key, p.message) not in seen:
-                seen.add((p.key, p.message))
-                out.append(p)
-        if cfg.parent is not None and cfg.parent.from_pretrained is not None:
-            for p in check_pretrained(spec, cfg):
-                if (p.key, p.message) not in seen:
-                    seen.add((p.key, p.message))
-                    out.append(p)
+        pretrained = cfg.parent is not None and cfg.parent.from_pretrained is not None
+        for p in check_data(spec, cfg) + (check_pretrained(spec, cfg) if pretrained else []):
+            found.setdefault((p.key, p.message), p)
+    out += found.values()
     if not any(p.fatal for p in out):  # sizes only mean something once the files are there
         out += check_capacity(spec, plan, gpu=gpu, concurrent=concurrent,
                               host_memory=None if local else 0)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moe_core.errors import SearchSpaceError, UpcycleError, shown
-from moe_core.fsio import atomic_write_text
 from moe_core.hf_config import check_checkpoint
 from moe_core.outdir import confined
 from sweeps.run.curves import load_calibration
@@ -219,12 +218,7 @@ def _spec_file(results_dir: Any) -> Any:
 
 def record_spec(spec: Any, results_dir: Any) -> None:
     """``spec.json`` in the results folder (a local path, a URL or a ``Location``)."""
-    text = json.dumps(spec_record(spec), indent=1)
-    path = _spec_file(results_dir)
-    if isinstance(path, Path):
-        atomic_write_text(path, text)
-    else:
-        path.write_text(text)
+    Location.of(_spec_file(results_dir)).write_text(json.dumps(spec_record(spec), indent=1))
 
 
 def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -239,10 +233,7 @@ STATE_NAMES = ("tune", "rows", "results.parquet", "summary.json")
 
 
 def _has_state(results_dir: Any) -> bool:
-    if "://" in str(results_dir):
-        root = Location.of(results_dir)
-        return any((root / n).exists() for n in STATE_NAMES)
-    return any((Path(str(results_dir)) / n).exists() for n in STATE_NAMES)
+    return any((Location.of(results_dir) / n).exists() for n in STATE_NAMES)
 
 
 def _recorded(path: Any) -> dict[str, Any] | None:
