@@ -16,6 +16,7 @@ process tree (never ``ray stop``, which ends every Ray process of the user).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,6 +144,8 @@ def head_env(cfg: LocalClusterConfig) -> dict[str, str]:
 
 @contextmanager
 def _environ(update: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``update`` inside; the keys it set are put back after (what else
+    changed stays)."""
     old = {k: os.environ.get(k) for k in update}
     os.environ.update(update)
     try:
@@ -204,17 +207,17 @@ def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[p
 def kill_processes(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM these processes, then SIGKILL what is left after ``grace_s``."""
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
+    _kill(psutil.wait_procs(procs, timeout=grace_s)[1], grace_s)
+
+
+def _kill(procs: list[psutil.Process], timeout_s: float) -> None:
+    """SIGKILL these processes and wait up to ``timeout_s`` for them to go."""
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    psutil.wait_procs(procs, timeout=timeout_s)
 
 
 class LocalCluster:
@@ -431,10 +434,4 @@ class LocalCluster:
         process under it are killed at once (SIGKILL), with no drain. The head is refused."""
         if self.node_of(raylet)["head"]:
             raise UpcycleError("local cluster: refusing to preempt the head node")
-        procs = [raylet, *raylet.children(recursive=True)]
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=10)
+        _kill([raylet, *raylet.children(recursive=True)], 10)

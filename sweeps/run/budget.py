@@ -1,18 +1,13 @@
 """The enforced budget: what a sweep has spent, and the stop at 100 % of a limit.
 
-:class:`Ledger` (pure) counts device-seconds: every reported eval's ``time_this_iter_s`` times
-the trial's devices (ranks × GPUs; a CPU trial counts 1, so its GPU-hours are trial-hours), so
-a retried or preempted trial's replayed work is counted again, as it was paid for again, plus
-the parents' training. It carries what earlier runs of the sweep spent (``summary.json``'s
-``budget.spent``) across ``--resume``. The driver makes one ledger the active one; the results
-callback (``sweeps.run.driver.ResultsCallback``, restored by Tune from its pickle on
-``--resume``) charges it through :func:`charge` and :func:`tick`, so the limits in force are
-always the current run's, never the pickled ones.
-
-At 80 % of a limit it warns once; at 100 % it stops the sweep through Tune's own graceful
-interrupt (``SIGUSR1``, the handler Tune installs next to SIGINT's): no trial is launched,
-running trials stop with their last checkpoint and experiment state saved, every row is kept,
-and the cut trials get status ``budget`` (``sweeps.store.trial_outcomes.reconcile``).
+:class:`Ledger` (pure) counts device-seconds: each reported eval's ``time_this_iter_s`` times the
+trial's devices (ranks × GPUs; a CPU trial counts 1), so replayed work after a retry counts
+again, as it was paid for again, plus the parents' training, plus what earlier runs spent
+(``summary.json``'s ``budget.spent``). The results callback is restored from its pickle on
+``--resume``, so it charges the active ledger through :func:`charge` and :func:`tick`: the limits
+in force are always this run's. At 80 % it warns once; at 100 % it stops the sweep through Tune's
+graceful interrupt (``SIGUSR1``): rows and checkpoints are kept and the cut trials get status
+``budget`` (docs/preflight-and-cost.md).
 """
 
 from __future__ import annotations

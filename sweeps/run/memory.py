@@ -1,18 +1,12 @@
 """Ray's memory monitor killing a trial, or an actor the sweep needs, is a recorded outcome.
 
-Ray 2.60 fails an actor task whose worker its memory monitor killed with
-``ray.exceptions.OutOfMemoryError`` (ray#29736), an error Tune's actor manager does not expect:
-it raises ``RuntimeError("Caught unexpected exception: ... killed due to the node running low
-on memory")`` out of ``Tuner.fit``, which killed the driver and every other trial with it.
-:func:`survive_oom` hands Tune that error as the actor death it is (:class:`KilledForMemory`,
-a ``RayActorError``): Tune ends the trial (or retries it, ``failure.max_failures``) as for any
-lost actor, the sweep goes on, and the trial's row says ``oom`` with the node's memory figures
-(``sweeps.store.trial_outcomes.error_outcome``). Tune's traceback of such a trial is not
-printed: its row and one progress line say what happened.
-
-What still escapes ``Tuner.fit`` for memory (an actor of Tune's own) stops the sweep in one
-line (:func:`stop_outcome`): the running trials' rows become ``oom``, every row is kept, and
-``--resume`` continues.
+Ray fails an actor task whose worker its memory monitor killed with
+``ray.exceptions.OutOfMemoryError`` (ray#29736), which Tune's actor manager does not expect: it
+raised out of ``Tuner.fit`` and took every other trial with it. :func:`survive_oom` hands Tune the
+error as the actor death it is (:class:`KilledForMemory`, a ``RayActorError``), so the trial ends
+or retries, the sweep goes on and the row says ``oom`` with the node's figures. What still
+escapes for memory (an actor of Tune's own) stops the sweep in one line (:func:`stop_outcome`),
+every row kept, ``--resume`` continues (docs/reliability.md).
 """
 
 from __future__ import annotations

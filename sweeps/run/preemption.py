@@ -1,17 +1,12 @@
 """Acting on a preemption notice inside a Tune *function* trial.
 
-A cloud that reclaims a spot or preemptible node warns first (AWS: 120 s, GKE: about 30 s); the
-autoscaler turns that warning into a GCS drain of the node, reason ``PREEMPTION`` with a
-deadline. Ray's ``ray.train.get_preemption_info`` sees it only inside Ray Train workers, so a
-single-rank trial watches for it itself: :class:`PreemptionWatch`, a ``moe_core`` training
-callback, asks the GCS for the draining nodes (``ray._private.state.state.
-get_draining_nodes``, the call Ray Train's own watcher makes) every
-``checkpoint.preemption_poll_s`` seconds from a thread of its own. When its own node is
-draining it asks the loop to stop at the next step boundary; the loop evaluates, the cadence
-(``CheckpointCadence(now=...)``) writes a checkpoint, the reporter hands it to Tune with that
-eval's row, and the trial raises :class:`Preempted`. Tune then restarts it from that
-checkpoint on another node (a draining node takes no new work), counting one failure, as a
-kill would: nothing trained is lost.
+The autoscaler turns a cloud's reclaim warning into a GCS drain of the node (reason
+``PREEMPTION``, a deadline), which ``ray.train.get_preemption_info`` sees only inside Ray Train
+workers. So :class:`PreemptionWatch`, a ``moe_core`` training callback, polls the GCS for
+draining nodes (``get_draining_nodes``, as Ray Train's own watcher does) every
+``checkpoint.preemption_poll_s`` from a thread; when its node drains, the loop stops at the next
+step boundary, evaluates, checkpoints and reports, and the trial raises :class:`Preempted`. Tune
+restarts it from that checkpoint on another node: nothing trained is lost (docs/cluster.md).
 """
 
 from __future__ import annotations

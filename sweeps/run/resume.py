@@ -1,17 +1,12 @@
 """``--resume`` bound to the folder it resumes, and refused in one line when there is nothing
 sound to resume.
 
-Tune pickles its whole ``Tuner`` into ``tune/tuner.pkl``: the run config with our callbacks (the
-results sink, W&B's folder), the stopper and the searcher (the law search's state folder), each
-holding the *absolute* results folder the run started in. ``Tuner.restore(path)`` rewrites
-only Tune's own storage path and its trials' checkpoint paths (``Trial.set_storage``), so a
-folder that was copied or moved would be resumed by objects that write into the folder it was
-copied *from*. :func:`rebind` gives the restored tuner the callbacks, stopper and searcher of
-*this* run instead (built from the spec ``sweeps.run.guard.check_resume_spec`` just found equal to
-the recorded one); Tune restores their state from the experiment folder as it would the
-pickled ones (``Searcher.restore_from_dir``; the results callback rebuilds its rows from the
-folder). :func:`check_tune_state` reads the newest ``experiment_state-*.json`` before Tune does:
-Tune logs a traceback for an unreadable one and silently starts the experiment over.
+``tune/tuner.pkl`` holds our callbacks, stopper and searcher, each with the *absolute* results
+folder the run started in, and ``Tuner.restore`` rewrites only Tune's own paths: a copied or
+moved folder would be resumed by objects writing into the old one. :func:`rebind` gives the
+restored tuner this run's callbacks, stopper and searcher instead (their state is restored from
+the experiment folder). :func:`check_tune_state` reads the newest ``experiment_state-*.json``
+first: Tune logs a traceback for an unreadable one and silently starts over.
 """
 
 from __future__ import annotations

@@ -323,8 +323,6 @@ class SweepSpec:
         return self.space.sampled()
 
 
-
-
 # ---- the YAML, key for key ---------------------------------------------------------------------
 
 

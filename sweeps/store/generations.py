@@ -1,26 +1,18 @@
 """Tune's experiment folder on storage as immutable generations and a manifest written last.
 
-Tune's driver keeps its state in a local staging folder and uploads that whole folder to the
-results (``tune/``) every save: ``experiment_state-*.json``, the searcher's state
-(``basic-variant-state-*``, ``search_gen_state-*``, ``searcher-state-*``), the callbacks'
-state, and once ``tuner.pkl``. The upload (``pyarrow.fs.copy_files``) replaces each file in
-place, one after another, on several threads: a driver killed during it leaves some files new,
-some old, and one cut short (a local file is truncated when it is opened for writing; this is
-how ``basic-variant-state-*.json`` was found unreadable after kill -9 of a driver). Tune then
-restarts the search or resumes trial states that its searcher's state does not match.
+Tune uploads its whole state folder (``experiment_state-*.json``, the searcher's and callbacks'
+state, ``tuner.pkl``) every save, replacing each file in place on several threads: a driver
+killed mid-upload leaves some files new, some old and one cut short (``basic-variant-state-*``
+was found unreadable after kill -9), and Tune then resumes trials its searcher does not match.
 
-:class:`StateHandler` (a ``pyarrow.fs.PyFileSystem`` handler, given to Tune as its storage
-filesystem, local folder or object storage alike) writes each of those top-level files as a
-new object ``tune/.state/g<N>/<name>``, never over an older one, and after the upload ends
-writes ``tune/.state/manifest-<N>.json`` naming, for every state file, its object, size and
-SHA-256: the commit. Readers (Tune's restore, through the same handler) see the state files
-of the newest manifest whose objects are all there, of the size and digest it records, and
-decode (JSON, or a pickle stream that ends where the file ends); newer manifests that fail
-are skipped (:attr:`StateHandler.skipped`). A kill at any instant leaves the state of one
-whole upload. Upload boundaries come from wrapping Ray's upload function
-(:func:`committed_uploads`); without it, a new upload's first ``create_dir`` of the folder
-commits the one before. The newest :data:`KEEP` manifests and their objects are kept.
-On object storage every object (manifest included) goes through ``sweeps.store.signing``.
+:class:`StateHandler` (a ``pyarrow.fs.PyFileSystem`` handler, Tune's storage filesystem) writes
+each top-level file as a new object ``tune/.state/g<N>/<name>`` and, when the upload ends
+(:func:`committed_uploads`, or else the next upload's first ``create_dir``), the commit
+``tune/.state/manifest-<N>.json`` naming each file's object, size and SHA-256. Readers see the
+newest manifest whose objects all check and decode (newer failing ones are counted in
+:attr:`StateHandler.skipped`), so a kill at any instant leaves one whole upload. The newest
+:data:`KEEP` manifests are kept. docs/reliability.md describes it; on object storage every
+object goes through ``sweeps.store.signing``.
 """
 
 from __future__ import annotations

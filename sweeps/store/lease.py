@@ -1,26 +1,13 @@
 """The run lock of a results folder on object storage: a lease that fails closed.
 
-Object storage has no ``flock``. The lease is one object, ``<results>/.run.lock`` (the holder's
-host, pid, start, a random token and ``updated``), written only with *conditional* puts:
-
-- taken with create-if-absent (S3 ``If-None-Match: *``; GCS ``ifGenerationMatch=0``), or, over
-  a released or lapsed record, with replace-if-unchanged (S3 ``If-Match: <etag>``; GCS
-  ``ifGenerationMatch=<generation>``) naming the very version that was judged free: of two runs
-  racing for it, exactly one write lands;
-- renewed every :attr:`ObjectRunLock.BEAT` seconds by its holder only (replace-if-unchanged on
-  the version the holder last wrote);
-- read back after every write: the holder's token must be there;
-- a record that cannot be read or parsed is *held* (never "free");
-- a holder whose renewal finds another token (its lease lapsed and another run took over) stops
-  (SIGTERM to itself: the sweep's graceful stop) and never writes the record again: a release
-  is itself a replace-if-unchanged on its own version, so it cannot release a lock it lost.
-
-A record not renewed for :attr:`ObjectRunLock.TTL` seconds belongs to a run that is gone and is
-taken over with a message; so is, at once, one whose holder ran on this machine (same host name
-and boot id) and is gone (its PID absent, or given to a process started at another time).
-The stores are behind :class:`LeaseStore`: S3 through boto3 (pyarrow's S3 filesystem has no
-conditional writes), GCS through google-cloud-storage (not installed by default and not tested
-here: see docs/reliability.md).
+Object storage has no ``flock``, so the lock is one object, ``<results>/.run.lock``, written
+only with conditional puts (S3 ``If-None-Match``/``If-Match``; GCS ``ifGenerationMatch``) and
+read back after each write: of two racing runs exactly one write lands, a record that cannot be
+read is held, and a holder that finds another token on renewal stops itself and never writes
+again. A record not renewed for :attr:`ObjectRunLock.TTL` seconds, or whose holder ran on this
+machine and is gone, is taken over. S3 goes through boto3 (pyarrow's S3 filesystem has no
+conditional writes), GCS through google-cloud-storage (untested). docs/reliability.md has the
+whole protocol.
 """
 
 from __future__ import annotations

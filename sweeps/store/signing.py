@@ -1,25 +1,16 @@
 """Keyed digests of every file a sweep trusts on object storage.
 
-``--resume`` unpickles Tune's experiment state, and a restarted trial loads its checkpoint
-(``torch.load``): code from the bucket, for anyone with write access to it; the rows, the
-results table, ``spec.json``, ``summary.json`` and the law search's state decide what is
-reported as best. Locally ``sweeps.store.trust`` checks owners and modes; object storage has
-neither. So those files are written and read through :func:`signed_filesystem` (a
-``pyarrow.fs.PyFileSystem``): every object written gets a sidecar ``<object>.upcycle-hmac``
-listing HMAC-SHA256(key, path + content); every read checks it and refuses, in one line naming
-the object, a file whose digest is missing or wrong. :func:`verify_tree` checks a whole folder
-up front (the driver runs it before ``Tuner.restore``).
+``--resume`` unpickles Tune's state and restarted trials ``torch.load`` their checkpoints, and the
+rows, ``spec.json``, ``summary.json`` and the law search's state decide what is reported as best:
+code and verdicts from the bucket, for anyone who can write it. Object storage has no owners or
+modes (``sweeps.store.trust``), so those files go through :func:`signed_filesystem`: every object
+gets a sidecar ``<object>.upcycle-hmac`` listing HMAC-SHA256(key, path + content), and every read
+is refused in one line unless its digest is listed; :func:`verify_tree` checks a folder up front.
+:class:`_SigningWriter` orders its PUTs so that a kill at any instant leaves state that verifies.
 
-A kill at any instant leaves state that verifies (:class:`_SigningWriter`): the sidecar that
-lists the new digest is put before the object, and the one with only the new digest after it;
-each PUT lands whole or not at all, so the object there (old or new) is always listed.
-
-The key (at least 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: it is read
-on each node from ``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file
-``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default ``~/.config/upcycle-sweeps/hmac.key``, created mode
-0600 with 32 random bytes on first use; a key file others can read or write is refused).
-Every node of a cluster, and every machine that analyses the results, needs the same key file
-(``file_mounts``).
+The key (>= 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: each node reads
+``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file ``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default
+``~/.config/upcycle-sweeps/hmac.key``, created 0600 on first use). docs/storage.md has the rest.
 """
 
 from __future__ import annotations
