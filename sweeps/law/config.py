@@ -247,8 +247,6 @@ class LawSearchConfig:
                 LAW_VARIABLES[self.law]}
 
 
-
-
 OLD_SHAPE = ("warning: law.target: {loss_at: ...} and law.candidates: {box: ..., points: ...} "
              "are the old shape of the law block; write target: loss_at with loss_at: {...}, "
              "and candidates: box with box: {...} and points: N")

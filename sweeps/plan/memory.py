@@ -1,27 +1,8 @@
 """The per-trial memory forecast of ``--dry-run``, and which knobs make a sweep fit a node.
 
-A trial's peak (one rank, CPU: its process's RSS) is the sum of what lives at its peak, the
-end of a step's backward, where the gradients and DeepSpeed's flat reduction bucket exist
-beside the weights and the optimizer state (:func:`trial_memory_parts` names each term):
-
-- ``runtime``: Python with torch, DeepSpeed, transformers' tokenizer and the trainer imported
-  (:data:`RUNTIME_BYTES`, measured);
-- ``parent``: an upcycled trial's parent weights in fp32, which it holds through the run (the
-  upcycling source, and the router statistics' reference);
-- ``weights``, ``gradients``: 4 B/param each in fp32 and under ``optim.bf16_mode:
-  torch_autocast``; 2 each with bf16 weights, where DeepSpeed also keeps an fp32 master copy
-  (``master``, 4 B/param);
-- ``optimizer``: AdamW's two fp32 moments, 8 B/param (ZeRO-1/2 split them over the ranks,
-  Rajbhandari et al. 2020, §5.1 Eq. P_os);
-- ``reduce_bucket``: at the accumulation boundary DeepSpeed flattens the gradients into one
-  contiguous buffer of up to 5e8 elements to reduce them
-  (``DeepSpeedEngine.allreduce_no_retain``, ``MEMORY_OPT_ALLREDUCE_SIZE``; ZeRO-1/2's
-  ``reduce_bucket_size``, the same default): a second copy of the gradients, even on one rank;
-- ``activations``: Korthikanti et al. (2022, Eq. 2), s·b·h·(34 + 5·a·s/h) bytes per layer in
-  16-bit (× 2 in fp32) for the micro-batch b; an MoE layer's MLP part (19 of the 34) grows
-  with top-K;
-- ``logits``: the fp32 logits and their gradient, 2·s·b·V·4 bytes.
-
+A trial's peak (one rank; CPU: its process's RSS) is at the end of a step's backward, where the
+gradients and DeepSpeed's flat reduction bucket exist beside the weights and the optimizer
+state: the terms of :func:`trial_memory_parts`, each explained in docs/preflight-and-cost.md.
 Measured against SmolLM2-135M upcycled (``studies/real_model.py``, docs/own-checkpoint.md).
 """
 
@@ -55,7 +36,12 @@ def model_memory_parts(cfg: Any, gpus: float, ranks: int = 1) -> dict[str, int]:
     split_grad = ranks if zero >= 2 else 1
     s, b, h, a = cfg.seq_len, cfg.batch.micro_batch, m.d_model, m.n_head
     k = m.moe.top_k if m.moe is not None else 1
+    # Korthikanti et al. 2022, Eq. 2: s·b·h·(34 + 5·a·s/h) B per layer in 16-bit (× 2 in fp32),
+    # the MoE MLP's 19 of the 34 times top-K
     act = s * b * h * (15 + 19 * k + 5 * a * s / h) * m.n_layer * (1 if bf16 else 2)
+    # AdamW's two fp32 moments, split over the ranks by ZeRO-1/2 (Rajbhandari et al. 2020,
+    # §5.1 Eq. P_os); the reduce bucket flattens the gradients into a second copy at the
+    # accumulation boundary (DeepSpeedEngine.allreduce_no_retain), even on one rank
     return {"weights": n * w, "master": n * 4 if w == 2 else 0,
             "gradients": n * w // split_grad, "optimizer": n * 8 // split_opt,
             "reduce_bucket": min(n // split_grad, REDUCE_BUCKET) * w,

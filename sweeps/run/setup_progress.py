@@ -1,19 +1,13 @@
 """A trial's set-up as the driver's console shows it, before the trial's first eval.
 
-A trial's set-up (its parent from the object store, the data, the model built or upcycled, the
-DeepSpeed engine, the knob audit, the first eval that compiles the model) can take minutes on a
-real model. Each stage is announced (``Callback.on_stage``: what and how large) to a
-:class:`SetupBoard`, which keeps the trial's stages with their start times in a small JSON file
-(``<parent cache>/.setup/<sweep>/<trial_id>.json``, hidden so no listing of parent entries
-counts it, node-local as the parents' progress files are); the driver's progress line of a
-trial with no eval yet reads it (:func:`setup_line`): the stage, how far (stage i of n), the
-seconds in it and in set-up, and an ETA.
-
-The ETA comes from the set-ups that finished before in the same sweep (same folder): their
-seconds scaled by this trial's parameter bytes over theirs (set-up moves the weights a few
-times: its time grows with their size), the median of those; the first trial has none, and its
-line says so. A trial whose node is not the driver's has no file there: its line says it is
-setting up, with no stage.
+Set-up (parent, data, model, DeepSpeed engine, knob audit, the first eval that compiles) can take
+minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
+:class:`SetupBoard`, which keeps the stages and their start times in a hidden node-local JSON
+file (``<parent cache>/.setup/<sweep>/<trial_id>.json``); the driver's line for a trial with no
+eval yet reads it (:func:`setup_line`): the stage (i of n), its seconds and the set-up's, and an
+ETA: the median of the sweep's earlier set-ups, each scaled by this trial's parameter bytes over
+its own (set-up moves the weights a few times). A trial on another node has no file here: its
+line says it is setting up.
 """
 
 from __future__ import annotations

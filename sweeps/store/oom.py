@@ -1,11 +1,10 @@
 """Memory pressure as a trial outcome: Ray's memory-monitor kill read into the node's figures.
 
-When the node's memory use passes Ray's threshold (``RAY_memory_usage_threshold``, 0.95 by
-default), Ray's memory monitor kills workers, and the task that ran in one fails with
-``ray.exceptions.OutOfMemoryError``, whose message says how much memory the node used out of
-its limit, the threshold in bytes, and each killed worker's memory. :func:`oom_outcome` turns
-that message (or any error text that names the kill) into the ``oom`` status's reason line and
-its ``memory.*`` columns, so a killed trial is a row that says what happened and what to lower.
+Past ``RAY_memory_usage_threshold`` (0.95) Ray's memory monitor kills workers, and the task fails
+with ``ray.exceptions.OutOfMemoryError``, whose message gives the node's use, its limit, the
+threshold and each killed worker's memory. :func:`oom_outcome` turns that text into the ``oom``
+status's reason line and its ``memory.*`` columns: a row that says what happened and what to
+lower.
 """
 
 from __future__ import annotations

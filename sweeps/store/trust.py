@@ -1,20 +1,13 @@
 """Secrets and trust at the sweep's edges.
 
-- The W&B API key never enters Ray: ``hide_wandb_key`` moves ``WANDB_API_KEY`` out of the
-  environment (which Ray writes into its session logs when it is passed through ``runtime_env``)
-  into a private netrc file (mode 0600 in a 0700 directory, removed at exit) that wandb reads
-  through ``NETRC``. The directory names its owner by PID and start time; a later run removes
-  those whose owner is gone (a driver killed with -9 runs no exit handler), and a reused PID
-  keeps no dead owner's folder alive.
-- Object-storage keys never enter Ray either: Ray's runtime-env agent writes its whole
-  environment into its session log, so ``hide_cloud_keys`` moves ``AWS_ACCESS_KEY_ID`` /
-  ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` out of the environment into a private AWS
-  credentials file (same 0600/0700 rules, removed at exit) named by
-  ``AWS_SHARED_CREDENTIALS_FILE``, which the AWS SDK inside pyarrow reads on this node.
-- ``--resume`` unpickles Tune's experiment state (``tune/*.pkl`` and the trial records), so a
-  file another user could have written is code they could run: ``verify_experiment_state``
-  refuses to resume unless every file and directory under ``tune/`` is owned by the current
-  user and writable by nobody else.
+- ``hide_wandb_key`` and ``hide_cloud_keys`` move ``WANDB_API_KEY`` and the AWS keys out of the
+  environment (Ray writes it into its session logs) into private files (0600 in a 0700 folder,
+  removed at exit) that wandb (``NETRC``) and pyarrow's AWS SDK
+  (``AWS_SHARED_CREDENTIALS_FILE``) read. Each folder names its owner by PID and start time, so
+  a later run removes those of a driver killed with -9 (docs/storage.md).
+- ``verify_experiment_state``: ``--resume`` unpickles Tune's state, so a file another user could
+  have written is code they could run; every file and folder under ``tune/`` must be the
+  current user's and writable by nobody else.
 """
 
 from __future__ import annotations
