@@ -29,9 +29,7 @@ from moe_core.errors import SearchSpaceError, shown
 from scaling.interval import AUTO, MAX_WIDEN, noise_model_name, resolve_widen
 from sweeps.law.limits import check_law, finite_range
 
-
-def _err(msg: str) -> SearchSpaceError:
-    return SearchSpaceError(msg)
+_err = SearchSpaceError  # the one-line refusals below
 
 
 def _finite_range(v: Any) -> Any:

@@ -20,10 +20,7 @@ MAX_BOOTSTRAP = 10_000
 """Bootstrap resamples of one refit (``law.bootstrap``, ``--bootstrap`` of analysis)."""
 SCRATCH_NAMES = ("A", "alpha", "B", "beta", "E", "N1")
 """``law.scratch``: the from-scratch law's parameters (000 Eq. 3) and the sweep's N1."""
-
-
-def _err(msg: str) -> SearchSpaceError:
-    return SearchSpaceError(msg)
+_err = SearchSpaceError  # the one-line refusals below
 
 
 def check_bootstrap(n: Any, key: str) -> None:

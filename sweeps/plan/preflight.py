@@ -49,7 +49,7 @@ from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import probe
 
 
-def _resolved(spec: SweepSpec, nodes: Iterable[Mapping[str, float]] | None = None) -> SweepSpec:
+def resolved(spec: SweepSpec, nodes: Iterable[Mapping[str, float]] | None = None) -> SweepSpec:
     """``spec`` with ``resources.gpus: auto`` as it will resolve: on ``nodes`` (a cluster's),
     else on this machine (``sweeps.plan.resources``)."""
     if spec.resources.gpus != resources.AUTO:
@@ -260,7 +260,7 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     or, for CPU trials, ``concurrent`` trials (each ``resources.ranks`` processes) against the
     host's memory. A refusal names the knobs that make the sweep fit, with the figure each
     gives (``sweeps.plan.memory.memory_fixes``, :func:`disk_fixes`)."""
-    spec = _resolved(spec)
+    spec = resolved(spec)
     out = []
     d = disk_estimate(spec, plan)
     need = disk_need(d)
@@ -299,7 +299,7 @@ def memory_line(spec: SweepSpec, plan: SweepPlan, concurrent: int | None = None,
     """The memory estimate ``--dry-run`` prints (the figure :func:`check_capacity` checks):
     CPU trials, one trial's peak RSS and ``concurrent`` of them against the host's memory;
     accelerator trials, one trial's device memory."""
-    if _resolved(spec).resources.gpus > 0:
+    if resolved(spec).resources.gpus > 0:
         return (f"memory (estimate): {human_bytes(max_trial_memory(spec, plan, device=True))} "
                 "of accelerator memory per trial")
     r, mem, n, host = _cpu_load(spec, plan, concurrent, host_memory)
@@ -361,7 +361,7 @@ def custom_resources(spec: SweepSpec) -> dict[str, float]:
 
 def trial_bundle(spec: SweepSpec) -> dict[str, float]:
     """The resources each Tune trial (its driver) asks Ray for (``sweeps.run.driver``'s bundle)."""
-    r = _resolved(spec).resources
+    r = resolved(spec).resources
     b = {"CPU": r.cpus, "GPU": r.gpus} if r.ranks == 1 else {"CPU": 0.0}
     return {**b, **custom_resources(spec)}
 
@@ -371,7 +371,7 @@ def max_trial_memory(spec: SweepSpec, plan: SweepPlan, device: bool = False,
     """The largest per-trial memory estimate of the plan (:func:`trial_memory_bytes`; with
     ``device``, the accelerator's part only: no runtime, no parent copy on the host), one
     rank's with ZeRO-1/2 state split over ``ranks``."""
-    gpus = _resolved(spec).resources.gpus
+    gpus = resolved(spec).resources.gpus
     est = model_memory_bytes if device else trial_memory_bytes
     return max((est(c, gpus, ranks) for c in _configs(plan)), default=0)
 
@@ -384,7 +384,7 @@ def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
     cluster that may add larger ones) some node can hold a whole trial bundle (``nodes``: each
     alive node's total resources, as ``ray.nodes()`` reports)."""
     nodes = [dict(n) for n in nodes]
-    spec = _resolved(spec, nodes)
+    spec = resolved(spec, nodes)
     bundle = {k: v for k, v in trial_bundle(spec).items() if v}
     out = []
     biggest = max((n.get("memory", 0) for n in nodes), default=0)
@@ -419,7 +419,7 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     no custom resources; neither: a launch on a cluster, checked once connected
     (``sweeps.run.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
     else on this machine."""
-    spec = _resolved(spec, nodes)
+    spec = resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)
     found: dict[tuple[str, str], Problem] = {}
     for cfg in _configs(plan):

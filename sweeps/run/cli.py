@@ -20,7 +20,7 @@ from sweeps.cluster.launcher import (
     ray_nodes,
     read_launcher,
 )
-from sweeps.plan import preflight, resources
+from sweeps.plan import preflight
 from sweeps.plan.build import build_plan
 from sweeps.plan.cost import parent_rank_counts
 from sweeps.run import _signals as signals
@@ -140,10 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     types = _launcher(args)
     nodes = ray_nodes(types) if types else _cluster_nodes(args.address) if args.dry_run else None
     gpu = args.gpu or (cluster_gpu(types) if types else None)
-    # resources.gpus: auto, as it will resolve: on this machine, or the cluster's nodes (the
-    # driver resolves it again against the running cluster)
-    seen = resources.resolve(spec, {"GPU": sum(n.get("GPU", 0) for n in nodes)} if nodes
-                             else resources.local_cluster())
+    # resources.gpus: auto as it will resolve (the driver resolves it again once connected)
+    seen = preflight.resolved(spec, nodes)
     check_kernels(seen, plan.kernels)  # liger asked for on trials that resolve to the CPU
     parent_rank_counts(seen, plan, "gpu")  # a parent_ranks its parents cannot train on: refused
     checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources

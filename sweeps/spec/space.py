@@ -28,10 +28,7 @@ from moe_core.errors import SearchSpaceError, shown
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
 """The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
-
-
-def _err(msg: str) -> SearchSpaceError:
-    return SearchSpaceError(msg)
+_err = SearchSpaceError  # the one-line refusals below
 
 
 @dataclass(frozen=True, slots=True)

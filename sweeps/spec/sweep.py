@@ -49,10 +49,7 @@ MAX_RANKS = 4096
 EXPORTS = ("hf",)
 """``export: hf``: each trial writes its final model as a Hugging Face checkpoint
 (``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
-
-
-def _err(msg: str) -> SearchSpaceError:
-    return SearchSpaceError(msg)
+_err = SearchSpaceError  # the one-line refusals below
 
 
 @dataclass(frozen=True, slots=True)
