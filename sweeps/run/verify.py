@@ -34,6 +34,7 @@ from moe_core.train import Trainer
 from moe_core.train.callbacks import FunctionCallback
 from moe_core.train.config import TrainConfig, train_config_from_dict
 from sweeps.run.parents import get_parent
+from sweeps.spec.space import set_dotted
 from sweeps.store.provenance import describe, differences, provenance
 from sweeps.store.results import (
     CONFIG_SECTIONS,
@@ -90,11 +91,7 @@ def trial_config(row: Mapping[str, Any]) -> TrainConfig:
         sec = k.split(".", 1)[0]
         if sec not in CONFIG_SECTIONS or sec in null or "." not in k or row[k] is None:
             continue
-        node = d
-        *path, leaf = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[leaf] = decode_value(row[k])
+        set_dotted(d, k, decode_value(row[k]))
     for s in null:
         d[s] = None
     cfg = train_config_from_dict(d)

@@ -44,28 +44,25 @@ def code_version() -> dict[str, Any]:
     its tracked files differ from it (untracked files are not counted), when the code is a git
     checkout; else commit and dirty are None (installed from a wheel). ``version`` is the
     installed distribution's, or None."""
-    try:
-        version: str | None = md.version(DISTRIBUTION)
-    except md.PackageNotFoundError:
-        version = None
     top = _git("rev-parse", "--show-toplevel")
     commit = _git("rev-parse", "HEAD") if top and Path(top).resolve() == ROOT else None
     dirty = None
     if commit:
         status = _git("status", "--porcelain", "--untracked-files=no")
         dirty = None if status is None else bool(status)
-    return {"commit": commit, "dirty": dirty, "version": version}
+    return {"commit": commit, "dirty": dirty, "version": _version(DISTRIBUTION)}
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     """Installed version of each distribution (None when it is not installed)."""
-    out: dict[str, str | None] = {}
-    for n in names:
-        try:
-            out[n] = md.version(n)
-        except md.PackageNotFoundError:
-            out[n] = None
-    return out
+    return {n: _version(n) for n in names}
+
+
+def _version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
 
 
 _ISA = ("avx512f", "avx2", "avx", "sse4_2")

@@ -1,17 +1,11 @@
 """How a results row reads in W&B: which columns are the run's config and under which key each
-metric is logged. Shared by the logger (``sweeps.run.wandb_logging``, which turns each Tune
-result into what W&B receives) and the workspace (``analysis.wandb_workspace``, whose panels
-name the logged keys). Pure: no wandb, no Ray.
+metric is logged. Shared by the logger (``sweeps.run.wandb_logging``) and the workspace
+(``analysis.wandb_workspace``, whose panels name the logged keys). Pure: no wandb, no Ray.
 
-- **Config.** The static columns (identity, sizes, config by YAML path, ``knob.<path>``) and the
-  effective values ``effective.<path>`` (the knob audit) go to the run config, nested by their
-  dotted path (``knob.optim.lr`` → ``{"knob": {"optim": {"lr": ...}}}``): W&B addresses a
-  config value by its nested path, so ``Config("knob.optim.lr")`` in a panel finds it.
-- **Metrics.** Per-layer MoE health is namespaced so W&B's panels group it by layer:
-  ``router.<stat>.layer<i>`` → ``health/layer<i>/<stat>``, ``router.<stat>.worst`` →
-  ``health/worst/<stat>`` and the figure over all layers ``router.<stat>`` (their mean;
-  ``dead_experts``: their sum) → ``health/all/<stat>``
-  (``<stat>``: a statistic with a ``.worst`` column). Every other column keeps its name.
+Config columns (static ones, ``knob.<path>``, ``effective.<path>``) are nested by their dotted
+path, as W&B addresses config (``Config("knob.optim.lr")``); the per-layer MoE health is logged
+as ``health/layer<i>/<stat>``, ``health/worst/<stat>`` and ``health/all/<stat>`` so W&B groups
+it by layer; every other column keeps its name (docs/looking-at-a-sweep.md).
 """
 
 from __future__ import annotations
