@@ -39,7 +39,7 @@ class LawSearcher(Searcher):
         # a local folder or object storage (``sweeps.store.storage``): the state is one small JSON
         self.state_dir = Location.of(state_dir).signed() if state_dir else None  # S3: signed
         if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
-            self._load_json(self.state_dir / STATE_FILE)
+            self.set_state(json.loads((self.state_dir / STATE_FILE).read_text()))
         self._shown = len(self.design.history)
         """Refits already announced (one progress line each)."""
 
@@ -108,7 +108,4 @@ class LawSearcher(Searcher):
         self.state_dir.mkdir()
         # locally a temp file, fsync and rename; on object storage one PUT (atomic per object)
         (self.state_dir / STATE_FILE).write_text(json.dumps(self.get_state(), default=float))
-
-    def _load_json(self, path: Location) -> None:
-        self.set_state(json.loads(path.read_text()))
 
