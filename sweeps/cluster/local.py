@@ -1,14 +1,11 @@
 """A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler.
 
 The head runs the autoscaler (v1, or v2 with ``autoscaler_v2=True``) with Ray's fake multi-node
-provider (``ray.autoscaler._private.fake_multi_node``): each worker "node" it launches is a real
-raylet on this machine with logical resources, GPUs included, and it removes a node after
-``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml`` that
-``ray.cluster_utils.AutoscalingCluster`` reads, so :func:`autoscaling_config` builds the config
-from :class:`LocalClusterConfig`. Everything binds 127.0.0.1, lives under one temp directory
-and is stopped by PID: the head's processes are children of the process that started them, the
-worker nodes children of the head's autoscaler, so :meth:`LocalCluster.stop` ends exactly that
-process tree (never ``ray stop``, which ends every Ray process of the user).
+provider: each worker "node" is a real raylet here with logical resources, GPUs included, removed
+after ``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml``, so
+:func:`autoscaling_config` builds it. Everything binds 127.0.0.1, lives under one temp folder
+and is stopped by PID (:meth:`LocalCluster.stop` ends exactly its own process tree, never
+``ray stop``). docs/cluster.md shows it in use:
 
     python -m sweeps.cluster local up [--v2]     # prints the address for --address
     python -m sweeps.cluster local down

@@ -1,17 +1,12 @@
 """What each task of a sweep reserves from Ray, and who sees a GPU.
 
-``resources.gpus: auto`` (the default) means one GPU per trial rank, parent task and WSD
-stable-run task when the Ray cluster has GPUs (now, or in its autoscaler's node types), and
-none otherwise; an explicit number (``0``, ``0.5``, ``1``) is taken as given. The driver
-resolves ``auto`` once, after Ray starts (:func:`resolve`), so everything downstream sees a
-number; ``--dry-run`` resolves it against this machine (:func:`local_cluster`).
-
-Work that reserves no GPU must not see one. Since Ray 2.48 a zero-GPU task keeps the parent
-process's ``CUDA_VISIBLE_DEVICES`` (ray#54868), so it would train on ``cuda:0`` unreserved,
-next to the trials Ray placed there. :data:`WORKER_ENV` (Ray's own opt-out,
-``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``, read by ``ray._private.utils.
-set_visible_accelerator_ids`` in each worker) makes Ray set ``CUDA_VISIBLE_DEVICES=""`` for
-tasks and actors that were assigned no GPU; the driver passes it in the job's runtime env.
+``resources.gpus: auto`` (the default) is one GPU per trial rank, parent task and stable-run
+task when the Ray cluster has GPUs (now, or in its autoscaler's node types), else none; the
+driver resolves it once Ray starts (:func:`resolve`), ``--dry-run`` against this machine
+(:func:`local_cluster`). Work that reserves no GPU must not see one: since Ray 2.48 a zero-GPU
+task keeps the parent's ``CUDA_VISIBLE_DEVICES`` (ray#54868) and would train on ``cuda:0``
+unreserved, so :data:`WORKER_ENV` sets Ray's own opt-out,
+``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """``--address``: a Ray cluster's address, checked in bounded time before ``ray.init``.
 
 ``ray.init(address=...)`` retries for minutes when nothing answers, and hangs for more than
-150 s on a live port that is not Ray (any TCP server). :func:`check_address` instead connects
-with a timeout and speaks the first bytes of gRPC (HTTP/2, what Ray's GCS and Ray Client
-servers speak): the connection preface and an empty SETTINGS frame, to which every HTTP/2
-server answers with its own SETTINGS frame (RFC 9113 §3.4). Anything else (silence, an HTTP/1
-reply, a closed connection) is refused in one line within ``timeout_s``. No Ray import here:
-``--dry-run`` uses it.
+150 s on a live port that is not Ray. :func:`check_address` connects with a timeout and sends
+the HTTP/2 connection preface and an empty SETTINGS frame (gRPC, what Ray's GCS speaks), which
+every HTTP/2 server answers with its own SETTINGS frame (RFC 9113 §3.4); anything else is
+refused in one line within ``timeout_s``. No Ray import here: ``--dry-run`` uses it.
 """
 
 from __future__ import annotations
