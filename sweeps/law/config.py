@@ -1,18 +1,8 @@
 """The spec's ``law:`` block (``algorithm: law``): a frozen :class:`LawSearchConfig`, decoded
 from YAML by the project's one decoder (``moe_core.configio.decode``) like every other section.
-
-Every setting is a plain key::
-
-    law:
-      law: eq8
-      target: loss_at                  # dstar | alpha3 | loss_at
-      loss_at: {D1: 2.0e9, D2: 4.0e9}
-      candidates: box                  # grid | box
-      box: {parent.tokens: [1.0e8, 1.0e10], tokens: [1.0e8, 1.0e10]}
-      points: 7
-
-The old shape (``target: {loss_at: {...}}``, ``candidates: {box: {...}, points: 7}``) is still
-read, with a one-line deprecation message on stderr.
+Every setting is a plain key (docs/reference/spec.md); the old shape (``target: {loss_at:
+{...}}``, ``candidates: {box: {...}, points: 7}``) is still read, with a one-line deprecation
+message on stderr.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Checks run by ``--dry-run`` and before every launch: mistakes that would otherwise surface only
 inside trials (after minutes, on GPU nodes started for nothing).
 
-Each failure is one line naming the spec's YAML key and the fix (:class:`Problem`):
-
-- files: ``data.path`` (tokens: a file or a folder with train.bin/val.bin; text: .txt files),
-  ``data.tokenizer``, ``parent.from_pretrained`` (config.json and its safetensors),
-  ``scheduler.calibration``, and that the results folder can be written;
-- vocabulary: the tokenizer's ids fit the model's embedding (a checkpoint's vocabulary);
-- architecture: a checkpoint's weight files hold what its config.json (so the spec) implies;
-- capacity: the disk estimate against the free space under ``results``, the per-trial memory
-  estimate against the host's memory (CPU trials) or the accelerator's (``--gpu``);
-- cluster (at launch, or ``--dry-run --address``): the custom resources a trial asks for exist
-  on some node with room for the trial.
-
-No Ray, no torch work here: it reads file headers only.
+Each failure is one line naming the spec's YAML key and the fix (:class:`Problem`): data and
+tokenizer files, vocabulary against a checkpoint's embedding, a checkpoint's weights against its
+config.json, the calibration, writable results, disk and memory estimates against what is
+there, and a cluster's custom resources (the table in docs/preflight-and-cost.md). No Ray, no
+torch work here: it reads file headers only.
 """
 
 from __future__ import annotations

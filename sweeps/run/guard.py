@@ -1,20 +1,15 @@
 """One run per results folder, a resume that runs what it says, and checks before anything moves.
 
-- :func:`run_lock`: a lock on ``results/<sweep>/`` held for the run's life. Local folders use
-  ``fcntl.flock`` on ``.run.lock``, which holds the holder's host, pid and start time as JSON;
-  a second run is refused in one line naming the holder; a lock left by a process that is
-  gone (the kernel drops a flock with its process) is taken over with a message. Object
-  storage (``s3://``, ``gs://``) uses the lease of :mod:`sweeps.lease` (conditional writes,
-  fails closed), registered in :data:`LOCKS` by URL scheme.
+- :func:`run_lock`: a lock on ``results/<sweep>/`` for the run's life: ``fcntl.flock`` on
+  ``.run.lock`` (holding the holder as JSON) locally, the lease of :mod:`sweeps.store.lease` on
+  object storage (:data:`LOCKS`). A second run is refused in one line naming the holder; a lock
+  whose holder is gone is taken over with a message.
 - :func:`check_resume_spec` / :func:`record_spec`: what decides the trials and how they are
-  judged (search space, base config, metric, scheduler, prune rules, ...) is recorded in
-  ``spec.json`` when a run starts (signed on object storage); ``--resume`` with a changed one
-  is refused in one line naming every changed key, and a run with no readable record is
-  refused too (``--force-spec`` resumes anyway).
-- :func:`preflight`: what can be checked before previous results move to ``previous/``: the
-  ``parent.from_pretrained`` checkpoints (streamed, ``moe_core.hf_check``), the calibration
-  results of ``rung_metric: predicted_final``, and writer folders that symbolic links would
-  take outside the results folder.
+  judged is recorded in ``spec.json``; ``--resume`` with a changed or unreadable record is
+  refused in one line naming every changed key (``--force-spec`` resumes anyway).
+- :func:`preflight`: what can be checked before previous results move to ``previous/``
+  (``parent.from_pretrained`` checkpoints, the calibration, writer folders that symbolic links
+  would take outside the results folder).
 """
 
 from __future__ import annotations
