@@ -1,11 +1,8 @@
-"""Ray Tune side of MoE-aware early stopping: the health-rule ``Stopper``, and ASHA whose rungs
-survive ``--resume`` (``ResumableASHA``), on a rung metric of its own where the spec asks
-(``rung_metric: predicted_final``).
-
-``HealthStopper`` is a ``ray.tune.Stopper`` (``RunConfig(stop=...)``): Tune asks it about every
-reported row before the scheduler, so it composes with ``scheduler: asha``. It remembers each
-pruned trial's ``Verdict``; ``sweeps.run.driver.ResultsCallback`` reads it to write the trial's rows
-with ``status: pruned`` and the rule and values that fired.
+"""Ray Tune side of MoE-aware early stopping: the health-rule ``Stopper`` (asked before the
+scheduler, so it composes with ASHA; docs/early-stopping.md), and ASHA whose rungs survive
+``--resume`` (``ResumableASHA``), on a rung metric of its own where the spec asks
+(``rung_metric: predicted_final``). ``sweeps.run.driver.ResultsCallback`` reads each pruned
+trial's ``Verdict`` from the stopper to write its rows.
 """
 
 from __future__ import annotations
