@@ -420,11 +420,9 @@ class LocalCluster:
         return deadline
 
     def _kill_if_alive(self, raylet: psutil.Process) -> None:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, UpcycleError):  # exited meanwhile
             if raylet.is_running() and raylet.status() != psutil.STATUS_ZOMBIE:
                 self.preempt(raylet)
-        except (psutil.NoSuchProcess, UpcycleError):  # exited on its own meanwhile
-            pass
 
     def preempt(self, raylet: psutil.Process) -> None:
         """A worker node vanishes as a reclaimed spot instance does: its raylet and every

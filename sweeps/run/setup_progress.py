@@ -12,6 +12,7 @@ line says it is setting up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -43,11 +44,10 @@ class SetupBoard(Callback):
                                       "of": int(stages), "stages": [], "done": None}
 
     def _write(self) -> None:
-        try:
+        # progress is advisory: a full or read-only disk never fails a trial
+        with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, json.dumps(self.state))
-        except OSError:  # progress is advisory: a full or read-only disk never fails a trial
-            pass
 
     def on_stage(self, text: str) -> None:
         if self.state["done"] is None:

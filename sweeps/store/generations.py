@@ -240,10 +240,8 @@ class StateHandler(ForwardingHandler):
         kept, used = mans[-KEEP:], {e["gen"] for e in self._base["files"].values()}
         for g in kept:
             data = _read(self.inner, f"{self.root}/{STATE_DIR}/manifest-{g:08d}.json")
-            try:
+            with contextlib.suppress(ValueError, AttributeError, KeyError, TypeError):
                 used |= {e["gen"] for e in json.loads(data or b"{}").get("files", {}).values()}
-            except (ValueError, AttributeError, KeyError, TypeError):
-                pass
         with contextlib.suppress(FileNotFoundError, OSError):
             for g in mans[:-KEEP]:
                 self.inner.delete_file(f"{self.root}/{STATE_DIR}/manifest-{g:08d}.json")

@@ -12,6 +12,7 @@ whole protocol.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -275,10 +276,9 @@ class ObjectRunLock:
             if self.me is None:
                 return False
             try:
-                try:
+                # a Conflict: another run's write, or ours not read back: the read decides
+                with contextlib.suppress(Conflict):
                     self.store.replace(self._body(), self.version or "")
-                except Conflict:  # another run's write, or ours not read back: the read decides
-                    pass
                 self._read_back("renewing it")
                 self._last_ok = time.time()
                 return True
@@ -304,8 +304,7 @@ class ObjectRunLock:
         with self._mu:
             if self.me is None:  # never held, or lost: not ours to write
                 return
-            try:
+            # taken over, or unreachable: it lapses after TTL
+            with contextlib.suppress(Conflict, OSError):
                 self.store.replace(self._body(released=True), self.version or "")
-            except (Conflict, OSError):  # taken over, or unreachable: it lapses after TTL
-                pass
             self.me = None

@@ -34,6 +34,7 @@ version-3 columns as nulls.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import math
@@ -243,10 +244,8 @@ def _array(name: str, vals: list[Any], typ: pa.DataType | None = None) -> pa.Arr
     typ = _TYPES.get(name) or typ or (
         pa.float64() if name.startswith((ROUTER_PREFIX, MEMORY_PREFIX)) else None)
     if typ is not None:
-        try:
+        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             return pa.array(vals, typ)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            pass
     try:
         return pa.array(vals)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types: keep them readable

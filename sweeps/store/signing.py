@@ -15,6 +15,7 @@ The key (>= 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: ea
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -70,12 +71,10 @@ def load_key(create: bool = True) -> bytes:
             raise UpcycleError(f"no HMAC key at {path} (nor {KEY_ENV}): copy the key the sweep "
                                "was written with there (mode 0600)")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
+        with contextlib.suppress(FileExistsError):  # another process made it first
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
-        except FileExistsError:  # another process made it first
-            pass
     st = path.stat()
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UpcycleError(f"refusing the HMAC key {path}: it must be yours and mode 0600 "
@@ -258,10 +257,8 @@ class SigningHandler(ForwardingHandler):
 
     def delete_file(self, path: str) -> None:
         self.inner.delete_file(path)
-        try:
+        with contextlib.suppress(FileNotFoundError, OSError):
             self.inner.delete_file(path + SUFFIX)
-        except (FileNotFoundError, OSError):
-            pass
 
     def _read_verified(self, path: str) -> bytes:
         with self.inner.open_input_stream(path) as f:
