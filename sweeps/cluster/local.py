@@ -346,12 +346,9 @@ class LocalCluster:
 
         if self._gcs is None:
             self._gcs = GcsClient(address=self.address)
-        out = []
-        for nid, info in self._gcs.get_all_node_info(timeout=10).items():
-            out.append({"node_id": nid.hex(), "alive": info.state == 0,
-                        "head": info.is_head_node,
-                        "node_manager_port": info.node_manager_port})
-        return out
+        return [{"node_id": nid.hex(), "alive": info.state == 0, "head": info.is_head_node,
+                 "node_manager_port": info.node_manager_port}
+                for nid, info in self._gcs.get_all_node_info(timeout=10).items()]
 
     def worker_count(self) -> int:
         """Live worker nodes (the head not counted)."""

@@ -311,10 +311,8 @@ class LawDesign:
         except FitError:
             return None
         names = [p.name for p in free]
-        samples = []
-        for row in boot:
-            if np.all(np.isfinite(row)):
-                samples.append({**self.fixed, **dict(zip(names, row))})
+        samples = [{**self.fixed, **dict(zip(names, row))} for row in boot
+                   if np.all(np.isfinite(row))]
         if len(samples) < 10:
             return None
         T = np.array([_ln_target(self.cfg, self.law, s) for s in samples])

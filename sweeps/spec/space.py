@@ -285,12 +285,9 @@ class SearchSpace:
         """Grid points combined with every corner (choice value, range bound) of the sampled
         knobs: the points validation builds a trial config for."""
         sampled = self.sampled()
-        corners = [p.corners() for p in sampled]
-        points = []
-        for g in self.grid_points():
-            for combo in itertools.product(*corners) if sampled else [()]:
-                points.append({**g, **{p.key: v for p, v in zip(sampled, combo)}})
-        return points
+        corners = [p.corners() for p in sampled]  # none: product() is the one empty combo
+        return [{**g, **{p.key: v for p, v in zip(sampled, combo)}}
+                for g in self.grid_points() for combo in itertools.product(*corners)]
 
     def tune_space(self) -> dict[str, Any]:
         """Ray Tune's ``param_space``: each searched knob's Tune form, the seeds as a grid."""
