@@ -93,6 +93,17 @@ def run(trials: int, tmp: Path) -> dict[str, float]:
             "wall": time.time() - wall0}
 
 
+def quadratic_fit(x: list[int], y: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares y ≈ c·x² + b·x + a: (c, b, a) and their standard errors (the unscaled
+    covariance times the residual variance on N − 3 degrees of freedom; NaN with N ≤ 3)."""
+    coef, cov = np.polyfit(x, y, 2, cov="unscaled")
+    dof = len(x) - 3
+    if dof <= 0:
+        return coef, np.full(3, np.nan)
+    resid = np.asarray(y) - np.polyval(coef, x)
+    return coef, np.sqrt(np.diag(cov) * float(resid @ resid) / dof)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,14 +133,16 @@ def main() -> None:
     cpu = {t: by[t]["cpu"] for t in ts}
     fits = {}
     for part in ("cpu", "main", "writer", "other"):
-        c, b, a = np.polyfit(ts, [by[t][part] for t in ts], 2)
-        fits[part] = {"a": a, "b": b, "c": c}
-        print(f"fit {part:>6}: {a:.3g} + {b:.3g}·T + {c:.3g}·T²  (at T={ts[-1]}: T² term "
-              f"{c * ts[-1] ** 2:.1f} s of {by[ts[-1]][part]:.1f} s)")
+        (c, b, a), (se_c, se_b, se_a) = quadratic_fit(ts, [by[t][part] for t in ts])
+        fits[part] = {"a": a, "b": b, "c": c, "se_a": se_a, "se_b": se_b, "se_c": se_c}
+        print(f"fit {part:>6}: ({a:.3g} ± {se_a:.2g}) + ({b:.3g} ± {se_b:.2g})·T + "
+              f"({c:.3g} ± {se_c:.2g})·T²  (at T={ts[-1]}: T² term {c * ts[-1] ** 2:.1f} s "
+              f"of {by[ts[-1]][part]:.1f} s; c/se {c / se_c:.1f})")
     for lo, hi in zip(ts, ts[1:]):
         print(f"T {lo} -> {hi}: CPU x{cpu[hi] / cpu[lo]:.2f} for x{hi / lo:g} trials")
     a, b, c = fits["cpu"]["a"], fits["cpu"]["b"], fits["cpu"]["c"]
-    print(json.dumps({"bench": "driver_cpu", "cpu_s": {str(t): round(v, 3) for t, v in cpu.items()},
+    print(json.dumps({"bench": "driver_cpu", "load_1m": os.getloadavg()[0],
+                      "cpu_s": {str(t): round(v, 3) for t, v in cpu.items()},
                       "parts_s": {str(t): {k: round(v, 3) for k, v in by[t].items()} for t in ts},
                       "fit": {"a": a, "b": b, "c": c}, "fits": fits,
                       "state_save_period": "scaled" if hasattr(driver, "tune_settings") else

@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -52,6 +54,95 @@ from sweeps.store.sink import ResultsSink
 
 EVALS = 100
 LIVE = 16
+SLOW_MS = 10.0  # an add this slow is listed with what ran meanwhile
+BUCKETS = (0.1, 1, 5, 10, 20, 50, 100)  # ms: the add-latency histogram's upper edges
+
+
+class Trace:
+    """What ran while an add was slow: (name, thread, t0, t1) spans of GC pauses
+    (``gc.callbacks``), the writer's steps, the log's fsyncs and every hold of the sink's lock
+    outside the calling thread (each wrapped)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, str, float, float]] = []
+        self._gc0 = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc0 = time.perf_counter()
+        else:
+            self.spans.append((f"gc{info['generation']}", threading.current_thread().name,
+                               self._gc0, time.perf_counter()))
+
+    def wrap(self, owner: object, name: str, least_s: float = 0.0) -> None:
+        f = getattr(owner, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                t1 = time.perf_counter()
+                t1 - t0 >= least_s and self.spans.append(
+                    (name, threading.current_thread().name, t0, t1))
+        setattr(owner, name, timed)
+
+    def lock(self, lock: threading.Lock) -> object:
+        trace = self
+
+        class Held:  # the sink's lock, its holds by other threads recorded
+            def __enter__(self):
+                t = time.perf_counter()
+                lock.acquire()
+                self.t0 = time.perf_counter()
+                if self.t0 - t > 1e-3:  # a wait for the lock
+                    trace.spans.append(("lock-wait", threading.current_thread().name, t,
+                                        self.t0))
+
+            def __exit__(self, *exc):
+                name = threading.current_thread().name
+                name != "MainThread" and trace.spans.append(("lock", name, self.t0,
+                                                             time.perf_counter()))
+                lock.release()
+
+            def acquire(self, *a):
+                return lock.acquire(*a)
+
+            def release(self):
+                lock.release()
+        return Held()
+
+    def during(self, t0: float, t1: float) -> list[str]:
+        """The spans that overlap [t0, t1], longest first, as 'name@thread ms'."""
+        hit = sorted((s for s in self.spans if s[2] < t1 and s[3] > t0),
+                     key=lambda s: s[2] - s[3])
+        return [f"{n}@{th} {(b - a) * 1e3:.1f}" for n, th, a, b in hit[:6]]
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._gc)
+
+
+def traced() -> Trace:
+    import sweeps.store.wal as wal
+
+    tr = Trace()
+    for name in ("write_stream", "read_part", "read_schema", "rows_table", "concat_tables"):
+        tr.wrap(sk, name)
+    for name in ("_compact", "_write_once", "_segments"):
+        tr.wrap(ResultsSink, name)
+    tr.wrap(wal.LocalLog, "sync")
+    tr.wrap(wal.LocalLog, "close")
+    for owner, name in ((wal.LocalLog, "write"), (ResultsSink, "flush"), (sk, "json_safe"),
+                        (ResultsSink, "_put")):  # an add's own steps, when one is slow
+        tr.wrap(owner, name, least_s=1e-3)
+    return tr
+
+
+def histogram(lat: list[float]) -> dict:
+    edges = (*BUCKETS, math.inf)
+    return {f"<{e:g}ms" if e != math.inf else f">={BUCKETS[-1]:g}ms":
+            sum(1 for x in lat if lo <= x < e) for lo, e in zip((0, *BUCKETS), edges)}
 
 
 def template() -> dict:
@@ -86,16 +177,27 @@ def history(d: Path, base: dict, trials: int) -> None:
         write_stream(d / "parts" / f"part-{k + 1:06d}.parquet", part.schema, [part])
 
 
-def live_phase(sink: ResultsSink, base: dict, first: int, adds: int) -> dict:
-    lat, cpu, ends, idx = [], [], [], []
+def runq_ms(stat) -> float:
+    """The calling thread's time waiting for a core so far (schedstat: run, wait, slices)."""
+    stat.seek(0)
+    return int(stat.read().split()[1]) / 1e6
+
+
+def live_phase(sink: ResultsSink, base: dict, first: int, adds: int, tr: Trace) -> dict:
+    lat, cpu, ends, idx, at, runq = [], [], [], [], [], []
+    stat = open(f"/proc/self/task/{threading.get_native_id()}/schedstat")  # noqa: SIM115
     trials = list(range(first, first + LIVE))
     step = {t: 0 for t in trials}
     nxt = first + LIVE
     for i in range(adds):
         t = trials[i % LIVE]
+        r = row(base, t, step[t])
+        q0 = runq_ms(stat)
         t0, c0 = time.perf_counter(), time.thread_time()
-        sink.add(row(base, t, step[t]))
-        lat.append((time.perf_counter() - t0) * 1e3)
+        sink.add(r)
+        at.append((t0, time.perf_counter()))
+        runq.append(runq_ms(stat) - q0)
+        lat.append((at[-1][1] - t0) * 1e3)
         cpu.append((time.thread_time() - c0) * 1e3)
         step[t] += 1
         if i % 50 == 49:  # a trial ends: the driver's on_trial_complete
@@ -111,7 +213,12 @@ def live_phase(sink: ResultsSink, base: dict, first: int, adds: int) -> dict:
             step[nxt] = 0
             nxt += 1
     sink.join()
-    return {"add_ms_p50": statistics.median(lat),
+    slow = sorted(range(adds), key=lambda i: -lat[i])[:8]
+    return {"add_hist": histogram(lat), "slow_adds": [
+        {"i": i, "ms": round(lat[i], 1), "cpu_ms": round(cpu[i], 2),
+         "runq_ms": round(runq[i], 1), "during": tr.during(*at[i])}
+        for i in slow if lat[i] >= SLOW_MS],
+            "add_ms_p50": statistics.median(lat),
             "add_ms_p99": sorted(lat)[int(0.99 * len(lat))], "add_ms_max": max(lat),
             "add_cpu_ms_max": max(cpu), "end_ms_max": max(ends), "index_us": max(idx),
             "trials_total": sum(1 for k in step.values() if k) + first}
@@ -167,7 +274,10 @@ def measure(n: int, base: dict, adds: int) -> dict:
     rss = proc.memory_info().rss - rss0
     out.update(rss_mib=rss / 2**20, bytes_per_row=rss / (trials * EVALS),
                in_memory_rows=sum(len(v) for v in sink.trials.values()))
-    out.update(live_phase(sink, base, trials, adds))
+    tr = traced()
+    sink._lock = tr.lock(sink._lock)
+    out.update(live_phase(sink, base, trials, adds, tr))
+    tr.close()
     out.update(control(d, base, adds))
     out.update(control(d, base, adds, fsync=False))
     t0 = time.perf_counter()
@@ -182,6 +292,7 @@ def measure(n: int, base: dict, adds: int) -> dict:
     out["reload_s"] = time.perf_counter() - t0
     out["reload_rows_ok"] = sum(len(r) for _, r in back.rows_by_trial(
         back.trial_ids())) == in_file and len(back.trial_ids()) == out["trials_total"]
+    out["load_1m"] = os.getloadavg()[0]
     out["parquet_mib"] = sum(p.stat().st_size for p in d.rglob("*.parquet")) / 2**20
     shutil.rmtree(d, ignore_errors=True)
     return out
@@ -192,7 +303,7 @@ ORDER = ("rows", "resume_load_s", "resume_load_cpu_s", "traced_bytes_per_row", "
          "in_memory_rows", "add_ms_p50", "add_ms_p99", "add_ms_max", "add_cpu_ms_max",
          "control_ms_p99", "control_ms_max", "control_flush_ms_p99", "control_flush_ms_max",
          "end_ms_max", "index_us", "stitch_s", "reload_s", "parquet_mib", "file_rows_ok",
-         "reload_rows_ok")
+         "reload_rows_ok", "load_1m")
 
 
 def main() -> None:
@@ -217,6 +328,11 @@ def main() -> None:
         print(f"{n:>9,} rows measured", flush=True)
     lo, hi = res[sizes[0]], res[sizes[-1]]
     print(f"{'':>16}" + "".join(f"{n:>14,}" for n in sizes) + f"{'ratio':>10}")
+    for n in sizes:
+        print(f"{n:,} rows: add latency histogram {res[n]['add_hist']}")
+        for s in res[n]["slow_adds"]:
+            print(f"  slow add #{s['i']}: {s['ms']} ms (cpu {s['cpu_ms']}, waiting for a core "
+                  f"{s['runq_ms']} ms) during {s['during']}")
     for k in ORDER:
         vals = "".join(f"{res[n][k]:>14.3f}" if isinstance(res[n][k], float) else
                        f"{str(res[n][k]):>14}" for n in sizes)

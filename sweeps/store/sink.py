@@ -7,8 +7,9 @@ O(1) work per row on Tune's event loop. The log is group-committed (``sweeps.sto
 in the background every ``SYNC_S`` seconds, and before a trial's outcome is acknowledged
 (``mark``), so every row of a finished trial is on disk before its completion is. Only the
 rows of trials still running are held in memory. When a trial's outcome is marked, a
-background thread writes its rows once into an immutable part file
-(``parts/part-NNNNNN.parquet``) and drops them from memory (the trial is *sealed*); a row or a
+background thread (``sweeps.store.worker``: one per sink, at a lower CPU priority) writes its
+rows once into an immutable part file (``parts/part-NNNNNN.parquet``) and drops them from
+memory (the trial is *sealed*); a row or a
 status change that arrives for a sealed trial later (a restart) reads it back first.
 ``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
 the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
@@ -59,6 +60,7 @@ from sweeps.store.storage import Location, is_url
 from sweeps.store.trial_outcomes import REOPENED, apply_mark, mark_changes
 from sweeps.store.trust import UntrustedStateError
 from sweeps.store.wal import LocalLog, ObjectLog, Syncer
+from sweeps.store.worker import Worker
 
 _CORE = frozenset(CORE_COLUMNS)
 RowKey = tuple[str, int]
@@ -137,10 +139,8 @@ class ResultsSink:
         self._reset()
 
     def _reset(self) -> None:
-        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
+        self._lock, self._worker, self._log = threading.Lock(), None, None
         self._syncer: Syncer | None = None
-        self._last_flush = time.time()  # the first rewrite comes flush_s after the start
-        self._lock, self._writer, self._pending, self._log = threading.Lock(), None, False, None
         self._last_flush = time.time()  # the first rewrite comes flush_s after the start
         self.trials: dict[str, dict[int, dict[str, Any]]] = {}  # running trial → step → row
         self._last: dict[str, int] = {}  # trial → its highest step (a rewind check in O(1))
@@ -470,46 +470,37 @@ class ResultsSink:
             self._last_flush = time.time()
             self._force = self._force or (wait and rewrite)
             self._seal_now = self._seal_now or wait
-            if self._writer is not None and self._writer.is_alive():
-                self._pending = True  # the running write is followed by one more
-            else:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name="results-writer")
-                self._writer.start()
-        if wait:
-            self.join()
+            if self._worker is None:  # one writer thread, woken (never started) per flush
+                self._worker = Worker(self._write_loop, "results-writer")
+        ticket = self._worker.kick()
+        wait and self._worker.wait(ticket)
 
     def join(self) -> None:
-        self._writer is not None and self._writer.join()
+        self._worker is not None and self._worker.wait()
 
     def _write_loop(self) -> None:
-        while True:
-            with self._lock:
-                self._pending = False
-                # rows after this point go to a new segment; the old one is fsynced and
-                # closed below, outside the lock
-                old, self._log = self._log, None
-                covered = self._segments()
-                changed = {t: [dict(r) for _, r in sorted(self.trials[t].items())]
-                           for t in self._dirty if t in self.trials}  # rare: marks, rewinds
-                fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
-                         if t in self.trials and t not in changed}
-                self._dirty, self._fresh = set(), {}
-                due = self._force or time.time() - self._last_stitch >= self._stitch_period()
-                seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
-                sealing = sorted(self._to_seal & set(self.trials)) if seal else []
-                self._to_seal -= set(sealing)
-                self._force = self._seal_now = False
-            old is not None and old.close()
-            try:
-                self._write_once(changed, fresh, sealing, due, covered)
-            except Exception as e:  # noqa: BLE001 - keep the log; report at the end
-                self.write_errors.append(f"{type(e).__name__}: {e}")
-                with self._lock:  # sealed next time
-                    self._to_seal |= {t for t in sealing if t in self.trials}
-            with self._lock:
-                if not self._pending:
-                    return
+        with self._lock:
+            # rows after this point go to a new segment; the old one is fsynced and
+            # closed below, outside the lock (as the folder's listing: short holds)
+            old, self._log, last = self._log, None, self._segment
+            changed = {t: [dict(r) for _, r in sorted(self.trials[t].items())]
+                       for t in self._dirty if t in self.trials}  # rare: marks, rewinds
+            fresh = {t: rows for t, rows in self._fresh.items()  # appended rows: O(1) here
+                     if t in self.trials and t not in changed}
+            self._dirty, self._fresh = set(), {}
+            due = self._force or time.time() - self._last_stitch >= self._stitch_period()
+            seal = due or self._seal_now or len(self._to_seal) >= SEAL_BATCH
+            sealing = sorted(self._to_seal & set(self.trials)) if seal else []
+            self._to_seal -= set(sealing)
+            self._force = self._seal_now = False
+        old is not None and old.close()
+        covered = [p for p in self._segments() if int(p.name[4:10]) <= last]
+        try:
+            self._write_once(changed, fresh, sealing, due, covered)
+        except Exception as e:  # noqa: BLE001 - keep the log; report at the end
+            self.write_errors.append(f"{type(e).__name__}: {e}")
+            with self._lock:  # sealed next time
+                self._to_seal |= {t for t in sealing if t in self.trials}
 
     def _stitch_period(self) -> float:
         """Seconds between two rewrites of results.parquet (a flush with wait: now)."""
@@ -596,5 +587,6 @@ class ResultsSink:
         self.flush(wait=True)
         if self._log is not None:
             self._log, _ = None, self._log.close()
-        if self._syncer is not None:
-            self._syncer, _ = None, self._syncer.stop()
+        for th in (self._syncer, self._worker):
+            th is not None and th.stop()
+        self._syncer = self._worker = None
