@@ -12,8 +12,12 @@ For each size N:
    group-committed, ``sweeps.store.wal``; ``--commit each`` fsyncs every add, as before), one
    trial ends (``mark``, which fsyncs, + ``flush``, as the driver does) every 50 rows, with
    ``flush_s`` 0.05 so the writer keeps sealing, merging parts and rewriting ``results.parquet``
-   meanwhile; ``add_ms`` p50 / p99 / max wall and ``add_cpu_ms_max`` (the calling thread's
-   CPU: on a loaded machine the wall time is mostly waiting for a core), ``end_ms_max`` (mark +
+   meanwhile; ``add_ms`` p50 / p99 / max wall, ``add_own_ms_max`` (wall less the calling
+   thread's wait for a core, from its ``/proc`` schedstat: the sink's own share) and
+   ``add_cpu_ms_max`` (the calling thread's CPU: on a loaded machine the wall time is mostly
+   waiting for a core), a histogram of the adds' wall times, and each add slower than
+   ``SLOW_MS`` with its wait for a core and what ran meanwhile (GC pauses, the writer's steps,
+   fsyncs, holds of the sink's lock: ``Trace``), ``end_ms_max`` (mark +
    flush) and ``index_us`` (the progress line's ``count``); ``control_ms``: the same number of
    fsynced lines written with no sink and no writer thread, the machine's own floor, and
    ``control_flush_ms``: the same lines only written and flushed (a group-committed add's);
@@ -218,6 +222,7 @@ def live_phase(sink: ResultsSink, base: dict, first: int, adds: int, tr: Trace) 
         {"i": i, "ms": round(lat[i], 1), "cpu_ms": round(cpu[i], 2),
          "runq_ms": round(runq[i], 1), "during": tr.during(*at[i])}
         for i in slow if lat[i] >= SLOW_MS],
+            "add_own_ms_max": max(a - q for a, q in zip(lat, runq)),
             "add_ms_p50": statistics.median(lat),
             "add_ms_p99": sorted(lat)[int(0.99 * len(lat))], "add_ms_max": max(lat),
             "add_cpu_ms_max": max(cpu), "end_ms_max": max(ends), "index_us": max(idx),
@@ -300,7 +305,8 @@ def measure(n: int, base: dict, adds: int) -> dict:
 
 ORDER = ("rows", "resume_load_s", "resume_load_cpu_s", "traced_bytes_per_row", "rss_mib",
          "bytes_per_row",
-         "in_memory_rows", "add_ms_p50", "add_ms_p99", "add_ms_max", "add_cpu_ms_max",
+         "in_memory_rows", "add_ms_p50", "add_ms_p99", "add_ms_max", "add_own_ms_max",
+         "add_cpu_ms_max",
          "control_ms_p99", "control_ms_max", "control_flush_ms_p99", "control_flush_ms_max",
          "end_ms_max", "index_us", "stitch_s", "reload_s", "parquet_mib", "file_rows_ok",
          "reload_rows_ok", "load_1m")

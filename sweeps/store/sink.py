@@ -7,7 +7,7 @@ O(1) work per row on Tune's event loop. The log is group-committed (``sweeps.sto
 in the background every ``SYNC_S`` seconds, and before a trial's outcome is acknowledged
 (``mark``), so every row of a finished trial is on disk before its completion is. Only the
 rows of trials still running are held in memory. When a trial's outcome is marked, a
-background thread (``sweeps.store.worker``: one per sink, at a lower CPU priority) writes its
+background thread (one per sink, woken by each flush: ``sweeps.store.worker``) writes its
 rows once into an immutable part file (``parts/part-NNNNNN.parquet``) and drops them from
 memory (the trial is *sealed*); a row or a
 status change that arrives for a sealed trial later (a restart) reads it back first.

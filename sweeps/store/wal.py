@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from moe_core.fsio import fsync_dir
-from sweeps.store.worker import lower_priority
 
 SYNC_S = 0.5
 """Seconds between the background fsyncs of the open segment (the most a machine crash loses
@@ -89,7 +88,6 @@ class Syncer:
         self._thread.start()
 
     def _run(self) -> None:
-        lower_priority()  # off the caller's core (sweeps.store.worker)
         while not self._stop.wait(SYNC_S):
             log = self._current()
             if log is not None:

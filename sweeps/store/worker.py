@@ -1,33 +1,16 @@
-"""The results sink's background threads, kept off the caller's way (#42: no ``add`` slower
-than 50 ms at 10⁶ rows).
+"""The results sink's background writer: one thread per sink, started once and woken by each
+flush (#42: no ``add`` slower than 50 ms at 10⁶ rows).
 
-Measured with ``bench/results_sink.py`` (each slow ``add`` listed with its thread's run-queue
-wait and what ran meanwhile), the slow adds were the caller waiting for a core while the sink's
-own writer merged parts or rewrote ``results.parquet`` on it. So the writer is one thread per
-sink, started once and woken by :meth:`Worker.kick` (which never waits: starting a thread per
-flush made the caller wait for the new thread to be scheduled), and it runs at a lower CPU
-priority (``NICE`` above the caller's), so a waking caller takes the core from it at once.
+The sink used to start a new thread for a flush that found its writer idle, and
+``Thread.start`` waits until the new thread has run: on a loaded machine the ``add`` that
+triggered the flush waited for the scheduler to run another thread first. :meth:`Worker.kick`
+only sets a flag and notifies; it never waits.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-
-NICE = 5
-"""How much nicer (lower CPU priority) than the process the sink's background threads run
-(Linux: a thread's own nice value; elsewhere unchanged). Moderate: a thread that holds the GIL
-must still get a core soon when the caller waits for it."""
-
-
-def lower_priority(by: int = NICE) -> None:
-    """Make the calling thread ``by`` nicer, where the platform has per-thread priorities."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + by)
-    except (AttributeError, OSError):  # no setpriority here, or not allowed: run as is
-        pass
 
 
 class Worker:
@@ -63,7 +46,6 @@ class Worker:
         self._thread.join()
 
     def _run(self) -> None:
-        lower_priority()
         while True:
             with self._cv:
                 while self._asked == self._done and not self._stopping:

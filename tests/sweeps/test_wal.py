@@ -8,6 +8,7 @@ import os
 import time
 
 import sweeps.store.wal as wal
+import sweeps.store.worker as worker
 from sweeps.store.sink import ResultsSink
 
 
@@ -60,3 +61,40 @@ def test_the_open_segment_is_fsynced_in_the_background(tmp_path, monkeypatch):
         time.sleep(0.01)
     assert any(isinstance(c, int) for c in calls)
     sink.close()
+
+
+def test_the_writer_is_one_thread_woken_per_flush(tmp_path, monkeypatch):
+    """One writer thread per sink: a flush wakes it, never starts a thread (Thread.start waits
+    until the new thread has run: the add that flushed waited for the scheduler)."""
+    import threading
+
+    started = []
+    real = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda self: started.append(self.name) or real(self))
+    sink = ResultsSink(tmp_path, flush_s=1e9)
+    for s in range(5):
+        sink.add({"trial_id": "a", "step": s, "val_loss": 1.0, "status": "running"})
+        sink.flush(wait=s % 2 == 0)
+    assert started.count("results-writer") == 1
+    writer = sink._worker._thread
+    sink.close()
+    assert not writer.is_alive()
+    back = ResultsSink(tmp_path)
+    back.load()
+    assert len(back.rows) == 5
+
+
+def test_a_worker_runs_once_for_the_kicks_that_came_while_it_ran():
+    import threading
+
+    started, gate, runs = threading.Event(), threading.Event(), []
+    w = worker.Worker(lambda: (started.set(), gate.wait(5), runs.append(1)), "t")
+    w.kick()
+    started.wait(5)
+    tickets = [w.kick() for _ in range(3)]  # while the first run waits on the gate
+    gate.set()
+    w.wait(tickets[-1])
+    assert len(runs) == 2  # the first kick's run, then one for the three that came meanwhile
+    w.stop()
+    assert len(runs) == 2
