@@ -5,7 +5,7 @@ config), on a local Ray. Measures the driver process's CPU time (``time.process_
 workers and daemons are other processes) of ``Tuner.fit`` per T, split into Tune's loop (the
 main thread, ``time.thread_time``), the results sink's background writer threads, and the rest
 (Ray's core-worker threads in the driver process), and fits a + b·T + c·T² to each by least
-squares.
+squares, with each coefficient's standard error (is c zero within it?).
 
     python bench/driver_cpu.py [--trials 16,32,64,128,256,512] [--profile T]
 Ends with one JSON line (the CPU per T and the fit). ``--profile T`` prints the driver's top

@@ -493,9 +493,9 @@ class ResultsSink:
             sealing = sorted(self._to_seal & set(self.trials)) if seal else []
             self._to_seal -= set(sealing)
             self._force = self._seal_now = False
-        old is not None and old.close()
-        covered = [p for p in self._segments() if int(p.name[4:10]) <= last]
         try:
+            old is not None and old.close()
+            covered = [p for p in self._segments() if int(p.name[4:10]) <= last]
             self._write_once(changed, fresh, sealing, due, covered)
         except Exception as e:  # noqa: BLE001 - keep the log; report at the end
             self.write_errors.append(f"{type(e).__name__}: {e}")

@@ -10,12 +10,14 @@ only sets a flag and notifies; it never waits.
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable
 
 
 class Worker:
     """One thread that runs ``work()`` after each :meth:`kick`, once for every kick that came
-    while it was busy (their work is covered by the next run)."""
+    while it was busy (their work is covered by the next run). A run that raises is reported
+    and the thread goes on (as a new thread per run did)."""
 
     def __init__(self, work: Callable[[], None], name: str):
         self._work, self._cv = work, threading.Condition()
@@ -55,6 +57,8 @@ class Worker:
                 ticket = self._asked
             try:
                 self._work()
+            except Exception:  # noqa: BLE001 - reported; the next kick runs again
+                traceback.print_exc()
             finally:
                 with self._cv:
                     self._done = ticket

@@ -98,3 +98,18 @@ def test_a_worker_runs_once_for_the_kicks_that_came_while_it_ran():
     assert len(runs) == 2  # the first kick's run, then one for the three that came meanwhile
     w.stop()
     assert len(runs) == 2
+
+
+def test_a_worker_goes_on_after_a_run_that_raised(capsys):
+    runs = []
+
+    def work():
+        runs.append(1)
+        if len(runs) == 1:
+            raise OSError("disk full")
+
+    w = worker.Worker(work, "t")
+    w.wait(w.kick())
+    w.wait(w.kick())
+    w.stop()
+    assert len(runs) == 2 and "disk full" in capsys.readouterr().err
