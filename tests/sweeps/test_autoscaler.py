@@ -1,15 +1,23 @@
-"""A real Ray autoscaler on one machine (``sweeps.cluster.local``): a sweep whose trials each
-reserve a (logical) GPU makes the cluster grow from its GPU-less head to several worker nodes
-and shrink back to the head after the sweep, under autoscaler v1 and v2; a worker node is
-killed mid-trial (after the trial's first checkpoint), as a reclaimed spot instance is, and
-its trial resumes from its last checkpoint on another node; every reported row is in
-``results.parquet`` exactly once and the shared parent is trained once. The cluster's
-processes are the only ones started or stopped.
+"""A real Ray autoscaler on one machine (``sweeps.cluster.local``).
 
-Where the sweep writes is the ``results_root`` fixture: a local folder under v1, a bucket on
-the local S3 server (moto) under v2; every read below goes through ``pyarrow.fs``. Each
-variant is its own test (``-k autoscaler_v1``, ``-k autoscaler_v2``) and prints (``-s``) the
-head's start time, the node-count timeline, the driver's exit, the bytes written under
+Under autoscaler v1 (the default of ``local up`` and of Ray's cluster launcher), a sweep whose
+trials each reserve a (logical) GPU makes the cluster grow from its GPU-less head to several
+worker nodes and shrink back to the head after the sweep; a worker node is killed mid-trial
+(after the trial's first checkpoint), as a reclaimed spot instance is, and its trial resumes
+from its last checkpoint on another node; every reported row is in ``results.parquet``
+exactly once and the shared parent is trained once. The sweep writes to a bucket on the local
+S3 server (moto), its endpoint and fake keys in the environment the cluster's nodes inherit;
+every read below goes through ``pyarrow.fs``. (The same sweep with results in a local folder
+and a node killed mid-sweep is ``test_multinode.py``.)
+
+Under autoscaler v2 (KubeRay's) the cheaper check: a placement group of two GPU bundles that
+must land on different nodes makes the cluster grow from the head alone to two workers, and
+it shrinks back to the head after the group is gone. The sweep-level behaviour above does not
+depend on which autoscaler added the nodes; running the whole sweep under both cost about
+two minutes of the suite's wall time.
+
+The cluster's processes are the only ones started or stopped. The sweep test prints (``-s``)
+the head's start time, the node-count timeline, the driver's exit, the bytes written under
 ``results:``, the CPU seconds of the cluster, driver and S3 server, and the load average; the
 same go to ``timeline.json`` in its temp folder, next to the autoscaler's log. No timing is
 asserted.
@@ -43,18 +51,15 @@ STEPS = 64
 
 
 @pytest.fixture
-def results_root(tmp_path, request, monkeypatch) -> str:
-    """The sweep's ``results:``: a local folder under autoscaler v1; under v2 a bucket on the
-    local S3 server (moto), its endpoint and fake keys in this process's environment before the
-    cluster starts, so that the fake nodes' workers reach it too."""
-    if not request.node.callspec.params.get("v2"):
-        return str(tmp_path / "results")
-    server = request.getfixturevalue("s3")
-    for k, v in server.env.items():
+def results_root(tmp_path, s3, monkeypatch) -> str:
+    """The sweep's ``results:``, a bucket on the local S3 server (moto), its endpoint and fake
+    keys in this process's environment before the cluster starts, so that the fake nodes'
+    workers reach it too."""
+    for k, v in s3.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("UPCYCLE_SWEEPS_HMAC_KEY_FILE", str(tmp_path / "cfg" / "hmac.key"))
     monkeypatch.setenv("UPCYCLE_STAGING", str(tmp_path / "staging"))
-    return f"s3://{server.bucket()}/results"
+    return f"s3://{s3.bucket()}/results"
 
 
 class Timeline(threading.Thread):
@@ -194,9 +199,8 @@ def _sweep_spec(results_root: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("v2", [False, True], ids=["autoscaler_v1", "autoscaler_v2"])
 def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, results_root,
-                                                                     v2, request):
+                                                                     s3, request):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_sweep_spec(results_root)))
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
@@ -205,7 +209,7 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     fs, root = _fs(results_root)
     sweep_dir = f"{root}/e2e"
     t0 = time.monotonic()
-    cluster = LocalCluster(LocalClusterConfig(autoscaler_v2=v2))  # a short /tmp/ucl-* root
+    cluster = LocalCluster(LocalClusterConfig())  # autoscaler v1; a short /tmp/ucl-* root
     request.addfinalizer(lambda: _keep_autoscaler_log(cluster.root, tmp_path))
     with cluster:
         head_s = time.monotonic() - t0
@@ -215,8 +219,7 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec), "--address",
                                  cluster.address], env=env, stdout=log, stderr=subprocess.STDOUT)
         timeline.watch(proc.pid)
-        if v2:
-            timeline.watch(request.getfixturevalue("s3").pid)
+        timeline.watch(s3.pid)
         try:
             hit = _preempt_a_running_trial(cluster, fs, f"{sweep_dir}/tune", proc)
             proc.wait(timeout=420)
@@ -231,13 +234,13 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
         assert not psutil_alive(hit["raylet"])
     wall = time.monotonic() - t0
     written = _bytes_under(fs, sweep_dir)
-    print(f"\nautoscaler {'v2' if v2 else 'v1'} (results {'on S3' if v2 else 'local'}): "
+    print(f"\nautoscaler v1 (results on S3): "
           f"head up in {head_s:.1f} s; node-count timeline from the driver's start (s, nodes "
           f"incl. head): {points}; driver exited at {driver_s:.1f} s; preempted trial "
           f"{hit['trial_id']} after its checkpoint at step {hit['ckpt_step']}; "
           f"{written[0]:,} bytes in {written[1]} objects written under {results_root}; "
           f"{wall:.0f} s in all, {timeline.cpu_s():.0f} CPU s (cluster, driver"
-          f"{', S3 server' if v2 else ''}), load {os.getloadavg()[0]:.1f}")
+          f", S3 server), load {os.getloadavg()[0]:.1f}")
     (tmp_path / "timeline.json").write_text(json.dumps(
         {"points": points, "wall_s": wall, "head_s": head_s, "driver_s": driver_s,
          "cpu_s": timeline.cpu_s(), "cpu_by_kind": timeline.cpu_by_kind(),
@@ -277,6 +280,42 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
     assert len([i for i in cached if i.type == pafs.FileType.Directory  # .setup: set-up boards
                 and not i.base_name.startswith(".")]) == 1, cached
     assert not [i for i in cached if i.base_name.endswith(".lock")], cached
+
+
+SPREAD_TWO_GPUS = """
+import sys, ray
+from ray.util.placement_group import placement_group, placement_group_table
+ray.init(address=sys.argv[1], log_to_driver=False)
+pg = placement_group([{"CPU": 1, "GPU": 1}] * 2, strategy="STRICT_SPREAD")
+ray.get(pg.ready(), timeout=240)
+print(sorted(set(placement_group_table(pg)["bundles_to_node_id"].values())))
+"""
+"""A placement group of two 1-GPU bundles on two different nodes (the head has no GPU): the
+autoscaler must add two worker nodes before it is ready; printed: the bundles' node ids. The
+group goes when the script's job ends."""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_autoscaler_v2_scales_up_to_pending_gpus_and_back_down(tmp_path, request):
+    env = dict(os.environ, **LOOPBACK_ENV, **LIGHT_ENV)
+    env.pop("RAY_ADDRESS", None)
+    cluster = LocalCluster(LocalClusterConfig(autoscaler_v2=True))
+    request.addfinalizer(lambda: _keep_autoscaler_log(cluster.root, tmp_path))
+    with cluster:
+        timeline = Timeline(cluster)
+        timeline.start()
+        out = subprocess.run([sys.executable, "-c", SPREAD_TWO_GPUS, cluster.address], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        cluster.wait_for(lambda n: n == 0, 120, "scale-down to the head alone")
+        points = timeline.stop()
+    print(f"\nautoscaler v2: node-count timeline (s, nodes incl. head): {points}")
+    nodes = json.loads(out.stdout.strip().splitlines()[-1].replace("'", '"'))
+    assert len(nodes) == 2, out.stdout  # two workers, one bundle on each
+    assert points[0][1] == 1, points
+    assert max(n for _, n in points) >= 3, points  # the head and at least two workers
+    assert points[-1][1] == 1, points
 
 
 def _bytes_under(fs: pafs.FileSystem, root: str) -> tuple[int, int]:
