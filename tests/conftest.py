@@ -43,6 +43,12 @@ DURATIONS = Path(__file__).with_name("durations.json")
 """Estimated seconds of the ``distributed`` tests, by node id (what ``deal`` weighs)."""
 DEFAULT_S = 20.0
 """The estimate of a ``distributed`` test ``durations.json`` does not list."""
+TEST_RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+"""Set (unless set) in the test process, so in every sweep it starts and every Ray worker of
+those: Ray Train's controller polls a multi-rank trial's workers every 2 s by default and only
+then passes their reports on, sees them finish or fail; the tests' trials report every few
+hundred milliseconds, so that poll was most of a multi-rank trial's wall time. A product
+default of 2 s is right for real trials (minutes between reports)."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller
@@ -55,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # the fake cluster's nodes do: no metrics export (every sweep runs without a dashboard) and
     # no usage report (no outside host is reachable); their periodic work cost about 8 % of the
     # CPU of three sweep tests (61.3 against 56.1 core-seconds). Either, if set, is kept.
-    for k, v in LIGHT_ENV.items():
+    for k, v in {**LIGHT_ENV, **TEST_RAY_ENV}.items():
         os.environ.setdefault(k, v)
     for k, v in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
         if v is None:

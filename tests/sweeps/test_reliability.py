@@ -187,12 +187,30 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+KILL_AFTER_ROWS = (3, 11)
+"""The kills: after 3 rows (the first trial mid-curve) and, in the resumed run, after 11 (the
+third trial); of the sweep's 15."""
+
+
+def _rows_seen(res: Path) -> int:
+    """Rows the sweep has recorded so far: the sink's row log, or the Parquet if it has more."""
+    seen = sum(len(p.read_text().splitlines())
+               for p in (res / "rows").glob("wal-*.jsonl")) if (res / "rows").exists() else 0
+    if (res / RESULTS_FILE_NAME).exists():
+        try:
+            seen = max(seen, pq.read_table(res / RESULTS_FILE_NAME).num_rows)
+        except Exception:
+            pass
+    return seen
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("kill_after_rows", [3, 11])
-def test_kill_9_of_the_driver_loses_no_row(tmp_path, kill_after_rows):
+def test_kill_9_of_the_driver_loses_no_row(tmp_path):
     """The driver and its Ray processes die at once (kill -9 of the process group) after
-    some rows; --resume then finishes, and every row Tune ever recorded is in the Parquet."""
+    some rows, and the resumed driver does too after more; a last --resume then finishes, and
+    every row Tune ever recorded is in the Parquet. One chain (run, kill, resume, kill, resume)
+    instead of a fresh sweep per kill instant: the second kill also hits a resumed driver."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     spec = dict(SPEC, results=str(tmp_path / "results"), logging={"wandb": {"enabled": False}})
     f = tmp_path / "spec.yaml"
@@ -201,25 +219,22 @@ def test_kill_9_of_the_driver_loses_no_row(tmp_path, kill_after_rows):
     env.pop("RAY_ADDRESS", None)
     res = tmp_path / "results" / "rel"
     try:
-        log = open(tmp_path / "driver.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(f)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 300
-        seen = 0
-        while time.time() < deadline and proc.poll() is None and seen < kill_after_rows:
-            time.sleep(0.2)
-            seen = sum(len(p.read_text().splitlines())
-                       for p in (res / "rows").glob("wal-*.jsonl")) if (res / "rows").exists() \
-                else 0
-            if (res / RESULTS_FILE_NAME).exists():
-                try:
-                    seen = max(seen, pq.read_table(res / RESULTS_FILE_NAME).num_rows)
-                except Exception:
-                    pass
-        assert proc.poll() is None, "the sweep ended before the kill"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        log.close()
+        args: list[str] = []
+        for i, kill_after_rows in enumerate(KILL_AFTER_ROWS):
+            log = open(tmp_path / f"driver{i}.log", "w")
+            proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(f), *args],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            deadline = time.time() + 300
+            while time.time() < deadline and proc.poll() is None \
+                    and _rows_seen(res) < kill_after_rows:
+                time.sleep(0.2)
+            assert proc.poll() is None, f"the sweep ended before the kill after " \
+                f"{kill_after_rows} rows: " + (tmp_path / f"driver{i}.log").read_text()[-2000:]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            log.close()
+            args = ["--resume"]
         out = subprocess.run([sys.executable, "-m", "sweeps.run", str(f), "--resume"], env=env,
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -119,7 +119,9 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
-    spec = _write(tmp_path, max_concurrent=1)
+    # W&B off: the offline runs are the other test's (and test_reliability's, across a resume);
+    # here they only cost each trial a W&B run to start and close
+    spec = _write(tmp_path, max_concurrent=1, logging={"wandb": {"enabled": False}})
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe nobody drains
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec)],
                             env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
