@@ -114,7 +114,10 @@ def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
             "base.data.synthetic_tokens=20000", "base.data.seq_len=16",
             "base.batch.global_batch=4", "base.batch.micro_batch=4", "base.tokens=128",
             "base.optim.dtype=fp32", "base.eval.every_steps=4", "base.eval.batches=1",
-            "base.moe.num_experts=4", f"results={tmp_path / 'results'}"]
+            "base.moe.num_experts=4", f"results={tmp_path / 'results'}",
+            # the spec's offline W&B runs are not what this test reads: each trial's would
+            # cost two more Ray actors (the W&B logger and its queue)
+            "logging.wandb.enabled=false"]
     env = dict(os.environ, WANDB_MODE="offline", UPCYCLE_CACHE=str(tmp_path / "cache"))
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([sys.executable, "-m", "sweeps.run",
