@@ -163,9 +163,17 @@ def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,
                ) -> list[Any]:
     callbacks: list[Any] = [ResultsCallback(spec, plan, results_dir, spec.storage.flush_s,
                                             health, setup_dir)]
-    if spec.wandb.enabled and spec.wandb.mode != "disabled":
+    if wandb_on(spec):
         callbacks.append(wandb_callback(spec, plan, results_dir))
     return callbacks
+
+
+def wandb_on(spec: SweepSpec) -> bool:
+    """Whether trials log to W&B: the spec's ``logging.wandb`` unless the environment says
+    ``WANDB_MODE=disabled``, W&B's own switch for "no W&B at all", which the spec's mode would
+    otherwise override (it is passed to ``wandb.init``)."""
+    return (spec.wandb.enabled and spec.wandb.mode != "disabled"
+            and os.environ.get("WANDB_MODE") != "disabled")
 
 
 def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:

@@ -151,3 +151,22 @@ def test_a_run_config_accumulates_over_results():
     assert old["effective"]["optim"] == {"lr": 1.0}  # neither side is changed
     assert merged({"a": {"b": 1}}, {"a": 3}) == {"a": 3}  # a leaf replaces a folder
 
+
+
+@pytest.mark.parametrize("spec_wandb, env, on", [
+    ({}, None, True), ({}, "offline", True), ({}, "disabled", False),
+    ({"mode": "disabled"}, None, False), ({"enabled": False}, "online", False)])
+def test_wandb_mode_disabled_in_the_environment_turns_logging_off(monkeypatch, spec_wandb, env,
+                                                                  on):
+    """``WANDB_MODE=disabled`` is W&B's own off switch; the spec's mode (passed to wandb.init)
+    must not override it, nor may the environment turn on what the spec turned off."""
+    from sweeps.run.driver import wandb_on
+    from sweeps.spec.sweep import parse_spec
+    from tests.sweeps.tiny import tiny_base
+
+    if env is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env)
+    spec = parse_spec({"sweep": "w", "base": tiny_base(), "logging": {"wandb": spec_wandb}})
+    assert wandb_on(spec) is on
