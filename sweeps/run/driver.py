@@ -70,8 +70,9 @@ from sweeps.store.trial_outcomes import reconcile
 from sweeps.store.trust import hide_cloud_keys, hide_wandb_key, verify_experiment_state
 from sweeps.testing import faults
 
-# Passed to every worker through runtime_env (Ray writes these into its session logs: never a
-# secret here; the W&B key travels in a private netrc file named by NETRC, see sweeps.store.trust).
+# Passed to every worker: inherited from this process by a Ray of the sweep's own, through the
+# job's runtime_env on a cluster (Ray writes these into its session logs: never a secret here;
+# the W&B key travels in a private netrc file named by NETRC, see sweeps.store.trust).
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
@@ -153,8 +154,19 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
-    if not ray.is_initialized():
-        ray.init(address=ray_address(address), runtime_env={"env_vars": env},
+    if ray.is_initialized():
+        return
+    where = ray_address(address)
+    if where == "local":
+        # A Ray of the sweep's own: its workers inherit this process's environment, so the
+        # variables go there and the job has no runtime_env. With one, every worker started
+        # through Ray's runtime-env agent and setup_worker.py: a 4-trial sweep of the tiny
+        # model took 82-88 s against 38-42 s without (two runs each, side by side).
+        os.environ.update(env)
+        ray.init(address=where, include_dashboard=False, log_to_driver=verbose,
+                 configure_logging=False)
+    else:  # a cluster's other nodes see only what the job's runtime_env carries
+        ray.init(address=where, runtime_env={"env_vars": env},
                  include_dashboard=False, log_to_driver=verbose, configure_logging=False)
 
 
