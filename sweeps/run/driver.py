@@ -161,7 +161,8 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
         # A Ray of the sweep's own: its workers inherit this process's environment, so the
         # variables go there and the job has no runtime_env. With one, every worker started
         # through Ray's runtime-env agent and setup_worker.py: a 4-trial sweep of the tiny
-        # model took 82-88 s against 38-42 s without (two runs each, side by side).
+        # model took 82-88 s against 38-42 s without on a busy machine, 16.5-17.4 s against
+        # 16.0-16.2 s on a quiet one (two runs each, side by side).
         os.environ.update(env)
         ray.init(address=where, include_dashboard=False, log_to_driver=verbose,
                  configure_logging=False)
