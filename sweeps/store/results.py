@@ -429,13 +429,14 @@ def write_summary(results_dir: str | Path | Location, summary: Mapping[str, Any]
 
 
 def _read_parquet(loc: Location, columns: list[str] | None = None) -> pa.Table:
-    """A Parquet file at ``loc``, decoded in this thread. ``pq.read_table`` decodes on Arrow's
-    thread pool, which can let go of the file's bytes (a buffer Python owns, from the signing
-    filesystem) on a pool thread after the interpreter began to exit; taking the GIL there
-    aborts the process ("terminate called without an active exception"): 1 ``read_rows`` of a
-    bucket in 8 did (tests/sweeps/test_storage.py::test_reading_a_bucket_exits_cleanly)."""
+    """A Parquet file at ``loc``, on object storage decoded in this thread. Arrow's thread pool
+    can let go of the file's bytes (a buffer Python owns, from the signing filesystem) on a
+    pool thread after the interpreter began to exit; taking the GIL there aborts the process
+    ("terminate called without an active exception"): 1 ``read_rows`` of a bucket in 8 did
+    (tests/sweeps/test_storage.py::test_reading_a_bucket_exits_cleanly). A local file's bytes
+    are Arrow's own: decoded on the pool as before."""
     with loc.fs.open_input_file(loc.path) as f:
-        return pq.ParquetFile(f).read(columns=columns, use_threads=False)
+        return pq.ParquetFile(f).read(columns=columns, use_threads=loc.is_local)
 
 
 def read_schema(path: Path | Location) -> pa.Schema:
