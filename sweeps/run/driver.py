@@ -76,9 +76,9 @@ from sweeps.testing import faults
 # Object-storage credentials are never here: each node reads them from its own environment or
 # provider chain (docs/storage.md); the HMAC key file's path and the staging folder are paths.
 PASS_ENV = ("WANDB_MODE", "WANDB_DIR", "NETRC", "UPCYCLE_CACHE", faults.FAIL_ONCE_ENV,
-            faults.OOM_AFTER_ENV, faults.COST_ENV, faults.HOLD_ENV, "OMP_NUM_THREADS",
-            ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV, "AWS_SHARED_CREDENTIALS_FILE",
-            *S3_SETTINGS)
+            faults.OOM_AFTER_ENV, faults.COST_ENV, faults.HOLD_ENV, faults.SIM_STEP_ENV,
+            "OMP_NUM_THREADS", ALLOW_CPU_ENV, KEY_FILE_ENV, STAGING_ENV,
+            "AWS_SHARED_CREDENTIALS_FILE", *S3_SETTINGS)
 def static_keys(plan: SweepPlan) -> list[str]:
     """Columns that are configuration, not metrics: W&B gets them as the run config (the
     searched knobs), not as curves."""

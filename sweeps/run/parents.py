@@ -51,6 +51,7 @@ from sweeps.run import console
 from sweeps.run.ranks import rank_trainer
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import Location, is_url, join_uri, staging_dir
+from sweeps.testing import faults
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +201,10 @@ def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool 
     progress = ProgressFile(local / f"{key}.progress.json", steps)
     try:
         fetch(remote and remote / key, local / key, "meta.json")
-        state, trained = train_parent(child, local, callbacks=(progress,))
-        if trained and (local / key / "meta.json").exists():
-            resources.stamp_placement(local / key)  # the GPU Ray lent it
+        state, trained = train_parent(child, local, callbacks=(progress, *faults.stretch(
+            "parent", steps)))
+        if trained and (local / key / "meta.json").exists():  # the GPU Ray lent it; when
+            resources.stamp_placement(local / key, started=t0)
         if trained:
             publish(remote and remote / key, local / key, "meta.json")
     except DivergenceError as e:  # the trials of this parent each report it as diverged
@@ -233,16 +235,18 @@ def _parent_rank(config: dict[str, Any]) -> None:
 
     child, cache_dir = config["child"], config["cache_dir"]
     check_reserved_device()
-    rank = ray.train.get_context().get_world_rank()
+    rank, t0 = ray.train.get_context().get_world_rank(), time.time()
     if rank == 0 and config["board"] is not None:
         ray.get(config["board"].mark.remote(config["planned_key"]))
     remote, local = cache_paths(cache_dir)
     key = parent_key(child)
-    progress = ProgressFile(local / f"{key}.progress.json", child.parent_run().steps)
+    steps = child.parent_run().steps
+    progress = ProgressFile(local / f"{key}.progress.json", steps)
     try:
-        fit_parent(child, local / key, (progress,) if rank == 0 else (), save=rank == 0)
+        fit_parent(child, local / key, ((progress,) if rank == 0 else ()) +
+                   faults.stretch("parent", steps), save=rank == 0)
         if rank == 0:
-            resources.stamp_placement(local / key)
+            resources.stamp_placement(local / key, started=t0)
             publish(remote and remote / key, local / key, "meta.json")
     finally:
         if rank == 0:

@@ -35,13 +35,15 @@ def board_dir(cache_local: str | Path, sweep: str) -> Path:
 class SetupBoard(Callback):
     """Records each set-up stage (``on_stage``) with its start time; the first eval marks the
     set-up done (its seconds are the next trials' ETA). ``param_bytes``: the trial's fp32
-    parameter bytes; ``stages``: how many stages this trial's set-up has."""
+    parameter bytes; ``stages``: how many stages this trial's set-up has; ``node``: the Ray
+    node it runs on (kept as ``node``; the scheduling proof reads it, docs/cluster.md §4)."""
 
     def __init__(self, path: Path, param_bytes: int, stages: int,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, node: str | None = None):
         self.path, self.clock = Path(path), clock
         self.state: dict[str, Any] = {"started": clock(), "bytes": int(param_bytes),
-                                      "of": int(stages), "stages": [], "done": None}
+                                      "of": int(stages), "stages": [], "done": None,
+                                      "node": node}
 
     def _write(self) -> None:
         # progress is advisory: a full or read-only disk never fails a trial

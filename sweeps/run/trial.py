@@ -40,6 +40,7 @@ from moe_core.train.audit import check as audit_knobs
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
+from sweeps.plan import resources
 from sweeps.plan.build import SweepPlan, TrialPlan, extends_stable
 from sweeps.plan.devices import check_reserved_device
 from sweeps.run import compile_stats
@@ -415,7 +416,7 @@ def setup_board(spec: SweepSpec, t: TrialPlan, cache_dir: str, trial_id: str) ->
     n = count_params(t.config.model_config()).total
     stages = 5 + (t.parent_key is not None)
     return SetupBoard(board_dir(cache_paths(cache_dir)[1], spec.name) / f"{trial_id}.json",
-                      4 * n, stages)
+                      4 * n, stages, node=resources.node_id())
 
 
 def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentState | None:
@@ -451,7 +452,8 @@ def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
         board.state["of"] += resume_from is not None  # a checkpoint to read
     trainer = Trainer(t.config, parent=parent, resume_from=resume_from, phase=Phase.full(),
                       out_dir=out_dir, out_dir_per_rank=per_rank,
-                      callbacks=tuple(c for c in (board, reporter, watch) if c is not None),
+                      callbacks=tuple(c for c in (board, reporter, watch) if c is not None)
+                      + faults.stretch("trial", t.config.steps),
                       should_checkpoint=CheckpointCadence(
                           run.checkpoint, t.config.eval.every_steps,
                           now=None if watch is None else watch.due))

@@ -13,6 +13,9 @@ test releases it (``HoldReport``): the preemption test's disruptions at a known 
 ``UPCYCLE_SWEEPS_OOM_AFTER=N`` makes the first trial of the sweep to reach its N-th report eat
 memory until Ray's memory monitor kills it (``MemoryHog``; a marker ``.oom-once`` in the parent
 cache says it did, so no other trial, and no retry, eats again).
+``UPCYCLE_SWEEPS_SIM_STEP_S=parent=S,trial=T`` simulates durations: every parent (trial) run,
+tiny as it is, lasts S (T) seconds per optimizer step longer (``Stretch``): the scheduling
+proof on the local fake cluster (``tests/sweeps/test_schedule_cluster.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from ray import tune
+
+from moe_core.train.callbacks import Callback
 
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
 HOLD_ENV = "UPCYCLE_SWEEPS_HOLD_AT_STEP"
@@ -33,6 +37,9 @@ COST_ENV = "UPCYCLE_SWEEPS_REPORT_COST_S"
 """Seconds of work every report claims (``time_this_iter_s``, which Tune keeps when a trial
 reports it): simulated trials of known cost for the budget's tests (``sweeps.run.budget``)."""
 OOM_AFTER_ENV = "UPCYCLE_SWEEPS_OOM_AFTER"
+SIM_STEP_ENV = "UPCYCLE_SWEEPS_SIM_STEP_S"
+"""``parent=S,trial=T``: seconds each optimizer step of a parent (trial) run is made to last
+longer (``stretch``); a kind not named is not slowed."""
 HOG_STEP = 64 << 20  # bytes the hog takes at a time
 HOG_SPARE = 3 << 30  # it never takes the node below this much available memory
 
@@ -80,6 +87,8 @@ class FailOnceReport:
     def __init__(self, after: int, marker_dir: str | Path, report: Any = None,
                  trial_id: Callable[[], str] | None = None):
         self.after, self.marker_dir = after, Path(marker_dir)
+        from ray import tune
+
         self.report = report or tune.report
         self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
         self.counts: dict[str, int] = {}
@@ -108,6 +117,8 @@ class HoldReport:
 
     def __init__(self, step: int, marker_dir: str | Path, report: Any,
                  trial_id: Callable[[], str] | None = None, timeout_s: float = 300.0):
+        from ray import tune
+
         self.step, self.marker_dir, self.report, self.timeout_s = step, Path(marker_dir), \
             report, timeout_s
         self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
@@ -130,6 +141,8 @@ def report_function(marker_dir: str | Path, report: Any = None,
                     trial_id: Callable[[], str] | None = None) -> Any:
     """``report`` (default ``tune.report``), or the failing one when the test variable is set
     (``trial_id`` names the trial where Tune's context does not: a Ray Train worker)."""
+    from ray import tune
+
     after, cost = os.environ.get(FAIL_ONCE_ENV), os.environ.get(COST_ENV)
     report = CostedReport(float(cost), report or tune.report) if cost else report
     if os.environ.get(HOLD_ENV):
@@ -140,3 +153,31 @@ def report_function(marker_dir: str | Path, report: Any = None,
     if not after:
         return report or tune.report
     return FailOnceReport(int(after), marker_dir, report, trial_id)
+
+
+class Stretch(Callback):
+    """Sleeps once, at the run's first eval (a fresh run's step-0 eval), ``per_step`` seconds
+    for each step from there to the run's ``steps``: the run ends that much later and every
+    later eval's ``wall_s`` counts the sleep, as if each step had been that much slower."""
+
+    def __init__(self, per_step: float, steps: int):
+        self.per_step, self.steps, self.done = per_step, steps, False
+
+    def on_eval(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        if not self.done:
+            self.done = True
+            time.sleep(self.per_step * max(0, self.steps - int(metrics.get("step") or 0)))
+
+
+def stretch(kind: str, steps: int) -> tuple[Callback, ...]:
+    """The simulated duration of a ``kind`` ("parent" or "trial") run of ``steps`` optimizer
+    steps: a ``Stretch`` when ``SIM_STEP_ENV`` names ``kind``, else none (the product path)."""
+    raw = os.environ.get(SIM_STEP_ENV)
+    if not raw:
+        return ()
+    try:
+        per = {k.strip(): float(v) for k, v in (p.split("=", 1) for p in raw.split(","))}
+    except ValueError:
+        raise ValueError(f"{SIM_STEP_ENV}={raw!r}: write parent=S,trial=T (seconds per "
+                         "step)") from None
+    return (Stretch(per[kind], steps),) if per.get(kind, 0.0) > 0 else ()
