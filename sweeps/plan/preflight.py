@@ -26,9 +26,10 @@ from safetensors import safe_open
 from moe_core.data.config import _hf_vocab_size
 from moe_core.errors import ConfigError, SearchSpaceError, one_line
 from moe_core.hf_config import weight_files
+from moe_core.location import is_url, join_uri, local_form
 from sweeps.plan import resources
 from sweeps.plan.build import DiskEstimate, SweepPlan, disk_estimate
-from sweeps.plan.cost import DEVICES
+from sweeps.plan.cost import DEVICES, parent_rank_counts
 from sweeps.plan.memory import (  # noqa: F401 (RUNTIME_BYTES, trial_memory_bytes re-exported)
     RUNTIME_BYTES,
     fits_line,
@@ -237,6 +238,66 @@ def check_results_dir(spec: SweepSpec) -> list[Problem]:
     return out
 
 
+NODE_LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs",
+                           "jfs", "reiserfs", "vfat", "exfat", "ntfs", "ntfs3", "tmpfs", "ramfs",
+                           "overlay", "squashfs"})
+"""Filesystem types (``/proc/mounts``) that live on one machine: another node does not see a
+folder on them. Any other type (nfs, lustre, gpfs, cephfs, a FUSE-mounted bucket...) is taken
+as shared."""
+
+
+def mount_type(path: str, mounts: str) -> str | None:
+    """Type of the filesystem holding the absolute ``path``: that of the longest mount point
+    above it in ``mounts`` (``/proc/mounts``' text); None where no line is above it."""
+    best, kind = -1, None
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) < 3:
+            continue
+        point = f[1].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= best:
+            best, kind = len(point), f[2]  # a later mount on the same point hides the earlier
+    return kind
+
+
+def fs_type(path: Path) -> str | None:
+    """Type of the filesystem that holds ``path`` (its nearest existing folder, resolved), or
+    None where it is unknown (no ``/proc/mounts``: not Linux)."""
+    try:
+        mounts = Path("/proc/mounts").read_text()
+    except OSError:
+        return None
+    return mount_type(str(_existing_parent(path)), mounts)
+
+
+def hosts_of(nodes: Iterable[Mapping[str, float]]) -> int:
+    """Machines among Ray nodes (``ray.nodes()``' resources: one ``node:IP`` key each), so that
+    the local fake cluster's raylets, all on 127.0.0.1, count as one."""
+    return len({k for n in nodes for k in n
+                if k.startswith("node:") and k != "node:__internal_head__"})
+
+
+def parent_cache_of(spec: SweepSpec) -> str:
+    """Where the sweep caches its parents: ``storage.parent_cache``, else
+    ``<results>/<sweep>/parents`` (``sweeps.run.driver``)."""
+    return spec.storage.parent_cache or join_uri(spec.results_uri, "parents")
+
+
+def check_parent_cache(cache: str, hosts: int, ranks: int, fstype: str | None) -> list[Problem]:
+    """A parent trained on ``ranks`` > 1 ranks (``resources.parent_ranks``) writes itself into
+    the parent cache from its rank 0, and the parent's task, maybe on another node, reads it back
+    from there: on ``hosts`` > 1 machines a cache folder on a node-local filesystem (``fstype``,
+    :data:`NODE_LOCAL_FS`) is refused; a bucket or shared storage passes."""
+    if ranks <= 1 or hosts <= 1 or is_url(cache) or fstype not in NODE_LOCAL_FS:
+        return []
+    return [Problem("storage.parent_cache", f"{cache} is on this node's own disk ({fstype}) but "
+                    f"parents train on {ranks} ranks on a cluster of {hosts} machines: rank 0 "
+                    "writes the parent there and its task reads it back, maybe on another "
+                    "node; set storage.parent_cache (default <results>/parents) to a bucket "
+                    "(s3://..., gs://...) or a folder every node mounts (NFS, Lustre), or "
+                    "resources.parent_ranks: 1")]
+
+
 def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -405,8 +466,9 @@ def check_cluster(spec: SweepSpec, nodes: Iterable[Mapping[str, float]],
 
 def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                concurrent: int | None = None, nodes: list[Mapping[str, float]] | None = None,
-               local: bool = True) -> list[Problem]:
-    """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``local``: the
+               local: bool = True, hosts: int | None = None) -> list[Problem]:
+    """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``hosts``: the
+    machines the sweep runs on (None: counted in ``nodes``); ``local``: the
     sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
     no custom resources; neither: a launch on a cluster, checked once connected
     (``sweeps.run.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
@@ -424,6 +486,13 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                               host_memory=None if local else 0)
     if nodes is not None:
         out += check_cluster(spec, nodes, fit=False, trial_bytes=max_trial_memory(spec, plan))
+    hosts = hosts_of(nodes) if hosts is None and nodes is not None else hosts
+    if hosts and hosts > 1:
+        ranks = parent_rank_counts(spec, plan, "cpu" if spec.resources.gpus == 0 else "gpu",
+                                   concurrent)
+        cache = local_form(parent_cache_of(spec), "storage.parent_cache")
+        out += check_parent_cache(cache, hosts, max(ranks.values(), default=1),
+                                  None if is_url(cache) else fs_type(Path(cache)))
     elif local and spec.resources.trial_driver:
         out += check_cluster(spec, [{"CPU": os.cpu_count() or 1}], "this machine (no --address)")
     return out

@@ -72,6 +72,23 @@ def ray_cluster() -> dict[str, float]:
     return out
 
 
+def ray_hosts() -> int:
+    """Machines of the running Ray cluster: its alive nodes' distinct addresses (the local fake
+    cluster's raylets share 127.0.0.1), one more where its autoscaler may add nodes."""
+    import ray
+
+    alive = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
+    try:
+        from ray._private.state import state
+
+        most = state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): none added
+        most = {}
+    now = ray.cluster_resources()
+    grows = any(float(most.get(k, 0) or 0) > float(now.get(k, 0) or 0) for k in ("CPU", "GPU"))
+    return len(alive) + grows
+
+
 def local_cluster() -> dict[str, float]:
     """This machine's CPUs and CUDA GPUs, for ``--dry-run`` (which starts no Ray): torch's
     count when torch is loaded already, else ``nvidia-smi -L`` (no torch import on the front

@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parent_rank_counts(seen, plan, "gpu")  # a parent_ranks its parents cannot train on: refused
     checks = preflight.run_checks(  # files, vocabulary, checkpoint, disk, memory, resources
         seen, plan, gpu=gpu, concurrent=args.max_concurrent, nodes=nodes,
-        local=args.address is None and not types)
+        local=args.address is None and not types,
+        hosts=sum(t.max_workers for t in types) if types else None)  # nodes: counted in them
     if types:
         problems, lines = check_launcher(seen, plan, types, args.cluster)
         checks += problems

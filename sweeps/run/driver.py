@@ -29,7 +29,14 @@ from moe_core.train.config import TrainConfig
 from sweeps.plan import resources, schedule
 from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
-from sweeps.plan.preflight import check_cluster, custom_resources, enforce, max_trial_memory
+from sweeps.plan.preflight import (
+    check_cluster,
+    check_parent_cache,
+    custom_resources,
+    enforce,
+    fs_type,
+    max_trial_memory,
+)
 from sweeps.run import _signals as signals
 from sweeps.run import budget, console, setup_progress
 from sweeps.run.address import check_address
@@ -408,6 +415,19 @@ def _overlapped_wall(refs: dict[str, Any]) -> float:
     return max((float(p.get("_seconds", 0.0)) for p in payloads.values()), default=0.0)
 
 
+def parent_cache(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> str:
+    """The parent cache (``storage.parent_cache``, else ``<results>/parents``), refused in one
+    line where multi-rank parents on several machines would not all see it
+    (``sweeps.plan.preflight.check_parent_cache``)."""
+    cache = spec.storage.parent_cache or join_uri(str(results_dir), "parents")
+    cache = cache if "://" in cache else str(Path(cache).resolve())
+    enforce(check_parent_cache(cache, resources.ray_hosts(),
+                               max(planned_ranks(spec, plan).values(), default=1),
+                               None if "://" in cache else fs_type(Path(cache))),
+            console.progress)
+    return cache
+
+
 def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
               resume: bool = False, max_concurrent: int | None = None,
               verbose: bool = False, limits: BudgetConfig | None = None) -> dict[str, Any]:
@@ -428,6 +448,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
                           "the Ray cluster" if address else "the local Ray", fit=address is None,
                           trial_bytes=max_trial_memory(spec, plan)),
             console.progress)
+    cache_dir = parent_cache(spec, plan, results_dir)  # checked before any parent starts
     _local(results_dir).mkdir(parents=True, exist_ok=True)
     if not resume:
         prev = archive_previous(results_dir)
@@ -435,8 +456,6 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
             console.progress(f"{results_dir} held an earlier run: moved it to {prev} "
                              "(pass --resume to continue a sweep instead)")
         record_spec(spec, results_dir)  # what a later --resume must match
-    cache_dir = spec.storage.parent_cache or join_uri(str(results_dir), "parents")
-    cache_dir = cache_dir if "://" in cache_dir else str(Path(cache_dir).resolve())
     algorithm, sched = plugins(spec)
     predictor = sched.predictor(spec)  # fitted before any training: fails in seconds
     t0 = time.time()
