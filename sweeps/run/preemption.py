@@ -7,10 +7,17 @@ draining nodes (``get_draining_nodes``, as Ray Train's own watcher does) every
 ``checkpoint.preemption_poll_s`` from a thread; when its node drains, the loop stops at the next
 step boundary, evaluates, checkpoints and reports, and the trial raises :class:`Preempted`. Tune
 restarts it from that checkpoint on another node: nothing trained is lost (docs/cluster.md).
+
+A multi-rank trial (``sweeps.run.trial.run_multi_rank``) may span nodes, and its ranks must stop
+at the same step. Each rank watches its own node, and :class:`RankWatch` makes them agree: every
+``every`` steps (the same step on every rank) one all-reduce of a 4-number flag, never between,
+so the GPU path gets no host sync per step; rank 0 sets ``every`` from its step time so that the
+all-reduce comes about once per ``poll_s``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -130,3 +137,72 @@ class PreemptionWatch(Callback):
         raise Preempted(f"node {self.node_id[:12]} is being drained (preemption notice): "
                         f"checkpointed at step {step} {time.monotonic() - n.seen:.1f} s after "
                         f"the notice{left}; Tune restarts the trial from it on another node")
+
+
+MAX_SYNC_STEPS = 10_000
+"""Most steps between two agreements of a multi-rank trial's ranks (:class:`RankWatch`)."""
+
+
+class RankWatch(Callback):
+    """One rank's part of a multi-rank trial's agreement on a preemption notice: ``watch``
+    polls this rank's node; at every ``every``-th step boundary all ranks all-reduce (max) the
+    tensor [notice seen, steps to the next agreement (rank 0's), seconds since the notice,
+    -deadline], on ``device`` (the ranks' process group's: CUDA under NCCL). A notice on any
+    rank's node stops every rank at that step: they evaluate and checkpoint together (the
+    cadence's ``now`` is :meth:`due`) and each raises ``Preempted`` (:meth:`check`). ``every``
+    is ``poll_s`` over rank 0's measured step time, 1 to :data:`MAX_SYNC_STEPS`; no collective
+    runs between agreements."""
+
+    def __init__(self, watch: PreemptionWatch, rank: int, device: Any = "cpu",
+                 clock: Callable[[], float] = time.monotonic):
+        self.watch, self.rank, self.device, self.clock = watch, rank, device, clock
+        self.steps, self.at, self.next, self.syncs, self.since = 0, 0, 1, 0, clock()
+
+    def start(self) -> RankWatch:
+        self.watch.start()
+        return self
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def _every(self) -> int:
+        """Rank 0: steps until the next agreement, about ``poll_s`` at its step time since the
+        last one."""
+        now = self.clock()
+        step_s = (now - self.since) / max(1, self.steps - self.at)
+        self.since, self.at = now, self.steps
+        return int(min(MAX_SYNC_STEPS, max(1, self.watch.poll_s // max(step_s, 1e-9))))
+
+    def should_stop(self) -> bool:
+        if self.watch.stopping:
+            return True
+        self.steps += 1
+        if self.steps < self.next:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        n = self.watch.notice
+        flag = torch.tensor([float(n is not None), float(self._every()) if self.rank == 0 else 0.0,
+                             time.monotonic() - n.seen if n else 0.0,
+                             -n.deadline if n and n.deadline else -math.inf],
+                            dtype=torch.float64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        seen, every, ago, deadline = flag.tolist()  # the one host sync, once per agreement
+        self.syncs += 1
+        self.next = self.steps + max(1, int(every))
+        if seen:  # a notice on some rank's node: this rank stops too, with its timings
+            if n is None:
+                self.watch.notice = Notice(time.monotonic() - ago,
+                                           -deadline if math.isfinite(deadline) else None)
+            self.watch.stopping = True
+        return self.watch.stopping
+
+    def due(self) -> bool:
+        return self.watch.due()
+
+    def columns(self) -> dict[str, Any]:
+        return {**self.watch.columns(), "preempt_syncs": self.syncs}
+
+    def check(self, step: int, last_step: int) -> None:
+        self.watch.check(step, last_step)

@@ -55,7 +55,7 @@ from sweeps.run.parents import (
     get_parent,
     publish,
 )
-from sweeps.run.preemption import PreemptionWatch, this_node
+from sweeps.run.preemption import PreemptionWatch, RankWatch, this_node
 from sweeps.run.ranks import rank_trainer, train_storage
 from sweeps.run.setup_progress import SetupBoard, board_dir
 from sweeps.spec.sweep import CheckpointSpec, SweepSpec
@@ -378,7 +378,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
             run_multi_rank(spec, run)
         else:
             fit_rank(run, parent, resume_from, work / "ckpt", reporter, board=board,
-                     watch=_watch(spec, reporter))
+                     watch=_watch(spec.checkpoint, reporter))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         free_accelerator_memory()
@@ -427,12 +427,16 @@ def _start(t: TrialPlan, parents: Mapping[str, Any], cache_dir: str) -> ParentSt
     return get_parent(t.config, t.parent_key, parents, cache_dir)
 
 
-def _watch(spec: SweepSpec, reporter: TrialReporter) -> PreemptionWatch | None:
-    """A single-rank trial's watch for its node's preemption notice (``checkpoint.
-    on_preemption``); its timings join every row the reporter builds."""
-    if not spec.checkpoint.on_preemption:
+def _watch(c: CheckpointSpec, reporter: TrialReporter, rank: int | None = None,
+           device: Any = None) -> PreemptionWatch | RankWatch | None:
+    """The trial's watch for its node's preemption notice (``checkpoint.on_preemption``); with
+    ``rank`` (a multi-rank trial) each rank's watch of its own node, agreed among the ranks at
+    a bounded cadence (``RankWatch``, collectives on ``device``); its timings join every row
+    the reporter builds."""
+    if not c.on_preemption:
         return None
-    watch = PreemptionWatch(this_node(), spec.checkpoint.preemption_poll_s)
+    own = PreemptionWatch(this_node(), c.preemption_poll_s)
+    watch = own if rank is None else RankWatch(own, rank, device)
     extra = reporter.extra
     reporter.extra = lambda: {**(extra() if extra else {}), **watch.columns()}
     return watch
@@ -441,18 +445,19 @@ def _watch(spec: SweepSpec, reporter: TrialReporter) -> PreemptionWatch | None:
 def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
              out_dir: Path, reporter: TrialReporter, *, rank: int = 0,
              per_rank: bool = False, board: SetupBoard | None = None,
-             watch: PreemptionWatch | None = None) -> None:
+             watch: PreemptionWatch | RankWatch | None = None) -> None:
     """Train one rank of the trial to its end (or its divergence, reported as the final row);
     with ``export_dir`` every rank gathers its experts and rank 0 writes the model. ``board``
     hears each set-up stage up to the first eval (``sweeps.run.setup_progress``). With
-    ``watch`` (single-rank trials) a preemption notice checkpoints at once and raises
-    ``Preempted`` once that checkpoint is with Tune."""
+    ``watch`` a preemption notice checkpoints at once (every rank at the same step: its
+    ``should_stop`` is asked first, every step, on every rank) and raises ``Preempted`` once that
+    checkpoint is reported."""
     t = run.trial
     if board is not None:
         board.state["of"] += resume_from is not None  # a checkpoint to read
     trainer = Trainer(t.config, parent=parent, resume_from=resume_from, phase=Phase.full(),
                       out_dir=out_dir, out_dir_per_rank=per_rank,
-                      callbacks=tuple(c for c in (board, reporter, watch) if c is not None)
+                      callbacks=tuple(c for c in (watch, board, reporter) if c is not None)
                       + faults.stretch("trial", t.config.steps),
                       should_checkpoint=CheckpointCadence(
                           run.checkpoint, t.config.eval.every_steps,
@@ -502,7 +507,7 @@ def _train_worker(config: dict[str, Any]) -> None:
 
 
 def _train_rank(run: RankRun) -> None:
-    import ray.train
+    import ray.train.torch
 
     t = run.trial
     parent = _start(t, run.parents, run.cache_dir)
@@ -522,7 +527,8 @@ def _train_rank(run: RankRun) -> None:
                              predictor=None if run.predictor is None else
                              PostDecayPredictor.for_trial(*run.predictor, t, parent),
                              extra=compile_stats.snapshot)
-    fit_rank(run, parent, resume, own, reporter, rank=rank, per_rank=True)
+    fit_rank(run, parent, resume, own, reporter, rank=rank, per_rank=True,
+             watch=_watch(run.checkpoint, reporter, rank, ray.train.torch.get_device()))
 
 
 def local_checkpoint(ck: Any, dest: Path) -> Path:
