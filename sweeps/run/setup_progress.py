@@ -6,8 +6,13 @@ minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
 file (``<parent cache>/.setup/<sweep>/<trial_id>.json``); the driver's line for a trial with no
 eval yet reads it (:func:`setup_line`): the stage (i of n), its seconds and the set-up's, and an
 ETA: the median of the sweep's earlier set-ups, each scaled by this trial's parameter bytes over
-its own (set-up moves the weights a few times). A trial on another node has no file here: its
-line says it is setting up.
+its own (set-up moves the weights a few times).
+
+A trial on another node writes its file on that node, so each board also goes to Ray's GCS
+internal key-value store (namespace :data:`KV_NAMESPACE`, key ``<sweep>/<trial_id>``, the board's
+JSON), which every node and the driver reach; the driver reads both (:func:`lines_for`). The
+store is advisory, like the file: a GCS call that fails or takes over :data:`KV_TIMEOUT_S` is
+skipped. Nothing of it reaches ``results.parquet``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +30,50 @@ from moe_core.fsio import atomic_write_text
 from moe_core.train.callbacks import Callback
 
 SUFFIX = ".json"
+KV_NAMESPACE = "upcycle_sweeps_setup"
+"""The GCS internal KV namespace of the set-up boards."""
+KV_TIMEOUT_S = 2.0
+"""Longest wait for one GCS call of a board's write or the driver's read."""
+
+
+def gcs() -> Any | None:
+    """This process's GCS client (a connected Ray driver or worker), or None (no Ray)."""
+    if "ray" not in sys.modules:  # never imports Ray itself
+        return None
+    from ray.experimental import internal_kv
+
+    return internal_kv.internal_kv_get_gcs_client()
+
+
+def kv_key(path: Path) -> str:
+    """A board's KV key: ``<sweep>/<trial_id>`` (its file's folder and stem, :func:`board_dir`)."""
+    return f"{path.parent.name}/{path.stem}"
+
+
+def kv_put(path: Path, text: str) -> None:
+    """The board's JSON into the GCS KV under :func:`kv_key` (nothing without Ray)."""
+    client = gcs()
+    if client is None:
+        return
+    with contextlib.suppress(Exception):  # advisory: a slow or lost GCS never fails a trial
+        client.internal_kv_put(kv_key(path).encode(), text.encode(), True,
+                               KV_NAMESPACE.encode(), timeout=KV_TIMEOUT_S)
+
+
+def kv_boards(sweep: str) -> dict[str, str]:
+    """Trial id → board JSON of every board of ``sweep`` in the GCS KV (none without Ray or
+    when the GCS does not answer in time)."""
+    client = gcs()
+    if client is None:
+        return {}
+    try:
+        keys = client.internal_kv_keys(f"{sweep}/".encode(), KV_NAMESPACE.encode(),
+                                       timeout=KV_TIMEOUT_S)
+        got = client.internal_kv_multi_get(list(keys), KV_NAMESPACE.encode(),
+                                           timeout=KV_TIMEOUT_S) if keys else {}
+    except Exception:  # noqa: BLE001 -- advisory: the line falls back to this node's files
+        return {}
+    return {k.decode().split("/", 1)[1]: v.decode() for k, v in got.items() if v is not None}
 
 
 def board_dir(cache_local: str | Path, sweep: str) -> Path:
@@ -47,9 +97,11 @@ class SetupBoard(Callback):
 
     def _write(self) -> None:
         # progress is advisory: a full or read-only disk never fails a trial
+        text = json.dumps(self.state)
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.path, json.dumps(self.state))
+            atomic_write_text(self.path, text)
+        kv_put(self.path, text)  # for a driver on another node
 
     def on_stage(self, text: str) -> None:
         if self.state["done"] is None:
@@ -62,18 +114,24 @@ class SetupBoard(Callback):
             self._write()
 
 
+def _board(text: str) -> dict[str, Any] | None:
+    try:
+        b = json.loads(text)
+    except ValueError:
+        return None
+    return b if isinstance(b, dict) and isinstance(b.get("stages"), list) else None
+
+
 def read_boards(folder: str | Path) -> dict[str, dict[str, Any]]:
-    """Every readable board of a sweep's folder, by trial id (a half-written or foreign file
-    is skipped)."""
-    out = {}
+    """Every readable board of a sweep: this node's files in ``folder`` and, with Ray, the GCS
+    KV's of the sweep (``folder``'s name; the boards of trials on other nodes), by trial id (a
+    half-written or foreign entry is skipped)."""
+    texts = {}
     for f in Path(folder).glob(f"*{SUFFIX}"):
-        try:
-            b = json.loads(f.read_text())
-            if isinstance(b, dict) and isinstance(b.get("stages"), list):
-                out[f.stem] = b
-        except (OSError, ValueError):
-            continue
-    return out
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            texts[f.stem] = f.read_text()
+    texts.update(kv_boards(Path(folder).name))  # the same board, or one from another node
+    return {t: b for t, text in texts.items() if (b := _board(text)) is not None}
 
 
 def eta_s(board: Mapping[str, Any], earlier: list[Mapping[str, Any]], now: float
@@ -96,7 +154,7 @@ def setup_line(trial_id: str, board: Mapping[str, Any] | None,
                earlier: list[Mapping[str, Any]], now: float) -> str:
     """The progress line of a trial that has reported no eval yet."""
     if board is None or not board.get("stages"):
-        return f"trial {trial_id}: setting up (no stage reported on this node yet)"
+        return f"trial {trial_id}: setting up (no stage reported yet)"
     stages = board["stages"]
     text, since = stages[-1]
     of = max(int(board.get("of") or 0), len(stages))

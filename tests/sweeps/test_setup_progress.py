@@ -44,12 +44,12 @@ def test_board_records_stages_and_the_line_gives_an_eta_scaled_by_size(tmp_path)
     assert lines_for(tmp_path, ["b"], now=clock.t) == {"b": (
         "trial b: set-up 2/3 engine: DeepSpeed ZeRO-0, float32, 0.2 M params (15 s in this "
         "stage, 20 s in set-up; ETA ~60 s (from 1 earlier set-up, scaled by size))")}
-    # the first trial has nothing to go by; a trial on another node has no board here
+    # the first trial has nothing to go by; a trial with no stage yet just sets up
     alone = json.loads((tmp_path / "b.json").read_text())
     assert setup_line("b", alone, [], clock.t).endswith(
         "ETA unknown until a first trial has set up)")
     assert setup_line("c", None, [], clock.t) == \
-        "trial c: setting up (no stage reported on this node yet)"
+        "trial c: setting up (no stage reported yet)"
 
 
 def test_the_ticker_shows_the_set_up_line_of_a_trial_without_an_eval():
