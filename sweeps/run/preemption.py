@@ -65,6 +65,8 @@ class PreemptionWatch(Callback):
                  draining: Callable[[], dict[str, int]] = draining_nodes):
         self.node_id, self.poll_s, self.draining = node_id, poll_s, draining
         self.notice: Notice | None = None
+        self.drained = f"node {node_id[:12]}"
+        """What is being drained, as :meth:`check` says it (``RankWatch``: another rank's node)."""
         self.stopping = False
         self.polls, self.poll_time, self.poll_cpu, self.first_poll = 0, 0.0, 0.0, 0.0
         self._halt = threading.Event()
@@ -134,9 +136,9 @@ class PreemptionWatch(Callback):
             return
         left = "" if n.deadline is None else f", {n.deadline - time.time():.1f} s before the " \
             "node's deadline"
-        raise Preempted(f"node {self.node_id[:12]} is being drained (preemption notice): "
-                        f"checkpointed at step {step} {time.monotonic() - n.seen:.1f} s after "
-                        f"the notice{left}; Tune restarts the trial from it on another node")
+        raise Preempted(f"{self.drained} is being drained (preemption notice): checkpointed "
+                        f"at step {step} {time.monotonic() - n.seen:.1f} s after the notice"
+                        f"{left}; the trial restarts from it on another node")
 
 
 MAX_SYNC_STEPS = 10_000
@@ -171,7 +173,7 @@ class RankWatch(Callback):
         now = self.clock()
         step_s = (now - self.since) / max(1, self.steps - self.at)
         self.since, self.at = now, self.steps
-        return int(min(MAX_SYNC_STEPS, max(1, self.watch.poll_s // max(step_s, 1e-9))))
+        return int(min(MAX_SYNC_STEPS, max(1, round(self.watch.poll_s / max(step_s, 1e-9)))))
 
     def should_stop(self) -> bool:
         if self.watch.stopping:
@@ -195,6 +197,7 @@ class RankWatch(Callback):
             if n is None:
                 self.watch.notice = Notice(time.monotonic() - ago,
                                            -deadline if math.isfinite(deadline) else None)
+                self.watch.drained = "another rank's node"
             self.watch.stopping = True
         return self.watch.stopping
 
