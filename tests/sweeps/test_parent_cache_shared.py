@@ -78,3 +78,35 @@ def test_the_dry_run_on_a_cluster_refuses_it_before_launch(tmp_path, monkeypatch
     assert len(refusal) == 1 and refusal[0].startswith("error: storage.parent_cache: ")
     # auto -> 8 ranks; the AWS config's node types reach 17 machines (head + 4 + 12)
     assert "parents train on 8 ranks on a cluster of 17 machines" in refusal[0]
+
+
+def test_the_run_refuses_it_once_connected_before_any_parent_starts(tmp_path, monkeypatch):
+    """``sweeps.run.driver.parent_cache`` (called right after connecting, before the parents):
+    the connected cluster's machines (``resources.ray_hosts``) and the ranks its parents get."""
+    import yaml
+
+    from moe_core.errors import SearchSpaceError
+    from sweeps.plan import resources
+    from sweeps.plan.build import build_plan
+    from sweeps.run import driver
+    from sweeps.spec.sweep import load_spec
+    from tests.sweeps.tiny import tiny_base
+
+    base = tiny_base(parent={"tokens": 2048, "seed": 0}, moe={"num_experts": 4, "top_k": 2},
+                     upcycle={"method": "dense_to_moe"}, tokens=512,
+                     batch={"global_batch": 8, "micro_batch": 4})
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump({"sweep": "pr", "results": str(tmp_path / "r"), "base": base,
+                                 "resources": {"cpus": 1, "gpus": 0, "parent_ranks": 2}}))
+    spec = load_spec(str(f))
+    plan = build_plan(spec)
+    monkeypatch.setattr(driver, "fs_type", lambda path: "xfs")
+    monkeypatch.setattr(resources, "ray_hosts", lambda: 1)  # one machine: any folder will do
+    assert driver.parent_cache(spec, plan, tmp_path / "r" / "pr") == \
+        str((tmp_path / "r" / "pr" / "parents").resolve())
+    monkeypatch.setattr(resources, "ray_hosts", lambda: 3)
+    with pytest.raises(SearchSpaceError, match=r"^storage\.parent_cache: .* \(xfs\) but parents "
+                                               r"train on 2 ranks on a cluster of 3 machines"):
+        driver.parent_cache(spec, plan, tmp_path / "r" / "pr")
+    monkeypatch.setattr(driver, "fs_type", lambda path: "nfs4")  # a shared mount passes
+    assert driver.parent_cache(spec, plan, tmp_path / "r" / "pr")
