@@ -37,7 +37,6 @@ from sweeps.spec.trials import (
     Built,
     build_configs,
     experts_kernels,
-    iter_grid,
     knob_values,
     point_key,
     trial_dict,
@@ -92,7 +91,9 @@ class BranchGroup:
 @dataclass(frozen=True, slots=True)
 class SweepPlan:
     trials: tuple[TrialPlan, ...]
-    """The grid trials, one per grid point (each runs ``num_samples`` times)."""
+    """The grid trials, one per grid point (each runs ``num_samples`` times), in the order Tune
+    starts them (``SearchSpace.tune_points``; with ``num_samples`` > 1 Tune starts every point
+    once, then every point again)."""
     parents: dict[str, ParentPlan]
     branch_groups: dict[str, BranchGroup]
     num_samples: int
@@ -344,7 +345,7 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
     """The plan of a spec (grid points × num_samples). Building it is the validation of the
     search: every trial config is built here, once (``sweeps.spec.trials.build_configs``)."""
     built = build_configs(spec)
-    trials = [plan_trial(spec, pt, built) for pt in iter_grid(spec)]
+    trials = [plan_trial(spec, pt, built) for pt in spec.space.tune_points()]
     parents: dict[str, ParentPlan] = {}
     for t in trials:
         if t.parent_key is None:

@@ -281,6 +281,21 @@ class SearchSpace:
         for combo in itertools.product(*values):
             yield dict(zip(keys, combo))
 
+    def tune_points(self) -> Iterator[dict[str, Any]]:
+        """The grid points of :meth:`grid_points` in the order Ray Tune's variant generator
+        makes (and so starts) them: the grids of :meth:`tune_space` sorted by key, ``seed``
+        among them, the FIRST varying fastest (``ray.tune.search.variant_generator``:
+        ``parse_spec_vars`` sorts them, ``_grid_search_generator`` steps index 0 first). Each
+        point's keys stay in the spec's order. Ray-free; ``tests/sweeps/test_tune_order.py``
+        checks it against Tune's generator."""
+        keys = [p.key for p in self.grid()] + (["seed"] if self.seeds else [])
+        values = {p.key: p.values for p in self.grid()} | (
+            {"seed": self.seeds} if self.seeds else {})  # as tune_space: seeds win a "seed" knob
+        slowest_first = sorted(values, reverse=True)
+        for combo in itertools.product(*(values[k] for k in slowest_first)):
+            got = dict(zip(slowest_first, combo))
+            yield {k: got[k] for k in keys}
+
     def corner_points(self) -> list[dict[str, Any]]:
         """Grid points combined with every corner (choice value, range bound) of the sampled
         knobs: the points validation builds a trial config for."""
