@@ -37,10 +37,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from moe_core.train.config import TrainConfig
 from sweeps.cluster.local import LIGHT_ENV, LOOPBACK_ENV, LocalCluster, LocalClusterConfig
 from sweeps.plan import schedule as S
 from sweeps.plan.cost import Forecast
 from sweeps.plan.devices import ALLOW_CPU_ENV
+from sweeps.spec.space import SearchSpace
+from sweeps.store.results import KNOB_PREFIX
 from sweeps.testing.faults import SIM_STEP_ENV
 from tests.sweeps.tiny import tiny_base
 
@@ -56,15 +59,17 @@ trial's actor (``reuse_actors``); 0.0-1.7 s measured. The makespan may exceed th
 the largest cold start measured plus ``WARM_S`` per further hand-off on a GPU."""
 
 
+SEARCH = {"moe.router.aux_coef": {"grid": [0.01, 0.02]}, "parent.tokens": {"grid": [512, 4096]}}
+"""Tune's grid varies the knob first by name fastest: the fast parent's trials first."""
+
+
 def _spec(tmp_path: Path) -> Path:
     base = tiny_base(parent={"tokens": 512, "seed": 0}, moe={"num_experts": 4, "top_k": 2},
                      upcycle={"method": "dense_to_moe"}, tokens=1024)
     f = tmp_path / "spec.yaml"
     f.write_text(yaml.safe_dump({
         "sweep": "sched", "results": str(tmp_path / "r"), "base": base,
-        # Tune's grid varies the knob first by name fastest: the fast parent's trials first
-        "search": {"moe.router.aux_coef": {"grid": [0.01, 0.02]},
-                   "parent.tokens": {"grid": [512, 4096]}},
+        "search": SEARCH,
         "resources": {"cpus": 1, "gpus": 1}, "storage": {"flush_s": 0.5},
         "logging": {"wandb": {"enabled": False}}}))
     return f
@@ -86,14 +91,22 @@ def measured_spans(sweep_dir: Path) -> dict[str, dict]:
         start = b["done"] - min(mine, key=lambda r: r["step"])["wall_s"]
         out[tid] = {"node_id": b["node"], "start": start,
                     "end": start + max(r["wall_s"] for r in mine),
-                    "parent": f"parent:{mine[0]['parent_key']}"}
+                    "parent": f"parent:{mine[0]['parent_key']}",
+                    "point": {k: mine[0][KNOB_PREFIX + k] for k in SEARCH}}
     return out
 
 
 def _forecast(spans: dict[str, dict], policy: str) -> tuple[float, float]:
     """(makespan, idle share) of the list schedule of the measured durations under ``policy``;
-    the trials in Tune's order (their ids' index)."""
-    names = sorted(spans, key=lambda n: (spans[n]["parent"] is not None, n.rsplit("_", 1)[-1]))
+    the trials in the order the plan lists them (``SearchSpace.tune_points``, as the
+    ``--dry-run`` forecast takes them)."""
+    def at(point: dict) -> tuple[float, ...]:  # a knob column may read back as a float
+        return tuple(float(point[k]) for k in SEARCH)
+
+    order = [at(p) for p in SearchSpace.parse(SEARCH, TrainConfig).tune_points()]
+    names = sorted(spans, key=lambda n: (spans[n]["parent"] is not None,
+                                         order.index(at(spans[n]["point"]))
+                                         if spans[n]["parent"] else n))
     tasks = [S.Task(n, spans[n]["end"] - spans[n]["start"], 1.0, spans[n]["parent"])
              for n in names]
     wall = S.makespan(S.schedule(tasks, GPUS, policy))
