@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,24 +34,50 @@ class Random(Algorithm):
 
 class TPE(Algorithm):
     """Optuna's TPE sampler through Ray's ``OptunaSearch``; Optuna's ``GridSampler`` when every
-    knob is a grid (Ray's OptunaSearch refuses ``grid_search``)."""
+    knob is a grid (Ray's OptunaSearch refuses ``grid_search``: the space goes to the sampler,
+    and Tune's ``param_space`` holds none of it)."""
 
     name = "optuna"
 
-    def searcher(self, spec: Any, plan: Any, results_dir: Any) -> Any:
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
+    def validate(self, spec: Any) -> None:
         grid = spec.grid_params()
         if grid and spec.sampled_params():
             raise SearchSpaceError(
                 f"search.{grid[0].key} is a grid, but algorithm=optuna (TPE) cannot mix grids "
                 "with sampled knobs (Ray's OptunaSearch refuses grid_search); use choice for it, "
                 "or make every knob a grid to use Optuna's GridSampler")
-        if grid:
-            gs = {p.key: list(p.values) for p in grid}
-            if spec.seeds:
-                gs["seed"] = list(spec.seeds)
+        if spec.seeds and not grid:
+            raise SearchSpaceError(
+                f"seeds={list(spec.seeds)} with algorithm=optuna (TPE): TPE draws every knob of "
+                "a trial, and Ray's OptunaSearch cannot repeat each draw per seed; drop seeds: "
+                "(each trial keeps base seed), use algorithm: random, or make every knob a grid")
+        if grid and spec.num_samples > 1:
+            raise SearchSpaceError(
+                f"num_samples={spec.num_samples} with algorithm=optuna and every knob a grid: "
+                "Optuna's GridSampler runs each point once; use seeds: to repeat them, or "
+                "algorithm: grid")
+
+    @staticmethod
+    def _grid(spec: Any) -> dict[str, list[Any]]:
+        gs = {p.key: list(p.values) for p in spec.grid_params()}
+        if gs and spec.seeds:
+            gs["seed"] = list(spec.seeds)
+        return gs
+
+    def param_space(self, spec: Any) -> dict[str, Any]:
+        return {} if spec.grid_params() else spec.space.tune_space()
+
+    def num_samples(self, spec: Any, searcher: Any) -> int:
+        """Every grid point once (GridSampler), else ``num_samples`` TPE draws."""
+        gs = self._grid(spec)
+        return math.prod(len(v) for v in gs.values()) if gs else spec.num_samples
+
+    def searcher(self, spec: Any, plan: Any, results_dir: Any) -> Any:
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        gs = self._grid(spec)
+        if gs:
             space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in gs.items()}
             return OptunaSearch(space=space, sampler=optuna.samplers.GridSampler(gs, seed=0),
                                 metric=spec.metric, mode=spec.mode)
