@@ -24,3 +24,17 @@ def lazy_exports(package: str, table: Mapping[str, str]
         return sorted(set(vars(sys.modules[package])) | set(table))
 
     return __getattr__, __dir__
+
+
+def lazy_function(module: str, name: str) -> Callable[..., Any]:
+    """``module.name`` (a function or a class to call), imported at its first call: a module
+    that only passes it on (a Ray task, a trial body the sweep driver hands to Tune) binds it at
+    import without importing ``module`` (torch). The name stays a plain global of the importing
+    module, so a test can still replace it there."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``{module}.{name}``, imported at the first call."
+    return call

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from moe_core.config import ModelConfig
 from moe_core.loss import head_loss
-from moe_core.moe.layer import MoELayer
+from moe_core.moe.layer import MoELayer, exclude_from_compile
 from moe_core.nn import FixedDtypeBuffers, RMSNorm, SwiGLU, apply_rope, checkpointed, rope_cache
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,7 @@ class Transformer(FixedDtypeBuffers):
         if compile == "auto":
             compile = next(self.parameters()).is_cuda
         if compile:
+            exclude_from_compile()  # before dynamo traces a block (moe_core.moe.layer)
             try:
                 self._compiled = [torch.compile(b, backend=backend) for b in self.blocks]
             except Exception as e:  # noqa: BLE001 -- any failure means: run eager

@@ -7,6 +7,7 @@ Shape legend: T tokens, D model dim, F expert hidden dim, E experts, K top-K, N 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -19,7 +20,8 @@ from moe_core.moe.routing import Routing, capacity, overflow_count, route
 from moe_core.nn import FixedDtypeBuffers, SwiGLU, in_recompute
 
 
-@torch.compiler.disable  # per-expert Python-int splits would recompile at every new load
+# compile-excluded (exclude_from_compile): per-expert Python-int splits would recompile at
+# every new load
 def swiglu_experts_loop(
     x_ND: torch.Tensor,
     counts: list[int],
@@ -76,12 +78,13 @@ def swiglu_experts_grouped(
     return torch._grouped_mm(h, w_down_EFD, offs=offs)
 
 
-_swiglu_experts_grouped_eager = torch.compiler.disable(swiglu_experts_grouped)
+_swiglu_experts_grouped_eager = swiglu_experts_grouped  # compile-excluded (exclude_from_compile)
 """The grouped experts outside any compiled graph (fp32: dynamo's ``_grouped_mm`` fake kernel
 rejects it, eager runs it)."""
 
 
-@torch.compiler.disable  # Triton kernels and one host read (the tile count) per call
+# compile-excluded (exclude_from_compile): Triton kernels and one host read (the tile
+# count) per call
 def liger_experts(
     x_TD: torch.Tensor,
     topk_idx_TK: torch.Tensor,
@@ -254,6 +257,8 @@ class MoELayer(FixedDtypeBuffers):
         ``auto``): torch's path (``_use_grouped_mm``). Set at set-up by
         :meth:`select_experts_kernel`."""
         self.reset_parameters()
+        if "torch._dynamo" in sys.modules:  # compiling is possible now; the import is paid
+            exclude_from_compile()
 
     @torch.no_grad()
     def shard_experts(self, ep_rank: int, ep_size: int, group: Any = None) -> None:
@@ -443,11 +448,11 @@ class MoELayer(FixedDtypeBuffers):
             self.drop_accum[0] += overflow_count(counts_E, capacity(T, K, E, 1.0))
         self.drop_accum[1] += T * K
 
-    @torch.compiler.disable
     def _record_stats(self, routing: Routing, counts_E: torch.Tensor,
                       dropped: torch.Tensor | None, T: int) -> None:
         """Router statistics of one forward as Python numbers (evaluation only, when
-        ``record_stats`` is on: host reads, so kept out of compiled graphs)."""
+        ``record_stats`` is on: host reads, so kept out of compiled graphs by
+        :func:`exclude_from_compile`)."""
         with torch.no_grad():
             n = 0 if dropped is None else int(dropped)
             self.last_stats = self._stats(routing, counts_E, n, T)
@@ -569,3 +574,26 @@ class MoELayer(FixedDtypeBuffers):
         self.load_accum.zero_()
         self.drop_accum.zero_()
         return out
+
+
+_excluded = False
+
+
+def exclude_from_compile() -> None:
+    """Keep the functions that must run eager out of every ``torch.compile`` graph, as
+    ``@torch.compiler.disable`` on them would: :func:`swiglu_experts_loop`,
+    :func:`liger_experts`, :data:`_swiglu_experts_grouped_eager` and
+    ``MoELayer._record_stats``. Not done at import, where ``torch.compiler.disable`` would
+    import dynamo (over a second of CPU) in every process, compiling or not: called before
+    anything compiles (``Transformer.enable_speedups``), and by every ``MoELayer`` built once
+    dynamo is loaded; call it before compiling a block by hand. Idempotent; eager calls are
+    unchanged either way."""
+    global _excluded
+    if _excluded:
+        return
+    g = globals()
+    for name in ("swiglu_experts_loop", "liger_experts"):
+        g[name] = torch.compiler.disable(g[name])
+    g["_swiglu_experts_grouped_eager"] = torch.compiler.disable(swiglu_experts_grouped)
+    MoELayer._record_stats = torch.compiler.disable(MoELayer._record_stats)
+    _excluded = True

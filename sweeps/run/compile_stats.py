@@ -14,36 +14,49 @@ trial's start; :func:`snapshot` is what the trial's rows carry:
 - ``compile.limit_hit``: whether some frame reached ``recompile_limit`` and fell back to eager.
 
 All four are counted since the trial started (its restart after a failure starts again).
+Dynamo itself is imported only where something compiled: in a process that never loaded
+``torch._dynamo`` nothing was compiled, so there is nothing to reset and every count is 0.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
-
-import torch
-import torch._dynamo.convert_frame as _convert_frame
-from torch._dynamo.utils import counters
 
 PREFIX = "compile."
 LIMIT_MESSAGE = "recompile limit"
 """How dynamo names the graph break it records when a frame reaches the limit."""
+DYNAMO = "torch._dynamo"
 
 
 def start_trial() -> None:
     """A trial's compile state starts empty: dynamo's caches (``torch.compiler.reset``) and
-    its counters."""
+    its counters (none to clear while dynamo is not loaded)."""
+    if DYNAMO not in sys.modules:
+        return
+    import torch
+    from torch._dynamo.utils import counters
+
     torch.compiler.reset()
     counters.clear()
 
 
 def _recompiles() -> int:
+    import torch._dynamo.convert_frame as convert_frame
+
     # FRAME_COMPILE_COUNTER: compilations per frame id (cleared by torch.compiler.reset)
-    per_frame = getattr(_convert_frame, "FRAME_COMPILE_COUNTER", {})
+    per_frame = getattr(convert_frame, "FRAME_COMPILE_COUNTER", {})
     return int(sum(max(0, n - 1) for n in per_frame.values()))
 
 
 def snapshot() -> dict[str, Any]:
-    """The compile columns of a row, counted since :func:`start_trial`."""
+    """The compile columns of a row, counted since :func:`start_trial` (all 0 while dynamo
+    is not loaded: nothing compiled)."""
+    if DYNAMO not in sys.modules:
+        return {PREFIX + "graphs": 0, PREFIX + "graph_breaks": 0, PREFIX + "recompiles": 0,
+                PREFIX + "limit_hit": False}
+    from torch._dynamo.utils import counters
+
     unimpl = counters.get("unimplemented", {})
     return {
         PREFIX + "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),

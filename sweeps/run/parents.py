@@ -37,12 +37,11 @@ from filelock import FileLock
 
 from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text, publish_dir
+from moe_core.lazy import lazy_function
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
-from moe_core.train.checkpoint import load_checkpoint
 from moe_core.train.config import TrainConfig
-from moe_core.train.runner import cached_parent, fit_parent, parent_key, train_parent
-from moe_core.train.wsd import train_stable
+from moe_core.train.keys import parent_key
 from sweeps.plan import resources
 from sweeps.plan.build import BranchGroup, SweepPlan, TrialPlan
 from sweeps.plan.cost import parent_rank_counts
@@ -52,6 +51,14 @@ from sweeps.run.ranks import rank_trainer
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import Location, is_url, join_uri, staging_dir
 from sweeps.testing import faults
+
+# torch (and the model) load where a parent or a stable run is trained or read, in a Ray task or
+# a trial, never in the sweep driver that only imports this module to start those tasks
+load_checkpoint = lazy_function("moe_core.train.checkpoint", "load_checkpoint")
+cached_parent = lazy_function("moe_core.train.runner", "cached_parent")
+fit_parent = lazy_function("moe_core.train.runner", "fit_parent")
+train_parent = lazy_function("moe_core.train.runner", "train_parent")
+train_stable = lazy_function("moe_core.train.wsd", "train_stable")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,18 +27,14 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import ray
-import torch
 from ray import tune
 
 from moe_core.errors import DivergenceError
-from moe_core.hf.save import save_moe
-from moe_core.hf.tokenizer import save_run_tokenizer
+from moe_core.lazy import lazy_function
 from moe_core.outdir import claim_out_dir
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
-from moe_core.train.audit import check as audit_knobs
 from moe_core.train.callbacks import Callback, ParentState
-from moe_core.train.loop import Trainer
 from scaling.predict import Calibration, Curve, predict_final
 from sweeps.plan import resources
 from sweeps.plan.build import SweepPlan, TrialPlan, extends_stable
@@ -68,6 +64,13 @@ from sweeps.store.results import (
 )
 from sweeps.store.storage import join_uri, publishing, staging_dir
 from sweeps.testing import faults
+
+# torch, the model and DeepSpeed load when a trial runs (in its Ray worker), not when the sweep
+# driver imports this module to hand ``run_trial`` to Tune
+save_moe = lazy_function("moe_core.hf.save", "save_moe")
+save_run_tokenizer = lazy_function("moe_core.hf.tokenizer", "save_run_tokenizer")
+audit_knobs = lazy_function("moe_core.train.audit", "check")
+Trainer = lazy_function("moe_core.train.loop", "Trainer")
 
 
 class TrialReporter(Callback):
@@ -252,6 +255,8 @@ def free_accelerator_memory() -> None:
     """Hand the CUDA caching allocator's blocks back once a trial's objects are gone: a reused
     Tune actor (or a trial sharing the GPU) must not find them still reserved. On the host, the
     C allocator's freed heap goes back to the OS too (:func:`trim_heap`)."""
+    import torch
+
     gc.collect()
     trim_heap()
     if torch.cuda.is_available():
