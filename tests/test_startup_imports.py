@@ -1,6 +1,7 @@
-"""Start-up cost: the sweep driver's imports (the trial module it hands to Tune included) load
-no torch, and torch loads no dynamo until something compiles; the functions a compiled block
-must run eager are excluded once compiling is turned on (``moe_core.moe.layer``)."""
+"""Start-up cost: the sweep driver's imports (the trial module it hands to Tune included) and
+Tune's TensorBoard logger load no torch, and torch loads no dynamo until something compiles;
+the functions a compiled block must run eager are excluded once compiling is turned on
+(``moe_core.moe.layer``)."""
 
 import subprocess
 import sys
@@ -8,6 +9,9 @@ import sys
 CODE = """
 import sys
 import sweeps.run.driver, sweeps.run.trial, sweeps.run.parents
+sweeps.run.driver.tensorboard_without_torch()  # then Tune's default TensorBoard logger
+from ray.tune.logger import TBXLoggerCallback
+TBXLoggerCallback()
 print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))
 import moe_core.moe.layer as L
 from moe_core.config import MoEConfig

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import pickle
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,6 +355,7 @@ def _fit(tuner: tune.Tuner, conc: int, trials: int, results: ResultsCallback
     line that says so, the ``oom`` reason and columns of the trials it cut)."""
     try:
         with tune_settings(conc, trials), committed_uploads(), survive_oom():
+            tensorboard_without_torch()
             return tuner.fit(), None, None
     except Exception as e:  # noqa: BLE001 - only memory is recorded; anything else re-raised
         if not is_oom(e):
@@ -361,6 +363,22 @@ def _fit(tuner: tune.Tuner, conc: int, trials: int, results: ResultsCallback
         line, reason, cols = stop_outcome(e)
         results.sink.close()  # its rows durable before they are read back
         return None, line, (reason, cols)
+
+
+def tensorboard_without_torch() -> None:
+    """Import tensorboardX (Tune's default TensorBoard logger, which writes each trial's
+    ``events.out.tfevents.*``) with torch hidden: its writer imports torch only to name
+    ``torch.Tensor`` in type hints (Tune hands it Python and numpy values), and torch is over a
+    second of CPU that the driver, which trains nothing, would pay at every sweep."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # ``import torch`` raises ImportError
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:  # not installed: Tune then warns and writes no event files, as before
+        pass
+    finally:
+        del sys.modules["torch"]
 
 
 def results_location(spec: SweepSpec, resume: bool) -> Results:
