@@ -508,6 +508,7 @@ def run_sweep(spec: SweepSpec, plan: SweepPlan, *, address: str | None = None,
         finals = _final_results(results_dir, grid, cut)
     finally:
         budget.deactivate()
+        setup_progress.kv_clear(spec.name)  # the boards other nodes' trials left in the GCS
     summary = summarize(finals, sweep=spec.name, metric=spec.metric, mode=spec.mode,
                         planned=algorithm.planned(spec, plan, results_dir),
                         results=join_uri(spec.results_uri, RESULTS_FILE),

@@ -76,6 +76,17 @@ def kv_boards(sweep: str) -> dict[str, str]:
     return {k.decode().split("/", 1)[1]: v.decode() for k, v in got.items() if v is not None}
 
 
+def kv_clear(sweep: str) -> None:
+    """Drop every board of ``sweep`` from the GCS KV once its trials are over (a long-lived
+    cluster would keep them until it stops); nothing without Ray, never an error."""
+    client = gcs()
+    if client is None:
+        return
+    with contextlib.suppress(Exception):  # advisory, as the writes
+        client.internal_kv_del(f"{sweep}/".encode(), True, KV_NAMESPACE.encode(),
+                               timeout=KV_TIMEOUT_S)
+
+
 def board_dir(cache_local: str | Path, sweep: str) -> Path:
     """Where a sweep's trials keep their set-up boards (this node's parent cache folder, in a
     hidden folder that no listing of parent entries counts)."""

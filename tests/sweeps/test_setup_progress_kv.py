@@ -10,7 +10,14 @@ import json
 import pytest
 
 from sweeps.run import setup_progress
-from sweeps.run.setup_progress import KV_NAMESPACE, SetupBoard, lines_for, read_boards
+from sweeps.run.setup_progress import (
+    KV_NAMESPACE,
+    SetupBoard,
+    kv_boards,
+    kv_clear,
+    lines_for,
+    read_boards,
+)
 
 
 class FakeGcs:
@@ -94,7 +101,11 @@ def test_through_the_real_gcs_from_a_ray_task(tmp_path):
             SetupBoard(Path(path), 100, 6).on_stage("data: synthetic tokens")
 
         ray.get(write.remote(str(tmp_path / "node2" / ".setup" / "sw" / "t1.json")))
+        ray.get(write.remote(str(tmp_path / "node2" / ".setup" / "swx" / "t2.json")))
         line = lines_for(tmp_path / "head" / ".setup" / "sw", ["t1"])["t1"]
+        kv_clear("sw")  # the driver's, once the sweep's trials are over: that sweep's only
+        left = (kv_boards("sw"), set(kv_boards("swx")))
     finally:
         ray.shutdown()
     assert line.startswith("trial t1: set-up 1/6 data: synthetic tokens (")
+    assert left == ({}, {"t2"})
