@@ -26,6 +26,7 @@ from sweeps.run.health import HealthStopper
 from sweeps.store.generations import STATE_DIR, handler_of, tune_storage
 from sweeps.store.results import summarize
 from sweeps.store.trust import UntrustedStateError, hide_wandb_key, verify_experiment_state
+from sweeps.testing.faults import SIM_STEP_ENV
 from tests.sweeps.tiny import tiny_base
 
 SENTINEL = "sentinel-wandb-key-7f3a9c0e5d"
@@ -127,8 +128,11 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
     res = tmp_path / "results" / "rel"
     try:
         log = open(tmp_path / "driver.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(f)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        # each trial sleeps 1 s per step in this run only (sweeps.testing.faults.stretch):
+        # trials left to cut when the first one's row is seen, whatever the machine's speed
+        proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(f)],
+                                env={**env, SIM_STEP_ENV: "trial=1.0"}, stdout=log,
+                                stderr=subprocess.STDOUT)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             time.sleep(1)

@@ -14,6 +14,7 @@ import yaml
 
 from sweeps.store.provenance import KEYS
 from sweeps.store.results import is_static, read_provenance
+from sweeps.testing.faults import SIM_STEP_ENV
 from tests.sweeps.tiny import tiny_base
 from tests.sweeps.wandb_files import mismatches, offline_runs
 
@@ -129,8 +130,12 @@ def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
     # here they only cost each trial a W&B run to start and close
     spec = _write(tmp_path, max_concurrent=1, logging={"wandb": {"enabled": False}})
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe nobody drains
+    # each trial sleeps 1 s per step (8 s) in this run only (sweeps.testing.faults.stretch):
+    # trials left to interrupt when the first one's row is seen, whatever the machine's speed
+    # (unstretched, all 4 could finish between the row's flush and the Ctrl+C)
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec)],
-                            env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
+                            env=_env(tmp_path, **{SIM_STEP_ENV: "trial=1.0"}), stdout=log,
+                            stderr=subprocess.STDOUT)
     res = tmp_path / "results" / "e2e" / "results.parquet"
     deadline = time.time() + 300
     done_before: dict = {}
