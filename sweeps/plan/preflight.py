@@ -298,6 +298,12 @@ def check_parent_cache(cache: str, hosts: int, ranks: int, fstype: str | None) -
                     "resources.parent_ranks: 1")]
 
 
+def parent_cache_problems(cache: str, hosts: int, ranks: int) -> list[Problem]:
+    """:func:`check_parent_cache` of ``cache`` (a bucket URL or a local folder, whose
+    filesystem type is read here), for ``--dry-run`` and the driver once connected."""
+    return check_parent_cache(cache, hosts, ranks, None if is_url(cache) else fs_type(Path(cache)))
+
+
 def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -490,9 +496,8 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     if hosts and hosts > 1:
         ranks = parent_rank_counts(spec, plan, "cpu" if spec.resources.gpus == 0 else "gpu",
                                    concurrent)
-        cache = local_form(parent_cache_of(spec), "storage.parent_cache")
-        out += check_parent_cache(cache, hosts, max(ranks.values(), default=1),
-                                  None if is_url(cache) else fs_type(Path(cache)))
+        out += parent_cache_problems(local_form(parent_cache_of(spec), "storage.parent_cache"),
+                                     hosts, max(ranks.values(), default=1))
     elif local and spec.resources.trial_driver:
         out += check_cluster(spec, [{"CPU": os.cpu_count() or 1}], "this machine (no --address)")
     return out

@@ -32,11 +32,10 @@ from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
 from sweeps.plan.preflight import (
     check_cluster,
-    check_parent_cache,
     custom_resources,
     enforce,
-    fs_type,
     max_trial_memory,
+    parent_cache_problems,
 )
 from sweeps.run import _signals as signals
 from sweeps.run import budget, console, setup_progress
@@ -436,12 +435,11 @@ def _overlapped_wall(refs: dict[str, Any]) -> float:
 def parent_cache(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> str:
     """The parent cache (``storage.parent_cache``, else ``<results>/parents``), refused in one
     line where multi-rank parents on several machines would not all see it
-    (``sweeps.plan.preflight.check_parent_cache``)."""
+    (``sweeps.plan.preflight.parent_cache_problems``)."""
     cache = spec.storage.parent_cache or join_uri(str(results_dir), "parents")
     cache = cache if "://" in cache else str(Path(cache).resolve())
-    enforce(check_parent_cache(cache, resources.ray_hosts(),
-                               max(planned_ranks(spec, plan).values(), default=1),
-                               None if "://" in cache else fs_type(Path(cache))),
+    enforce(parent_cache_problems(cache, resources.ray_hosts(),
+                                  max(planned_ranks(spec, plan).values(), default=1)),
             console.progress)
     return cache
 

@@ -100,7 +100,7 @@ def test_the_run_refuses_it_once_connected_before_any_parent_starts(tmp_path, mo
                                  "resources": {"cpus": 1, "gpus": 0, "parent_ranks": 2}}))
     spec = load_spec(str(f))
     plan = build_plan(spec)
-    monkeypatch.setattr(driver, "fs_type", lambda path: "xfs")
+    monkeypatch.setattr(preflight, "fs_type", lambda path: "xfs")
     monkeypatch.setattr(resources, "ray_hosts", lambda: 1)  # one machine: any folder will do
     assert driver.parent_cache(spec, plan, tmp_path / "r" / "pr") == \
         str((tmp_path / "r" / "pr" / "parents").resolve())
@@ -108,5 +108,5 @@ def test_the_run_refuses_it_once_connected_before_any_parent_starts(tmp_path, mo
     with pytest.raises(SearchSpaceError, match=r"^storage\.parent_cache: .* \(xfs\) but parents "
                                                r"train on 2 ranks on a cluster of 3 machines"):
         driver.parent_cache(spec, plan, tmp_path / "r" / "pr")
-    monkeypatch.setattr(driver, "fs_type", lambda path: "nfs4")  # a shared mount passes
+    monkeypatch.setattr(preflight, "fs_type", lambda path: "nfs4")  # a shared mount passes
     assert driver.parent_cache(spec, plan, tmp_path / "r" / "pr")
