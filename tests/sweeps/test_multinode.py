@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from sweeps.cluster.local import LOOPBACK_ENV, LocalCluster, LocalClusterConfig
+from sweeps.testing.faults import SIM_STEP_ENV
 from tests.sweeps.test_sweep_e2e import SPEC  # noqa: E402
 
 
@@ -22,8 +23,11 @@ def test_worker_node_killed_mid_sweep(tmp_path, request):
     # the test's own two nodes on loopback (no autoscaler), stopped by PID at the end
     cluster = LocalCluster(LocalClusterConfig(autoscale=False))
     request.addfinalizer(lambda: shutil.rmtree(cluster.root, ignore_errors=True))
+    # each trial sleeps 0.2 s per step (12.8 s, after its step-0 row; sweeps.testing.faults.
+    # stretch): the worker's trial is still running when the node dies, however fast this
+    # machine trains (unstretched, CI once saw it finish first: nothing was interrupted)
     env = dict(os.environ, WANDB_MODE="disabled", UPCYCLE_CACHE=str(tmp_path / "cache"),
-               **LOOPBACK_ENV)
+               **LOOPBACK_ENV, **{SIM_STEP_ENV: "trial=0.2"})
     env.pop("RAY_ADDRESS", None)
     with cluster:
         worker = cluster.add_node(cpus=1)
