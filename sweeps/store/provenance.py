@@ -53,12 +53,8 @@ def code_version() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "version": _version(DISTRIBUTION)}
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    """Installed version of each distribution (None when it is not installed)."""
-    return {n: _version(n) for n in names}
-
-
 def _version(name: str) -> str | None:
+    """The installed distribution's version (None when it is not installed)."""
     try:
         return md.version(name)
     except md.PackageNotFoundError:
@@ -117,7 +113,7 @@ def provenance() -> dict[str, Any]:
     """The record (:data:`KEYS`): code, Python version, :data:`PACKAGES`' versions, device.
     Built once per process; treat it as read-only."""
     return {"code": code_version(), "python": platform.python_version(),
-            "packages": package_versions(), "device": device_info()}
+            "packages": {n: _version(n) for n in PACKAGES}, "device": device_info()}
 
 
 def describe(p: dict[str, Any] | None) -> str:
