@@ -318,12 +318,6 @@ def read_table(path: str | Path | Location) -> pa.Table | None:
     return table
 
 
-def with_provenance(table: pa.Table, record: Mapping[str, Any]) -> pa.Table:
-    """``table`` with ``record`` (``sweeps.provenance.provenance()``) in its schema metadata."""
-    return table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                          PROVENANCE_KEY: json.dumps(record).encode()})
-
-
 def read_provenance(path: str | Path | Location) -> dict[str, Any] | None:
     """The provenance record of a results file or sweep folder (None: none recorded)."""
     loc = Location.of(path)
@@ -504,7 +498,7 @@ def write_stream(path: str | Path | Location, schema: pa.Schema,
                  ) -> Path | Location:
     """Write ``tables`` (each conformed to ``schema``) one after another into one Parquet file,
     atomically, holding one table at a time (on object storage: one whole object); ``metadata``
-    joins the schema's (the provenance record, ``with_provenance``)."""
+    joins the schema's (the provenance record, :data:`PROVENANCE_KEY`)."""
     schema = schema.with_metadata({**(metadata or {}), _META_KEY: str(SCHEMA_VERSION).encode()})
 
     def _write(sink: Any) -> None:
