@@ -1,34 +1,11 @@
 """The sweep's results: the declared column schema and the Parquet file that holds it.
 
 One Parquet file per sweep, one row per (trial, eval); the single source of truth for
-``analysis`` (which imports this module for the schema and nothing else of ``sweeps``).
-
-Columns, in this order:
-
-- ``COLUMNS``: the declared core columns below (identity, outcome, sizes, per-eval metrics);
-- config columns, keyed by their YAML path in the trial config (``moe.router.aux_coef``,
-  ``upcycle.lr_policy.policy``, ``parent.moe.num_experts``, ...): what the trial ran;
-- knob columns ``knob.<YAML path>`` for every knob the sweep searches (``knob.seed`` too): the
-  value the trial ran, so a conditional knob whose ``when`` did not hold shows the base value;
-- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``): means over the MoE
-  layers, and for the health statistics (``moe_core.moe.stats.LAYER_HEALTH``) each MoE layer's
-  ``router.<stat>.layer<i>`` (``i``: its block index) and the least healthy layer's
-  ``router.<stat>.worst``;
-- effective columns ``effective.<YAML path>``: the value of each knob read back from the live
-  trainer at set-up (``moe_core.train.audit``; a trial whose value differs fails in one line);
-- compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
-  dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``);
-- memory columns ``memory.<figure>`` on the rows of a trial Ray's memory monitor killed (status
-  ``oom``): the node's total, used and available GB, Ray's kill threshold and the killed
-  worker's GB (``sweeps.store.oom``).
-
-Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
-read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
-file's metadata carries ``SCHEMA_VERSION``. A path may be a URL (``s3://``, ``gs://``;
-``sweeps.store.storage``): there the file is written as one object (a PUT: atomic, no rename). Files
-written before version 2 (router config under ``router.*``, ``parent.num_experts``, Python
-``str()`` of dicts) are upgraded on read; files before version 3 (no ``pruned`` status) get the
-version-3 columns as nulls.
+``analysis`` (which imports this module for the schema and nothing else of ``sweeps``). Its
+columns (docs/results-and-export.md lists them): :data:`COLUMNS`, then config, ``knob.``,
+``router.``, ``effective.``, ``compile.`` and ``memory.`` columns. Written atomically (temp
+file + rename, or one PUT on object storage: ``sweeps.store.storage``) with pyarrow; the file's
+metadata carries ``SCHEMA_VERSION``, and older files are upgraded on read (:func:`read_table`).
 """
 
 from __future__ import annotations
