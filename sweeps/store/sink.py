@@ -1,29 +1,17 @@
 """Where the driver keeps a sweep's rows so that nothing reported is ever lost, in bounded
-memory at any number of rows.
+memory at any number of rows (docs/storage.md has the files, docs/reliability.md the crashes).
 
-Every row (and every status change) the driver receives is appended to a write-ahead log
-(``rows/wal-NNNNNN.jsonl``, written and flushed to the kernel) before the Tune callback returns:
-O(1) work per row on Tune's event loop. The log is group-committed (``sweeps.store.wal``): fsynced
-in the background every ``SYNC_S`` seconds, and before a trial's outcome is acknowledged
-(``mark``), so every row of a finished trial is on disk before its completion is. Only the
-rows of trials still running are held in memory. When a trial's outcome is marked, a
-background thread (one per sink, woken by each flush: ``sweeps.store.worker``) writes its
-rows once into an immutable part file (``parts/part-NNNNNN.parquet``) and drops them from
-memory (the trial is *sealed*); a row or a
-status change that arrives for a sealed trial later (a restart) reads it back first.
-``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
-the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
-seconds, and at each trial's end) but no more often than every 2 s, ``STITCH_FACTOR`` times its
-own last duration (so at 10⁶ rows it stays a small share of one core) and ``STITCH_S_PER_TRIAL``
-times the sweep's trials (so its CPU grows linearly with them), and at ``close``; the log
-segments it covers are then deleted.
-
-On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
-unsealed trials, if it is readable at all), the log, and Tune's own trial records
-(``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
-
-On object storage (``results: s3://...``) each log record is its own write-once object
-(``sweeps.store.wal.ObjectLog``, docs/storage.md); parts and ``results.parquet`` are whole objects.
+Every row (and status change) is appended to the row log (``sweeps.store.wal``) before the Tune
+callback returns: O(1) work per row on Tune's event loop, and fsynced before a trial's outcome is
+acknowledged (``mark``). Only running trials' rows are held in memory: a marked trial's rows are
+written once, by the sink's background thread (``sweeps.store.worker``), into an immutable part
+(``parts/part-NNNNNN.parquet``) and dropped (the trial is *sealed*); a row or status change for
+a sealed trial (a restart) reads it back first. ``results.parquet`` (what readers see) is
+stitched from the parts and the running trials' rows, one part at a time, at a ``flush`` no more
+often than :meth:`ResultsSink._stitch_period` and at ``close``; the log segments it covers are
+then deleted. On ``--resume`` the rows are rebuilt from the parts, ``results.parquet`` (the
+unsealed trials' rows, if it is readable), the log and Tune's ``tune/*/result.json``, so a
+damaged ``results.parquet`` costs nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +95,7 @@ class LoadReport:
 
 
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
+# (so at 10⁶ rows it stays a small share of one core)
 STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
 STITCH_S_PER_TRIAL = 0.05
 """And every 0.05 s per trial the sweep has: each rewrite is O(rows), so a fixed period over a
