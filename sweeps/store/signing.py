@@ -211,9 +211,6 @@ class ForwardingHandler(pafs.FileSystemHandler):
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.__reduce__() == self.__reduce__()
 
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
     def get_type_name(self) -> str:
         return f"{self.TYPE_PREFIX}+{self.inner.type_name}"
 
@@ -275,8 +272,7 @@ class SigningHandler(ForwardingHandler):
     def open_input_stream(self, path: str) -> pa.NativeFile:
         return pa.BufferReader(self._read_verified(path))
 
-    def open_input_file(self, path: str) -> pa.NativeFile:
-        return pa.BufferReader(self._read_verified(path))
+    open_input_file = open_input_stream
 
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         return pa.PythonFile(_SigningWriter(self.inner, path, metadata), mode="w")
