@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import types
@@ -235,13 +236,7 @@ def rows_table(rows: Iterable[Mapping[str, Any]],
     other key in first-seen order, typed by ``types`` (``config_types``) where given."""
     types = types or {}
     rows = list(rows)
-    cols = list(CORE_COLUMNS)
-    seen = set(cols)
-    for r in rows:
-        for k in r:
-            if k not in seen:
-                cols.append(k)
-                seen.add(k)
+    cols = dict.fromkeys(itertools.chain(CORE_COLUMNS, itertools.chain.from_iterable(rows)))
     return pa.table({c: _array(c, [encode_value(r.get(c)) for r in rows], types.get(c))
                      for c in cols})
 
