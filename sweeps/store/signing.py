@@ -123,7 +123,9 @@ def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None)
 class SpooledWriter:
     """A write-only file object whose bytes are spooled (memory, then a temp file) and handed
     over whole at close (:meth:`_landed`, with the spool at its start); ``_seen`` sees each
-    chunk as it is written. pyarrow's ``PythonFile`` needs only these methods."""
+    chunk as it is written. pyarrow's ``PythonFile(mode="w")`` calls only ``write``, ``tell``,
+    ``close`` and ``closed`` (pyarrow 26: ``flush``, ``writable``, ``seekable`` are answered
+    by ``PythonFile`` itself)."""
 
     def __init__(self, max_size: int):
         self.buf = tempfile.SpooledTemporaryFile(max_size=max_size)
@@ -140,18 +142,6 @@ class SpooledWriter:
         self._seen(b)
         self.buf.write(b)
         return len(b)
-
-    def flush(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self.buf.tell()
