@@ -167,8 +167,8 @@ class ResultsSink:
 
     def _parts(self) -> list[tuple[int, Any]]:
         if self.remote:
-            names = [f for f in (self.part_dir.files(recursive=False) if self.part_dir.exists()
-                                 else []) if f.startswith("part-") and f.endswith(".parquet")]
+            names = [f for f in self.part_dir.files(recursive=False)  # [] when absent
+                     if f.startswith("part-") and f.endswith(".parquet")]
             return sorted((int(f[5:11]), self.part_dir / f) for f in names)
         return sorted((int(p.name[5:11]), p) for p in self.part_dir.glob("part-*.parquet"))
 
@@ -176,17 +176,16 @@ class ResultsSink:
         return self.part_dir / f"part-{n:06d}.parquet"
 
     def _open_segment(self) -> None:
+        if not self.remote:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        last = [int(p.name[4:10]) for p in self._segments()]  # wal-SSSSSS[-NNNNNNNN].jsonl
+        self._segment = max([self._segment, *last]) + 1
         if self.remote:  # one object per record, under the segment's prefix
-            last = self._segments()
-            self._segment = max([self._segment, *(int(p.name[4:10]) for p in last)]) + 1
             self._log = ObjectLog(self.log_dir, self._segment)
-            return
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        last = self._segments()
-        self._segment = max([self._segment, *(int(p.stem[4:]) for p in last)]) + 1
-        self._log = LocalLog(self.log_dir / f"wal-{self._segment:06d}.jsonl")
-        if self._syncer is None:
-            self._syncer = Syncer(lambda: self._log)
+        else:
+            self._log = LocalLog(self.log_dir / f"wal-{self._segment:06d}.jsonl")
+            if self._syncer is None:
+                self._syncer = Syncer(lambda: self._log)
 
     def _append(self, record: dict[str, Any]) -> None:
         if self._log is None:
@@ -259,8 +258,7 @@ class ResultsSink:
         attempt's results in order: it is replayed with the same rewind as the log, so a row
         a later attempt rewrote away is not brought back. A sealed trial is whole already."""
         n = 0
-        if isinstance(tune_dir, (Location, str)):
-            tune_dir = Location.of(tune_dir)
+        if isinstance(tune_dir, Location):
             found = [tune_dir / f for f in tune_dir.files()
                      if f.count("/") == 1 and f.endswith("/result.json")]
         else:
@@ -398,11 +396,7 @@ class ResultsSink:
 
     def rows_of(self, trial_id: str) -> dict[int, dict[str, Any]]:
         """A copy of one trial's rows, by step (a sealed trial's read from its part)."""
-        with self._lock:
-            if trial_id not in self._owner:
-                return dict(self.trials.get(trial_id, {}))
-            part = self._part_path(self._owner[trial_id])
-        return {_key(r)[1]: r for r in read_part(part, {trial_id}).to_pylist()}
+        return dict(self.rows_by_trial([trial_id])).get(trial_id, {})
 
     def rows_by_trial(self, trial_ids: Iterable[str]) -> Iterator[tuple[str, dict[int, Any]]]:
         """(trial, its rows by step) for each of ``trial_ids`` that has rows, reading each part
