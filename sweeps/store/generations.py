@@ -1,18 +1,13 @@
 """Tune's experiment folder on storage as immutable generations and a manifest written last.
 
-Tune uploads its whole state folder (``experiment_state-*.json``, the searcher's and callbacks'
-state, ``tuner.pkl``) every save, replacing each file in place on several threads: a driver
-killed mid-upload leaves some files new, some old and one cut short (``basic-variant-state-*``
-was found unreadable after kill -9), and Tune then resumes trials its searcher does not match.
-
-:class:`StateHandler` (a ``pyarrow.fs.PyFileSystem`` handler, Tune's storage filesystem) writes
-each top-level file as a new object ``tune/.state/g<N>/<name>`` and, when the upload ends
-(:func:`committed_uploads`, or else the next upload's first ``create_dir``), the commit
-``tune/.state/manifest-<N>.json`` naming each file's object, size and SHA-256. Readers see the
-newest manifest whose objects all check and decode (newer failing ones are counted in
-:attr:`StateHandler.skipped`), so a kill at any instant leaves one whole upload. The newest
-:data:`KEEP` manifests are kept. docs/reliability.md describes it; on object storage every
-object goes through ``sweeps.store.signing``.
+Tune uploads its whole state folder every save, replacing each file in place on several threads:
+a driver killed mid-upload leaves some files new, some old and one cut short
+(``basic-variant-state-*`` was found unreadable after kill -9). :class:`StateHandler` (Tune's
+storage filesystem) writes each top-level file as a new object ``tune/.state/g<N>/<name>`` and,
+when the upload ends, the commit ``tune/.state/manifest-<N>.json`` naming each object's size and
+SHA-256; readers see the newest manifest whose objects all check and decode, so a kill at any
+instant leaves one whole upload (docs/reliability.md). On object storage every object goes
+through ``sweeps.store.signing``.
 """
 
 from __future__ import annotations
