@@ -5,10 +5,7 @@ provider: each worker "node" is a real raylet here with logical resources, GPUs 
 after ``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml``, so
 :func:`autoscaling_config` builds it. Everything binds 127.0.0.1, lives under one temp folder
 and is stopped by PID (:meth:`LocalCluster.stop` ends exactly its own process tree, never
-``ray stop``). docs/cluster.md shows it in use:
-
-    python -m sweeps.cluster local up [--v2]     # prints the address for --address
-    python -m sweeps.cluster local down
+``ray stop``). ``python -m sweeps.cluster local up|down`` (docs/cluster.md) drives it.
 """
 
 from __future__ import annotations
