@@ -1,16 +1,11 @@
-"""Keyed digests of every file a sweep trusts on object storage.
+"""Keyed digests of every file a sweep trusts on object storage (docs/storage.md).
 
-``--resume`` unpickles Tune's state and restarted trials ``torch.load`` their checkpoints, and the
-rows, ``spec.json``, ``summary.json`` and the law search's state decide what is reported as best:
-code and verdicts from the bucket, for anyone who can write it. Object storage has no owners or
-modes (``sweeps.store.trust``), so those files go through :func:`signed_filesystem`: every object
-gets a sidecar ``<object>.upcycle-hmac`` listing HMAC-SHA256(key, path + content), and every read
-is refused in one line unless its digest is listed; :func:`verify_tree` checks a folder up front.
-:class:`_SigningWriter` orders its PUTs so that a kill at any instant leaves state that verifies.
-
-The key (>= 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: each node reads
-``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file ``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default
-``~/.config/upcycle-sweeps/hmac.key``, created 0600 on first use). docs/storage.md has the rest.
+``--resume`` unpickles Tune's state and ``torch.load``s checkpoints, and the rows and records
+decide what is reported as best: code and verdicts from the bucket, for anyone who can write it.
+Object storage has no owners or modes (``sweeps.store.trust``), so those files go through
+:func:`signed_filesystem`: every object gets a sidecar ``<object>.upcycle-hmac`` listing
+HMAC-SHA256(key, path + content), and a read is refused in one line unless its digest is listed.
+The key (>= 32 bytes, :func:`load_key`) never enters the bucket, Ray's runtime_env or a pickle.
 """
 
 from __future__ import annotations
