@@ -1,13 +1,9 @@
-"""Secrets and trust at the sweep's edges.
+"""Secrets and trust at the sweep's edges (docs/storage.md).
 
-- ``hide_wandb_key`` and ``hide_cloud_keys`` move ``WANDB_API_KEY`` and the AWS keys out of the
-  environment (Ray writes it into its session logs) into private files (0600 in a 0700 folder,
-  removed at exit) that wandb (``NETRC``) and pyarrow's AWS SDK
-  (``AWS_SHARED_CREDENTIALS_FILE``) read. Each folder names its owner by PID and start time, so
-  a later run removes those of a driver killed with -9 (docs/storage.md).
+- ``hide_wandb_key`` and ``hide_cloud_keys`` move the W&B and AWS keys out of the environment
+  (Ray writes it into its session logs) into private files that wandb and pyarrow's AWS SDK read.
 - ``verify_experiment_state``: ``--resume`` unpickles Tune's state, so a file another user could
-  have written is code they could run; every file and folder under ``tune/`` must be the
-  current user's and writable by nobody else.
+  have written is code they could run: all under ``tune/`` must be ours, writable by no other.
 """
 
 from __future__ import annotations
