@@ -416,10 +416,8 @@ def read_schema(path: Path | Location) -> pa.Schema:
 def read_part(path: Path | Location, trials: set[str] | None = None,
               columns: list[str] | None = None) -> pa.Table:
     """A part file of the sink (``trials``: only those trials' rows)."""
-    if isinstance(path, Location):
-        table = _read_parquet(path, columns)
-    else:
-        table = pq.read_table(path, columns=columns)
+    table = _read_parquet(path, columns) if isinstance(path, Location) else \
+        pq.read_table(path, columns=columns)
     if trials is not None:
         import pyarrow.compute as pc
 
