@@ -314,12 +314,8 @@ class ResultsSink:
     def rows(self) -> dict[RowKey, dict[str, Any]]:
         """Every row by (trial, step), read back from the parts too: O(rows), for tests and
         small sweeps (the driver never calls it)."""
-        with self._lock:
-            out = {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
-            parts = {n: set(ts) for n, ts in self._part_trials.items() if ts}
-        for n, ts in parts.items():
-            out.update({_key(r): r for r in read_part(self._part_path(n), ts).to_pylist()})
-        return out
+        return {(t, s): r for t, steps in self.rows_by_trial(self.trial_ids())
+                for s, r in steps.items()}
 
     def _put(self, row: dict[str, Any], replay: bool = False) -> None:
         """Index a row. With ``replay`` (a row as it arrives, live or replayed from the log in
