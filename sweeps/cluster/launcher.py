@@ -1,14 +1,9 @@
 """``--dry-run --cluster CONFIG``: a spec checked against a Ray cluster launcher config's node
-types (``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud.
-
-Each node type's CPUs, GPUs, GPU model, memory and disk come from its ``resources:`` where the
-config sets them, else from :data:`INSTANCES` (the providers' published instance specs) by its
-``InstanceType`` (AWS) or ``machineType`` (GCP); its disk from ``BlockDeviceMappings``' EBS
-``VolumeSize`` (GiB) or the boot disk's ``diskSizeGb``. The checks: some node type holds a
-whole trial (ranks × GPUs and CPUs), one trial's memory fits the GPU (the estimate
-``sweeps.plan.preflight`` uses), the checkpoints of the trials on a node fit its disk, and
-``max_concurrent`` trials fit at once on ``max_workers`` nodes. Each refusal is one line that
-names the knob to change. No Ray, no torch.
+types (``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud: a node type holds
+a whole trial, its memory fits the GPU, the checkpoints of a node's trials fit its disk, and
+``max_concurrent`` trials fit on ``max_workers`` nodes; each refusal is one line that names the
+knob to change. Node types' figures come from their ``resources:``, else from :data:`INSTANCES`
+(docs/cluster.md). No Ray, no torch.
 """
 
 from __future__ import annotations

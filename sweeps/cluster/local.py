@@ -5,10 +5,7 @@ provider: each worker "node" is a real raylet here with logical resources, GPUs 
 after ``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml``, so
 :func:`autoscaling_config` builds it. Everything binds 127.0.0.1, lives under one temp folder
 and is stopped by PID (:meth:`LocalCluster.stop` ends exactly its own process tree, never
-``ray stop``). docs/cluster.md shows it in use:
-
-    python -m sweeps.cluster local up [--v2]     # prints the address for --address
-    python -m sweeps.cluster local down
+``ray stop``). ``python -m sweeps.cluster local up|down`` (docs/cluster.md) drives it.
 """
 
 from __future__ import annotations
@@ -354,8 +351,7 @@ class LocalCluster:
         """Live worker nodes (the head not counted)."""
         return sum(n["alive"] and not n["head"] for n in self.nodes())
 
-    def wait_for(self, pred: Callable[[int], bool], timeout_s: float, what: str,
-                 every_s: float = 0.5) -> int:
+    def wait_for(self, pred: Callable[[int], bool], timeout_s: float, what: str) -> int:
         """Poll :meth:`worker_count` until ``pred(count)``; the count. Raises after
         ``timeout_s`` naming ``what``."""
         deadline = time.monotonic() + timeout_s
@@ -366,7 +362,7 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise UpcycleError(f"local cluster: {what} not reached in {timeout_s:.0f} s "
                                    f"({n} worker nodes)")
-            time.sleep(every_s)
+            time.sleep(0.5)
 
     def raylet_of(self, pid: int) -> psutil.Process | None:
         """The raylet of the node a worker process ``pid`` (a task or actor) runs on, if it is
@@ -391,8 +387,7 @@ class LocalCluster:
                 return n
         raise UpcycleError(f"local cluster: raylet {raylet.pid} is no node of this cluster")
 
-    def drain(self, raylet: psutil.Process, deadline_s: float,
-              message: str = "spot instance reclaimed") -> float:
+    def drain(self, raylet: psutil.Process, deadline_s: float) -> float:
         """A spot reclaim with notice, as the autoscaler relays it: the node is drained through
         the GCS (``DrainNode``, reason ``DRAIN_NODE_REASON_PREEMPTION``, deadline
         ``deadline_s`` from now), then killed at the deadline (:meth:`preempt`) unless it has
@@ -406,7 +401,7 @@ class LocalCluster:
         deadline = time.time() + deadline_s
         accepted, why = self._gcs.drain_node(
             node["node_id"], autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            message, int(deadline * 1000))
+            "spot instance reclaimed", int(deadline * 1000))
         if not accepted:
             raise UpcycleError(f"local cluster: the GCS refused to drain node "
                                f"{node['node_id'][:12]}: {why}")

@@ -1,18 +1,13 @@
 """Tune's experiment folder on storage as immutable generations and a manifest written last.
 
-Tune uploads its whole state folder (``experiment_state-*.json``, the searcher's and callbacks'
-state, ``tuner.pkl``) every save, replacing each file in place on several threads: a driver
-killed mid-upload leaves some files new, some old and one cut short (``basic-variant-state-*``
-was found unreadable after kill -9), and Tune then resumes trials its searcher does not match.
-
-:class:`StateHandler` (a ``pyarrow.fs.PyFileSystem`` handler, Tune's storage filesystem) writes
-each top-level file as a new object ``tune/.state/g<N>/<name>`` and, when the upload ends
-(:func:`committed_uploads`, or else the next upload's first ``create_dir``), the commit
-``tune/.state/manifest-<N>.json`` naming each file's object, size and SHA-256. Readers see the
-newest manifest whose objects all check and decode (newer failing ones are counted in
-:attr:`StateHandler.skipped`), so a kill at any instant leaves one whole upload. The newest
-:data:`KEEP` manifests are kept. docs/reliability.md describes it; on object storage every
-object goes through ``sweeps.store.signing``.
+Tune uploads its whole state folder every save, replacing each file in place on several threads:
+a driver killed mid-upload leaves some files new, some old and one cut short
+(``basic-variant-state-*`` was found unreadable after kill -9). :class:`StateHandler` (Tune's
+storage filesystem) writes each top-level file as a new object ``tune/.state/g<N>/<name>`` and,
+when the upload ends, the commit ``tune/.state/manifest-<N>.json`` naming each object's size and
+SHA-256; readers see the newest manifest whose objects all check and decode, so a kill at any
+instant leaves one whole upload (docs/reliability.md). On object storage every object goes
+through ``sweeps.store.signing``.
 """
 
 from __future__ import annotations
@@ -102,6 +97,10 @@ def _object(root: str, gen: int, name: str) -> str:
     return f"{root}/{STATE_DIR}/g{gen:08d}/{name}"
 
 
+def _manifest(root: str, gen: int) -> str:
+    return f"{root}/{STATE_DIR}/manifest-{gen:08d}.json"
+
+
 def _listing(fs: pafs.FileSystem, root: str) -> tuple[list[int], list[int]]:
     """(manifest generations, object-folder generations) under ``root/.state``, ascending."""
     sel = pafs.FileSelector(f"{root}/{STATE_DIR}", allow_not_found=True)
@@ -120,7 +119,7 @@ def newest_good(fs: pafs.FileSystem, root: str) -> tuple[dict[str, Any] | None, 
     and how many newer ones failed; (None, n) when there is none."""
     skipped = 0
     for gen in reversed(_listing(fs, root)[0]):
-        data = _read(fs, f"{root}/{STATE_DIR}/manifest-{gen:08d}.json")
+        data = _read(fs, _manifest(root, gen))
         try:
             m = json.loads(data) if data is not None else None
         except ValueError:
@@ -226,8 +225,7 @@ class StateHandler(ForwardingHandler):
             files = {**self._load()["files"], **self._pending}
             man = {"generation": self._gen,
                    "files": {k: v for k, v in sorted(files.items()) if v is not None}}
-            path = f"{self.root}/{STATE_DIR}/manifest-{self._gen:08d}.json"
-            with self.inner.open_output_stream(path) as f:
+            with self.inner.open_output_stream(_manifest(self.root, self._gen)) as f:
                 f.write(json.dumps(man, indent=1).encode())
             self._base, self._pending, self._gen = man, {}, None
             self._collect()
@@ -239,12 +237,12 @@ class StateHandler(ForwardingHandler):
         mans, gens = _listing(self.inner, self.root)
         kept, used = mans[-KEEP:], {e["gen"] for e in self._base["files"].values()}
         for g in kept:
-            data = _read(self.inner, f"{self.root}/{STATE_DIR}/manifest-{g:08d}.json")
+            data = _read(self.inner, _manifest(self.root, g))
             with contextlib.suppress(ValueError, AttributeError, KeyError, TypeError):
                 used |= {e["gen"] for e in json.loads(data or b"{}").get("files", {}).values()}
         with contextlib.suppress(FileNotFoundError, OSError):
             for g in mans[:-KEEP]:
-                self.inner.delete_file(f"{self.root}/{STATE_DIR}/manifest-{g:08d}.json")
+                self.inner.delete_file(_manifest(self.root, g))
             for g in gens:
                 if g not in used and g < self._base["generation"]:
                     self.inner.delete_dir(f"{self.root}/{STATE_DIR}/g{g:08d}")

@@ -95,15 +95,6 @@ def configured_threshold() -> float:
         return DEFAULT_THRESHOLD
 
 
-def node_now() -> NodeMemory:
-    """This node's memory now (the kill message had no figures)."""
-    import psutil
-
-    vm = psutil.virtual_memory()
-    return NodeMemory(total_gb=vm.total / GB, used_gb=(vm.total - vm.available) / GB,
-                      threshold=configured_threshold())
-
-
 def _killed(message: str) -> tuple[float | None, tuple[str, ...]]:
     """(the killed trial's GB, Ray's own actors killed with it) from Ray's ``Selected to kill``
     lines: a trial's actor is named by its class (``ImplicitFunc``), Ray's own start with _."""
@@ -116,12 +107,14 @@ def from_message(message: str) -> NodeMemory:
     """The figures in Ray's kill message; what it lacks, from this node now."""
     used, thr = _USED.search(message), _THRESHOLD.search(message)
     rss, others = _killed(message)
-    if used is None:
-        now = node_now()
-        return NodeMemory(total_gb=now.total_gb, used_gb=now.used_gb, threshold=(
-            float(thr.group(2)) / 100 if thr else now.threshold), trial_rss_gb=rss,
-            others=others)
-    return NodeMemory(total_gb=float(used.group(2)), used_gb=float(used.group(1)),
+    if used is None:  # no figures in the message: this node's memory now
+        import psutil
+
+        vm = psutil.virtual_memory()
+        total, used_gb = vm.total / GB, (vm.total - vm.available) / GB
+    else:
+        total, used_gb = float(used.group(2)), float(used.group(1))
+    return NodeMemory(total_gb=total, used_gb=used_gb,
                       threshold=float(thr.group(2)) / 100 if thr else configured_threshold(),
                       trial_rss_gb=rss, others=others)
 

@@ -1,13 +1,10 @@
 """Where a result came from: the code, the libraries that computed it and the device.
 
-:func:`provenance` builds one record, the same everywhere it is kept: ``summary.json``
-(``provenance``), the results Parquet's schema metadata (``upcycle_sweeps.provenance``, JSON)
-and every W&B run's config (``provenance``); ``analysis.report`` prints it and
-``python -m sweeps.run.verify`` compares a rerun's with it. No torch or Ray import (versions
-come from the installed distributions' metadata), so ``--dry-run`` stays light; the device is read
-from the operating system (``/proc/cpuinfo``, ``/proc/driver/nvidia``, or torch when it is
-already imported). It describes the process that calls it: the sweep's driver, whose machine
-is the trials' on a local run (on a Ray cluster the trials' nodes may differ).
+:func:`provenance` builds one record, kept in ``summary.json``, the results Parquet's schema
+metadata and every W&B run's config (docs/results-and-export.md); ``python -m sweeps.run.verify``
+compares a rerun's with it. No torch or Ray import (versions come from the installed
+distributions' metadata, the device from ``/proc``, or torch when it is already imported), so
+``--dry-run`` stays light. It describes the calling process: the sweep's driver.
 """
 
 from __future__ import annotations
@@ -53,12 +50,8 @@ def code_version() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "version": _version(DISTRIBUTION)}
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    """Installed version of each distribution (None when it is not installed)."""
-    return {n: _version(n) for n in names}
-
-
 def _version(name: str) -> str | None:
+    """The installed distribution's version (None when it is not installed)."""
     try:
         return md.version(name)
     except md.PackageNotFoundError:
@@ -117,7 +110,7 @@ def provenance() -> dict[str, Any]:
     """The record (:data:`KEYS`): code, Python version, :data:`PACKAGES`' versions, device.
     Built once per process; treat it as read-only."""
     return {"code": code_version(), "python": platform.python_version(),
-            "packages": package_versions(), "device": device_info()}
+            "packages": {n: _version(n) for n in PACKAGES}, "device": device_info()}
 
 
 def describe(p: dict[str, Any] | None) -> str:

@@ -1,34 +1,11 @@
 """The sweep's results: the declared column schema and the Parquet file that holds it.
 
 One Parquet file per sweep, one row per (trial, eval); the single source of truth for
-``analysis`` (which imports this module for the schema and nothing else of ``sweeps``).
-
-Columns, in this order:
-
-- ``COLUMNS``: the declared core columns below (identity, outcome, sizes, per-eval metrics);
-- config columns, keyed by their YAML path in the trial config (``moe.router.aux_coef``,
-  ``upcycle.lr_policy.policy``, ``parent.moe.num_experts``, ...): what the trial ran;
-- knob columns ``knob.<YAML path>`` for every knob the sweep searches (``knob.seed`` too): the
-  value the trial ran, so a conditional knob whose ``when`` did not hold shows the base value;
-- router statistics ``router.<stat>`` per eval (``moe_core.train.evaluate``): means over the MoE
-  layers, and for the health statistics (``moe_core.moe.stats.LAYER_HEALTH``) each MoE layer's
-  ``router.<stat>.layer<i>`` (``i``: its block index) and the least healthy layer's
-  ``router.<stat>.worst``;
-- effective columns ``effective.<YAML path>``: the value of each knob read back from the live
-  trainer at set-up (``moe_core.train.audit``; a trial whose value differs fails in one line);
-- compile statistics ``compile.<stat>`` per eval: graphs, graph breaks, recompiles and whether
-  dynamo's recompile limit was hit, since the trial started (``sweeps.run.compile_stats``);
-- memory columns ``memory.<figure>`` on the rows of a trial Ray's memory monitor killed (status
-  ``oom``): the node's total, used and available GB, Ray's kill threshold and the killed
-  worker's GB (``sweeps.store.oom``).
-
-Dict and list values (``knob.upcycle.lr_policy``, ``optim.betas``) are stored as JSON text and
-read back with :func:`decode_value`. Written atomically (temp file + rename) with pyarrow; the
-file's metadata carries ``SCHEMA_VERSION``. A path may be a URL (``s3://``, ``gs://``;
-``sweeps.store.storage``): there the file is written as one object (a PUT: atomic, no rename). Files
-written before version 2 (router config under ``router.*``, ``parent.num_experts``, Python
-``str()`` of dicts) are upgraded on read; files before version 3 (no ``pruned`` status) get the
-version-3 columns as nulls.
+``analysis`` (which imports this module for the schema and nothing else of ``sweeps``). Its
+columns (docs/results-and-export.md lists them): :data:`COLUMNS`, then config, ``knob.``,
+``router.``, ``effective.``, ``compile.`` and ``memory.`` columns. Written atomically (temp
+file + rename, or one PUT on object storage: ``sweeps.store.storage``) with pyarrow; the file's
+metadata carries ``SCHEMA_VERSION``, and older files are upgraded on read (:func:`read_table`).
 """
 
 from __future__ import annotations
@@ -36,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import types
@@ -258,13 +236,7 @@ def rows_table(rows: Iterable[Mapping[str, Any]],
     other key in first-seen order, typed by ``types`` (``config_types``) where given."""
     types = types or {}
     rows = list(rows)
-    cols = list(CORE_COLUMNS)
-    seen = set(cols)
-    for r in rows:
-        for k in r:
-            if k not in seen:
-                cols.append(k)
-                seen.add(k)
+    cols = dict.fromkeys(itertools.chain(CORE_COLUMNS, itertools.chain.from_iterable(rows)))
     return pa.table({c: _array(c, [encode_value(r.get(c)) for r in rows], types.get(c))
                      for c in cols})
 
@@ -316,12 +288,6 @@ def read_table(path: str | Path | Location) -> pa.Table | None:
     if version < 3:
         table = _upgrade_v2(table)
     return table
-
-
-def with_provenance(table: pa.Table, record: Mapping[str, Any]) -> pa.Table:
-    """``table`` with ``record`` (``sweeps.provenance.provenance()``) in its schema metadata."""
-    return table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                          PROVENANCE_KEY: json.dumps(record).encode()})
 
 
 def read_provenance(path: str | Path | Location) -> dict[str, Any] | None:
@@ -450,10 +416,8 @@ def read_schema(path: Path | Location) -> pa.Schema:
 def read_part(path: Path | Location, trials: set[str] | None = None,
               columns: list[str] | None = None) -> pa.Table:
     """A part file of the sink (``trials``: only those trials' rows)."""
-    if isinstance(path, Location):
-        table = _read_parquet(path, columns)
-    else:
-        table = pq.read_table(path, columns=columns)
+    table = _read_parquet(path, columns) if isinstance(path, Location) else \
+        pq.read_table(path, columns=columns)
     if trials is not None:
         import pyarrow.compute as pc
 
@@ -504,7 +468,7 @@ def write_stream(path: str | Path | Location, schema: pa.Schema,
                  ) -> Path | Location:
     """Write ``tables`` (each conformed to ``schema``) one after another into one Parquet file,
     atomically, holding one table at a time (on object storage: one whole object); ``metadata``
-    joins the schema's (the provenance record, ``with_provenance``)."""
+    joins the schema's (the provenance record, :data:`PROVENANCE_KEY`)."""
     schema = schema.with_metadata({**(metadata or {}), _META_KEY: str(SCHEMA_VERSION).encode()})
 
     def _write(sink: Any) -> None:

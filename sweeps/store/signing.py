@@ -1,16 +1,11 @@
-"""Keyed digests of every file a sweep trusts on object storage.
+"""Keyed digests of every file a sweep trusts on object storage (docs/storage.md).
 
-``--resume`` unpickles Tune's state and restarted trials ``torch.load`` their checkpoints, and the
-rows, ``spec.json``, ``summary.json`` and the law search's state decide what is reported as best:
-code and verdicts from the bucket, for anyone who can write it. Object storage has no owners or
-modes (``sweeps.store.trust``), so those files go through :func:`signed_filesystem`: every object
-gets a sidecar ``<object>.upcycle-hmac`` listing HMAC-SHA256(key, path + content), and every read
-is refused in one line unless its digest is listed; :func:`verify_tree` checks a folder up front.
-:class:`_SigningWriter` orders its PUTs so that a kill at any instant leaves state that verifies.
-
-The key (>= 32 bytes) never enters the bucket, Ray's runtime_env or a pickle: each node reads
-``$UPCYCLE_SWEEPS_HMAC_KEY`` (hex) or the file ``$UPCYCLE_SWEEPS_HMAC_KEY_FILE`` (default
-``~/.config/upcycle-sweeps/hmac.key``, created 0600 on first use). docs/storage.md has the rest.
+``--resume`` unpickles Tune's state and ``torch.load``s checkpoints, and the rows and records
+decide what is reported as best: code and verdicts from the bucket, for anyone who can write it.
+Object storage has no owners or modes (``sweeps.store.trust``), so those files go through
+:func:`signed_filesystem`: every object gets a sidecar ``<object>.upcycle-hmac`` listing
+HMAC-SHA256(key, path + content), and a read is refused in one line unless its digest is listed.
+The key (>= 32 bytes, :func:`load_key`) never enters the bucket, Ray's runtime_env or a pickle.
 """
 
 from __future__ import annotations
@@ -123,7 +118,9 @@ def check(fs: pafs.FileSystem, path: str, data: bytes, key: bytes | None = None)
 class SpooledWriter:
     """A write-only file object whose bytes are spooled (memory, then a temp file) and handed
     over whole at close (:meth:`_landed`, with the spool at its start); ``_seen`` sees each
-    chunk as it is written. pyarrow's ``PythonFile`` needs only these methods."""
+    chunk as it is written. pyarrow's ``PythonFile(mode="w")`` calls only ``write``, ``tell``,
+    ``close`` and ``closed`` (pyarrow 26: ``flush``, ``writable``, ``seekable`` are answered
+    by ``PythonFile`` itself)."""
 
     def __init__(self, max_size: int):
         self.buf = tempfile.SpooledTemporaryFile(max_size=max_size)
@@ -140,18 +137,6 @@ class SpooledWriter:
         self._seen(b)
         self.buf.write(b)
         return len(b)
-
-    def flush(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self.buf.tell()
@@ -210,9 +195,6 @@ class ForwardingHandler(pafs.FileSystemHandler):
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.__reduce__() == self.__reduce__()
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
 
     def get_type_name(self) -> str:
         return f"{self.TYPE_PREFIX}+{self.inner.type_name}"
@@ -275,8 +257,7 @@ class SigningHandler(ForwardingHandler):
     def open_input_stream(self, path: str) -> pa.NativeFile:
         return pa.BufferReader(self._read_verified(path))
 
-    def open_input_file(self, path: str) -> pa.NativeFile:
-        return pa.BufferReader(self._read_verified(path))
+    open_input_file = open_input_stream
 
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
         return pa.PythonFile(_SigningWriter(self.inner, path, metadata), mode="w")

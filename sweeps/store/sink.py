@@ -1,29 +1,17 @@
 """Where the driver keeps a sweep's rows so that nothing reported is ever lost, in bounded
-memory at any number of rows.
+memory at any number of rows (docs/storage.md has the files, docs/reliability.md the crashes).
 
-Every row (and every status change) the driver receives is appended to a write-ahead log
-(``rows/wal-NNNNNN.jsonl``, written and flushed to the kernel) before the Tune callback returns:
-O(1) work per row on Tune's event loop. The log is group-committed (``sweeps.store.wal``): fsynced
-in the background every ``SYNC_S`` seconds, and before a trial's outcome is acknowledged
-(``mark``), so every row of a finished trial is on disk before its completion is. Only the
-rows of trials still running are held in memory. When a trial's outcome is marked, a
-background thread (one per sink, woken by each flush: ``sweeps.store.worker``) writes its
-rows once into an immutable part file (``parts/part-NNNNNN.parquet``) and drops them from
-memory (the trial is *sealed*); a row or a
-status change that arrives for a sealed trial later (a restart) reads it back first.
-``results.parquet``, the file readers see (same schema as ever), is stitched from the parts and
-the running trials' rows by streaming one part at a time, at each ``flush`` (every ``flush_s``
-seconds, and at each trial's end) but no more often than every 2 s, ``STITCH_FACTOR`` times its
-own last duration (so at 10⁶ rows it stays a small share of one core) and ``STITCH_S_PER_TRIAL``
-times the sweep's trials (so its CPU grows linearly with them), and at ``close``; the log
-segments it covers are then deleted.
-
-On ``--resume`` the rows are rebuilt from, in order: the parts, ``results.parquet`` (the rows of
-unsealed trials, if it is readable at all), the log, and Tune's own trial records
-(``tune/*/result.json``), so a deleted, truncated or garbage ``results.parquet`` costs nothing.
-
-On object storage (``results: s3://...``) each log record is its own write-once object
-(``sweeps.store.wal.ObjectLog``, docs/storage.md); parts and ``results.parquet`` are whole objects.
+Every row (and status change) is appended to the row log (``sweeps.store.wal``) before the Tune
+callback returns: O(1) work per row on Tune's event loop, and fsynced before a trial's outcome is
+acknowledged (``mark``). Only running trials' rows are held in memory: a marked trial's rows are
+written once, by the sink's background thread (``sweeps.store.worker``), into an immutable part
+(``parts/part-NNNNNN.parquet``) and dropped (the trial is *sealed*); a row or status change for
+a sealed trial (a restart) reads it back first. ``results.parquet`` (what readers see) is
+stitched from the parts and the running trials' rows, one part at a time, at a ``flush`` no more
+often than :meth:`ResultsSink._stitch_period` and at ``close``; the log segments it covers are
+then deleted. On ``--resume`` the rows are rebuilt from the parts, ``results.parquet`` (the
+unsealed trials' rows, if it is readable), the log and Tune's ``tune/*/result.json``, so a
+damaged ``results.parquet`` costs nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +95,7 @@ class LoadReport:
 
 
 STITCH_FACTOR = 5.0  # results.parquet: rewritten at most every 5x its last rewrite's time
+# (so at 10⁶ rows it stays a small share of one core)
 STITCH_MIN_S = 2.0  # and every 2 s (a flush with wait: now)
 STITCH_S_PER_TRIAL = 0.05
 """And every 0.05 s per trial the sweep has: each rewrite is O(rows), so a fixed period over a
@@ -178,8 +167,8 @@ class ResultsSink:
 
     def _parts(self) -> list[tuple[int, Any]]:
         if self.remote:
-            names = [f for f in (self.part_dir.files(recursive=False) if self.part_dir.exists()
-                                 else []) if f.startswith("part-") and f.endswith(".parquet")]
+            names = [f for f in self.part_dir.files(recursive=False)  # [] when absent
+                     if f.startswith("part-") and f.endswith(".parquet")]
             return sorted((int(f[5:11]), self.part_dir / f) for f in names)
         return sorted((int(p.name[5:11]), p) for p in self.part_dir.glob("part-*.parquet"))
 
@@ -187,17 +176,16 @@ class ResultsSink:
         return self.part_dir / f"part-{n:06d}.parquet"
 
     def _open_segment(self) -> None:
+        if not self.remote:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        last = [int(p.name[4:10]) for p in self._segments()]  # wal-SSSSSS[-NNNNNNNN].jsonl
+        self._segment = max([self._segment, *last]) + 1
         if self.remote:  # one object per record, under the segment's prefix
-            last = self._segments()
-            self._segment = max([self._segment, *(int(p.name[4:10]) for p in last)]) + 1
             self._log = ObjectLog(self.log_dir, self._segment)
-            return
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        last = self._segments()
-        self._segment = max([self._segment, *(int(p.stem[4:]) for p in last)]) + 1
-        self._log = LocalLog(self.log_dir / f"wal-{self._segment:06d}.jsonl")
-        if self._syncer is None:
-            self._syncer = Syncer(lambda: self._log)
+        else:
+            self._log = LocalLog(self.log_dir / f"wal-{self._segment:06d}.jsonl")
+            if self._syncer is None:
+                self._syncer = Syncer(lambda: self._log)
 
     def _append(self, record: dict[str, Any]) -> None:
         if self._log is None:
@@ -270,8 +258,7 @@ class ResultsSink:
         attempt's results in order: it is replayed with the same rewind as the log, so a row
         a later attempt rewrote away is not brought back. A sealed trial is whole already."""
         n = 0
-        if isinstance(tune_dir, (Location, str)):
-            tune_dir = Location.of(tune_dir)
+        if isinstance(tune_dir, Location):
             found = [tune_dir / f for f in tune_dir.files()
                      if f.count("/") == 1 and f.endswith("/result.json")]
         else:
@@ -327,12 +314,8 @@ class ResultsSink:
     def rows(self) -> dict[RowKey, dict[str, Any]]:
         """Every row by (trial, step), read back from the parts too: O(rows), for tests and
         small sweeps (the driver never calls it)."""
-        with self._lock:
-            out = {(t, s): r for t, steps in self.trials.items() for s, r in steps.items()}
-            parts = {n: set(ts) for n, ts in self._part_trials.items() if ts}
-        for n, ts in parts.items():
-            out.update({_key(r): r for r in read_part(self._part_path(n), ts).to_pylist()})
-        return out
+        return {(t, s): r for t, steps in self.rows_by_trial(self.trial_ids())
+                for s, r in steps.items()}
 
     def _put(self, row: dict[str, Any], replay: bool = False) -> None:
         """Index a row. With ``replay`` (a row as it arrives, live or replayed from the log in
@@ -409,11 +392,7 @@ class ResultsSink:
 
     def rows_of(self, trial_id: str) -> dict[int, dict[str, Any]]:
         """A copy of one trial's rows, by step (a sealed trial's read from its part)."""
-        with self._lock:
-            if trial_id not in self._owner:
-                return dict(self.trials.get(trial_id, {}))
-            part = self._part_path(self._owner[trial_id])
-        return {_key(r)[1]: r for r in read_part(part, {trial_id}).to_pylist()}
+        return dict(self.rows_by_trial([trial_id])).get(trial_id, {})
 
     def rows_by_trial(self, trial_ids: Iterable[str]) -> Iterator[tuple[str, dict[int, Any]]]:
         """(trial, its rows by step) for each of ``trial_ids`` that has rows, reading each part

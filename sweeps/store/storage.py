@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from moe_core import location as _location
 from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one storage API)
-    PROBE_TIMEOUT_ENV,
     S3_DEFAULTS,
-    SCHEMES,
     STAGING_ENV,
     check_uri,
     is_url,
@@ -19,7 +17,6 @@ from moe_core.location import (  # noqa: F401 (re-exported: the sweep's one stor
     publishing,
     staging_dir,
     staging_for,
-    tuned,
 )
 from sweeps.store.signing import signed_filesystem
 

@@ -1,13 +1,9 @@
-"""Secrets and trust at the sweep's edges.
+"""Secrets and trust at the sweep's edges (docs/storage.md).
 
-- ``hide_wandb_key`` and ``hide_cloud_keys`` move ``WANDB_API_KEY`` and the AWS keys out of the
-  environment (Ray writes it into its session logs) into private files (0600 in a 0700 folder,
-  removed at exit) that wandb (``NETRC``) and pyarrow's AWS SDK
-  (``AWS_SHARED_CREDENTIALS_FILE``) read. Each folder names its owner by PID and start time, so
-  a later run removes those of a driver killed with -9 (docs/storage.md).
+- ``hide_wandb_key`` and ``hide_cloud_keys`` move the W&B and AWS keys out of the environment
+  (Ray writes it into its session logs) into private files that wandb and pyarrow's AWS SDK read.
 - ``verify_experiment_state``: ``--resume`` unpickles Tune's state, so a file another user could
-  have written is code they could run; every file and folder under ``tune/`` must be the
-  current user's and writable by nobody else.
+  have written is code they could run: all under ``tune/`` must be ours, writable by no other.
 """
 
 from __future__ import annotations
@@ -91,15 +87,22 @@ def hide_wandb_key() -> Path | None:
     clean_stale_netrc()
     if not key:
         return None
-    d = Path(tempfile.mkdtemp(prefix=f"{NETRC_PREFIX}{owner_tag()}-"))  # 0700
-    atexit.register(shutil.rmtree, d, True)
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    path = d / "netrc"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"machine {host}\n  login user\n  password {key}\n")
+    path = _private_file(NETRC_PREFIX, "netrc",
+                         f"machine {host}\n  login user\n  password {key}\n")
     os.environ["NETRC"] = str(path)
     return path
+
+
+def _private_file(prefix: str, name: str, text: str) -> Path:
+    """``text`` in a new file (0600) of a new folder (0700) ``<tmp>/<prefix><owner tag>-XXXX``,
+    removed at exit."""
+    d = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-"))
+    atexit.register(shutil.rmtree, d, True)
+    fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return d / name
 
 
 AWS_KEY_ENVS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -118,17 +121,12 @@ def hide_cloud_keys() -> Path | None:
         return None
     for k in AWS_KEY_ENVS:
         os.environ.pop(k, None)
-    d = Path(tempfile.mkdtemp(prefix=f"{AWS_PREFIX}{owner_tag()}-"))  # 0700
-    atexit.register(shutil.rmtree, d, True)
-    path = d / "credentials"
     lines = [f"[{os.environ.get('AWS_PROFILE') or 'default'}]",
              f"aws_access_key_id = {keys['AWS_ACCESS_KEY_ID']}",
              f"aws_secret_access_key = {keys['AWS_SECRET_ACCESS_KEY']}"]
     if keys["AWS_SESSION_TOKEN"]:
         lines.append(f"aws_session_token = {keys['AWS_SESSION_TOKEN']}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    path = _private_file(AWS_PREFIX, "credentials", "\n".join(lines) + "\n")
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(path)
     return path
 

@@ -1,11 +1,8 @@
-"""How a results row reads in W&B: which columns are the run's config and under which key each
-metric is logged. Shared by the logger (``sweeps.run.wandb_logging``) and the workspace
-(``analysis.wandb_workspace``, whose panels name the logged keys). Pure: no wandb, no Ray.
-
-Config columns (static ones, ``knob.<path>``, ``effective.<path>``) are nested by their dotted
-path, as W&B addresses config (``Config("knob.optim.lr")``); the per-layer MoE health is logged
-as ``health/layer<i>/<stat>``, ``health/worst/<stat>`` and ``health/all/<stat>`` so W&B groups
-it by layer; every other column keeps its name (docs/looking-at-a-sweep.md).
+"""How a results row reads in W&B: which columns are the run's config (nested by their dotted
+path, as W&B addresses config) and under which key each metric is logged (the per-layer MoE
+health as ``health/<layer>/<stat>``: docs/looking-at-a-sweep.md). Shared by the logger
+(``sweeps.run.wandb_logging``) and the workspace (``analysis.wandb_workspace``, whose panels
+name the logged keys). Pure: no wandb, no Ray.
 """
 
 from __future__ import annotations
