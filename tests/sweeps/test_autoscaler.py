@@ -189,10 +189,18 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
     raise AssertionError("no running trial with a checkpoint was seen to preempt")
 
 
+TRIALS = 3
+"""SPEC's first three trials, all pending at once (``max_concurrent``): the same demand of three
+GPUs the autoscaler scales up for; a fourth only ran once one of them had finished."""
+
+
 def _sweep_spec(results_root: str) -> dict:
     base = dict(SPEC["base"], tokens=STEPS * 8 * 32, eval={"every_steps": EVERY, "batches": 2})
-    return dict(SPEC, base=base, results=results_root, resources={"cpus": 1, "gpus": 1},
-                max_concurrent=3, storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
+    grid = SPEC["search"]["upcycle.lr_policy"]["grid"][:TRIALS]
+    return dict(SPEC, base=base, search={"upcycle.lr_policy": {"grid": grid}},
+                results=results_root, resources={"cpus": 1, "gpus": 1},
+                max_concurrent=TRIALS, storage={"flush_s": 0.5},
+                logging={"wandb": {"enabled": False}},
                 failure={"max_failures": 3},
                 checkpoint={"every_evals": 2, "every_minutes": None})
 
@@ -260,7 +268,7 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
                 for r in rs}
     assert len(keys) == len(set(keys)) and set(keys) == reported
     trials = {r["trial_id"] for r in rows}
-    assert len(trials) == 4
+    assert len(trials) == TRIALS
     for t in trials:
         steps = sorted(r["step"] for r in rows if r["trial_id"] == t)
         assert steps == list(range(0, STEPS + 1, EVERY)), (t, steps)
