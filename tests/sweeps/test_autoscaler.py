@@ -7,8 +7,8 @@ worker nodes and shrink back to the head after the sweep; a worker node is kille
 from its last checkpoint on another node; every reported row is in ``results.parquet``
 exactly once and the shared parent is trained once. The sweep writes to a bucket on the local
 S3 server (moto), its endpoint and fake keys in the environment the cluster's nodes inherit;
-every read below goes through ``pyarrow.fs``. (The same sweep with results in a local folder
-and a node killed mid-sweep is ``test_multinode.py``.)
+every read below goes through ``pyarrow.fs``. (A node killed mid-trial with results in a local
+folder, without autoscaler: the node killed without notice in ``test_preemption_notice.py``.)
 
 Under autoscaler v2 (KubeRay's) the cheaper check: a placement group of two GPU bundles that
 must land on different nodes makes the cluster grow from the head alone to two workers, and
