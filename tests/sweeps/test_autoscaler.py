@@ -185,7 +185,10 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
             cluster.preempt(raylet)
             return {"trial_id": tid, "ckpt_step": max(ck), "pid": last["pid"],
                     "raylet": raylet.pid}
-        time.sleep(0.2)
+        # each poll lists the trials on the S3 server and reads their result.json: requests
+        # the (pure Python) moto server spends CPU on (every 0.2 s before); a second is still
+        # short against the window (the 32 steps after a trial's first checkpoint)
+        time.sleep(1.0)
     raise AssertionError("no running trial with a checkpoint was seen to preempt")
 
 
