@@ -7,8 +7,8 @@ worker nodes and shrink back to the head after the sweep; a worker node is kille
 from its last checkpoint on another node; every reported row is in ``results.parquet``
 exactly once and the shared parent is trained once. The sweep writes to a bucket on the local
 S3 server (moto), its endpoint and fake keys in the environment the cluster's nodes inherit;
-every read below goes through ``pyarrow.fs``. (The same sweep with results in a local folder
-and a node killed mid-sweep is ``test_multinode.py``.)
+every read below goes through ``pyarrow.fs``. (A node killed mid-trial with results in a local
+folder, without autoscaler: the node killed without notice in ``test_preemption_notice.py``.)
 
 Under autoscaler v2 (KubeRay's) the cheaper check: a placement group of two GPU bundles that
 must land on different nodes makes the cluster grow from the head alone to two workers, and
@@ -185,14 +185,25 @@ def _preempt_a_running_trial(cluster: LocalCluster, fs, tune_dir: str, proc,
             cluster.preempt(raylet)
             return {"trial_id": tid, "ckpt_step": max(ck), "pid": last["pid"],
                     "raylet": raylet.pid}
-        time.sleep(0.2)
+        # each poll lists the trials on the S3 server and reads their result.json: requests
+        # the (pure Python) moto server spends CPU on (every 0.2 s before); a second is still
+        # short against the window (the 32 steps after a trial's first checkpoint)
+        time.sleep(1.0)
     raise AssertionError("no running trial with a checkpoint was seen to preempt")
+
+
+TRIALS = 3
+"""SPEC's first three trials, all pending at once (``max_concurrent``): the same demand of three
+GPUs the autoscaler scales up for; a fourth only ran once one of them had finished."""
 
 
 def _sweep_spec(results_root: str) -> dict:
     base = dict(SPEC["base"], tokens=STEPS * 8 * 32, eval={"every_steps": EVERY, "batches": 2})
-    return dict(SPEC, base=base, results=results_root, resources={"cpus": 1, "gpus": 1},
-                max_concurrent=3, storage={"flush_s": 0.5}, logging={"wandb": {"enabled": False}},
+    grid = SPEC["search"]["upcycle.lr_policy"]["grid"][:TRIALS]
+    return dict(SPEC, base=base, search={"upcycle.lr_policy": {"grid": grid}},
+                results=results_root, resources={"cpus": 1, "gpus": 1},
+                max_concurrent=TRIALS, storage={"flush_s": 0.5},
+                logging={"wandb": {"enabled": False}},
                 failure={"max_failures": 3},
                 checkpoint={"every_evals": 2, "every_minutes": None})
 
@@ -260,7 +271,7 @@ def test_autoscaled_sweep_scales_up_and_down_and_survives_preemption(tmp_path, r
                 for r in rs}
     assert len(keys) == len(set(keys)) and set(keys) == reported
     trials = {r["trial_id"] for r in rows}
-    assert len(trials) == 4
+    assert len(trials) == TRIALS
     for t in trials:
         steps = sorted(r["step"] for r in rows if r["trial_id"] == t)
         assert steps == list(range(0, STEPS + 1, EVERY)), (t, steps)

@@ -6,7 +6,12 @@ for a spot reclaim (reason preemption, a 30 s deadline, killed at the deadline) 
 it must checkpoint before the deadline, resume on another node from that checkpoint and lose no
 trained step. The other has its node killed with no notice: it resumes from its checkpoint at
 step 16 and loses the 8 steps after it. Prints (``-s``) the tokens lost both ways, the time from
-the drain to the checkpoint and the cost of the trials' GCS polls."""
+the drain to the checkpoint and the cost of the trials' GCS polls.
+
+The trial killed without notice is also what ``test_multinode.py`` checked (removed: a worker
+node of a cluster without autoscaler dies mid-trial, the sweep's results in a local folder, its
+parent shared; the trial is rescheduled on another node, every curve complete, no row twice,
+every status ok); ``test_autoscaler.py``'s preempted trial checks it again on S3."""
 
 from __future__ import annotations
 

@@ -151,11 +151,15 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         assert summary["ok"] < 3 and summary["unfinished"] or summary["not_started"]
         # a trial the signal cut is interrupted, never ok (#32): every ok trial reached step 8
         finals = {}
-        for r in pq.read_table(res / "results.parquet").to_pylist():
+        before = pq.read_table(res / "results.parquet").to_pylist()
+        for r in before:
             if r["trial_id"] not in finals or r["step"] >= finals[r["trial_id"]]["step"]:
                 finals[r["trial_id"]] = r
         assert all(r["step"] == 8 for r in finals.values() if r["status"] == "ok"), finals
         assert summary["ok"] == sum(r["status"] == "ok" for r in finals.values())
+        done = {t for t, r in finals.items() if r["status"] == "ok"}
+        done_before = {(r["trial_id"], r["step"]): r["wall_s"] for r in before
+                       if r["trial_id"] in done}
 
         fs, _, where = tune_storage(res)  # tuner.pkl's object, as the manifest names it
         pkl = Path(where, STATE_DIR, f"g{handler_of(fs).view()['tuner.pkl']['gen']:08d}",
@@ -180,6 +184,12 @@ def test_sigterm_resume_tamper_and_sentinel_key(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         summary = yaml.safe_load((res / "summary.json").read_text())
         assert summary["complete"] is True and summary["ok"] == 3
+        # the trials finished before the signal were not rerun: their rows are as they were
+        # (SIGTERM takes Ctrl+C's path, sweeps.run._signals: this is also the Ctrl+C resume
+        # test_sweep_e2e ran, two driver starts, until 2026-11-29)
+        after = {(r["trial_id"], r["step"]): r["wall_s"]
+                 for r in pq.read_table(res / "results.parquet").to_pylist()}
+        assert done_before and all(after[k] == w for k, w in done_before.items()), done_before
         assert "_WandbLoggingActor" not in out.stderr  # no Ray noise about the W&B actor
         # offline W&B runs hold the whole trial config (a run cut by the SIGTERM may hold less)
         # (nested by YAML path since #41: the "model" key's JSON value holds "preset")

@@ -1,11 +1,11 @@
-"""End-to-end sweeps on local Ray (CPU): shared parent, injected failures, driver resume."""
+"""End-to-end sweeps on local Ray (CPU): shared parent, injected failures. (The driver stopped
+by a signal and resumed without rerunning its finished trials: test_reliability.py's SIGTERM
+test, which takes Ctrl+C's path.)"""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +14,6 @@ import yaml
 
 from sweeps.store.provenance import KEYS
 from sweeps.store.results import is_static, read_provenance
-from sweeps.testing.faults import SIM_STEP_ENV
 from tests.sweeps.tiny import tiny_base
 from tests.sweeps.wandb_files import mismatches, offline_runs
 
@@ -121,48 +120,3 @@ def test_sweep_shares_one_parent_and_survives_trial_failures(tmp_path):
     prov = json.loads((res / "summary.json").read_text())["provenance"]
     assert tuple(prov) == KEYS and read_provenance(res) == prov
     assert "## Provenance" in md and f"torch {prov['packages']['torch']}" in md
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_interrupted_driver_resumes_without_rerunning_finished_trials(tmp_path):
-    # W&B off: the offline runs are the other test's (and test_reliability's, across a resume);
-    # here they only cost each trial a W&B run to start and close
-    spec = _write(tmp_path, max_concurrent=1, logging={"wandb": {"enabled": False}})
-    log = open(tmp_path / "driver.log", "w")  # a file, not a pipe nobody drains
-    # each trial sleeps 1 s per step (8 s) in this run only (sweeps.testing.faults.stretch):
-    # trials left to interrupt when the first one's row is seen, whatever the machine's speed
-    # (unstretched, all 4 could finish between the row's flush and the Ctrl+C)
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.run", str(spec)],
-                            env=_env(tmp_path, **{SIM_STEP_ENV: "trial=1.0"}), stdout=log,
-                            stderr=subprocess.STDOUT)
-    res = tmp_path / "results" / "e2e" / "results.parquet"
-    deadline = time.time() + 300
-    done_before: dict = {}
-    while time.time() < deadline:
-        time.sleep(1)
-        if res.exists():
-            try:
-                rows = pq.read_table(res).to_pylist()
-            except Exception:
-                continue
-            ok = {r["trial_id"] for r in rows if r["status"] == "ok"}
-            if ok:
-                done_before = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows
-                               if r["trial_id"] in ok}
-                break
-    assert done_before, "no trial finished in time"
-    proc.send_signal(signal.SIGINT)  # Ctrl+C: Tune saves the experiment state and stops
-    proc.wait(timeout=180)
-    log.close()
-    rows = _rows(tmp_path)
-    assert len({r["trial_id"] for r in rows if r["status"] == "ok"}) < 4
-    out = subprocess.run([sys.executable, "-m", "sweeps.run", str(spec), "--resume"],
-                         env=_env(tmp_path), capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = _rows(tmp_path)
-    assert len({r["trial_id"] for r in rows}) == 4
-    assert all(r["status"] == "ok" for r in rows)
-    after = {(r["trial_id"], r["step"]): r["wall_s"] for r in rows}
-    for k, wall in done_before.items():  # finished trials were not rerun
-        assert after[k] == wall
