@@ -146,12 +146,8 @@ def plugins(spec: Any) -> tuple[Algorithm, Algorithm]:
 def settings_records(spec: Any) -> dict[str, Any]:
     """``{settings_key: record}`` of every algorithm that has settings (None unless it is the
     spec's): the part of ``spec.json`` the algorithms own."""
-    out = {}
-    for name in SEARCHERS:
-        p = plugin(name)
-        if p.settings_key is not None:
-            out[p.settings_key] = p.record(spec) if name == spec.algorithm else None
-    return out
+    return {p.settings_key: p.record(spec) if p.name == spec.algorithm else None
+            for p in _with_settings()}
 
 
 def _with_settings() -> list[Algorithm]:
