@@ -55,18 +55,23 @@ def resolve(spec: SweepSpec, cluster: Mapping[str, float]) -> SweepSpec:
         r, gpus=resolve_gpus(r.gpus, cluster)))
 
 
+def _autoscaler_max() -> dict[str, float]:
+    """The most resources the autoscaler's node types may bring ({}: no autoscaler config, a
+    local cluster)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001 -- no autoscaler config
+        return {}
+
+
 def ray_cluster() -> dict[str, float]:
     """The running Ray cluster's resources, GPUs counted also where only the autoscaler's
     node types have them (a cluster that starts with no GPU worker and scales up)."""
     import ray
 
-    out = dict(ray.cluster_resources())
-    try:
-        from ray._private.state import state
-
-        most = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): totals only
-        most = {}
+    out, most = dict(ray.cluster_resources()), _autoscaler_max()
     if float(most.get("GPU", 0) or 0) > float(out.get("GPU", 0) or 0):
         out["GPU"] = float(most["GPU"])
     return out
@@ -78,13 +83,7 @@ def ray_hosts() -> int:
     import ray
 
     alive = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
-    try:
-        from ray._private.state import state
-
-        most = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): none added
-        most = {}
-    now = ray.cluster_resources()
+    most, now = _autoscaler_max(), ray.cluster_resources()
     grows = any(float(most.get(k, 0) or 0) > float(now.get(k, 0) or 0) for k in ("CPU", "GPU"))
     return len(alive) + grows
 
