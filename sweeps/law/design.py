@@ -46,6 +46,12 @@ class Candidate:
     stable_flops: float = 0.0
     """The part of ``trial_flops`` in the stable phase (shared within the branch group)."""
 
+    @property
+    def own_flops(self) -> float:
+        """What it costs once its parent and stable run are paid: its decay (all of its
+        training without a branch group)."""
+        return self.trial_flops - self.stable_flops if self.branch is not None else self.trial_flops
+
 
 @dataclass
 class Ledger:
@@ -59,8 +65,7 @@ class Ledger:
         cost = 0.0 if c.parent is None or c.parent in self.parents else c.parent_flops
         if c.branch is None:
             return cost + c.trial_flops
-        paid = self.stable.get(c.branch, 0.0)
-        return cost + (c.trial_flops - c.stable_flops) + max(0.0, c.stable_flops - paid)
+        return cost + c.own_flops + max(0.0, c.stable_flops - self.stable.get(c.branch, 0.0))
 
     def add(self, c: Candidate) -> float:
         cost = self.marginal(c)
@@ -137,10 +142,6 @@ def percentile_interval(T: np.ndarray, level: float) -> tuple[float, float]:
     lo = t[int(math.floor((1 - level) / 2 * (n - 1)))]
     hi = t[int(math.ceil((1 + level) / 2 * (n - 1)))]
     return float(lo), float(hi)
-
-
-def _natural_value(cfg, t: float) -> float:
-    return t if cfg.target == "alpha3" else math.exp(t)
 
 
 class LawDesign:
@@ -318,7 +319,7 @@ class LawDesign:
         T = np.array([_ln_target(self.cfg, self.law, s) for s in samples])
         lo, hi = percentile_interval(T, self.cfg.ci)
         t0 = _ln_target(self.cfg, self.law, r.params)
-        value, lo, hi = (_natural_value(self.cfg, v) for v in (t0, lo, hi))
+        value, lo, hi = (v if self.cfg.target == "alpha3" else math.exp(v) for v in (t0, lo, hi))
         # the calibrated widening (law.widen), in ln(target) about the estimate, before the
         # stopping rule: every report and the state file carry the widened interval
         lo, hi = widen(value, lo, hi, self.widen)
@@ -487,7 +488,7 @@ class LawDesign:
         the package's total gain per total FLOP rises (gains conditioned on the members already
         in, as in a batch)."""
         best, best_score = [avail[0]], -math.inf
-        decay = {i: self._own_cost(self.candidates[i]) for i in avail}
+        decay = {i: self.candidates[i].own_flops for i in avail}
         for h in avail:
             ch = self.candidates[h]
             fixed = led.marginal(ch) - decay[h]
@@ -513,12 +514,6 @@ class LawDesign:
     def _gain(self, C: np.ndarray, i: int) -> float:
         h, v = self._obs(C, i)
         return float(h[0] ** 2 / v)
-
-    @staticmethod
-    def _own_cost(c: Candidate) -> float:
-        """What a candidate costs once its parent and stable run are paid: its decay (all of its
-        training without a branch group)."""
-        return c.trial_flops - c.stable_flops if c.branch is not None else c.trial_flops
 
     @staticmethod
     def _serves(head: Candidate, other: Candidate) -> bool:
