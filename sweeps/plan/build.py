@@ -1,18 +1,10 @@
 """The sweep plan: every grid trial with its TrainConfig, the distinct parents, the WSD branch
-groups and the compute estimates, built once from the spec before Ray starts.
+groups (000 §3.1) and the compute estimates, built once from the spec before Ray starts.
 
-``build_plan(spec)`` is the only place a grid point becomes a ``TrialPlan``; the driver, the
-parent tasks and the trainable read the plan (``plan.trial(point)``), and nothing downstream
-re-derives a trial's config, parent or branch. Points sampled at run time (random / Optuna
-knobs) get their ``TrialPlan`` from the same function when their trial starts.
-
-WSD branches (000 §3.1): trials that differ only in their token budget D share one stable-phase
-run, trained once with a checkpoint where each budget's decay starts; each trial then runs only
-its decay. Under ``algorithm: law`` the same groups are planned but nothing is trained up front:
-a trial trains its group's stable run only as far as its own decay start, extending what earlier
-trials trained (``extends_stable``). A branch equals, bit for bit on CPU, the single WSD run of
-its budget (``tests/moe_core/test_train.py``), so results are unchanged while stable tokens are
-paid once.
+``build_plan(spec)`` is the only place a grid point becomes a ``TrialPlan`` (a point sampled at run
+time gets its own from :func:`plan_trial` when its trial starts): nothing downstream re-derives a
+trial's config, parent or branch. docs/sweeps.md ("The plan", "WSD branches") says how branches
+and a law search's on-demand stable runs (:func:`extends_stable`) are trained.
 """
 
 from __future__ import annotations
