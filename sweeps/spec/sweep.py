@@ -1,13 +1,9 @@
 """Sweep specs: YAML → validated frozen dataclasses, before Ray starts.
 
-A spec has a ``base`` trial config (the ``moe_core.train`` format), a ``search`` space over dotted
-keys of it (:mod:`sweeps.spec.space`), and how to search (algorithm, scheduler, samples, resources,
-logging, results). The YAML is decoded in one ``moe_core.configio.decode`` call into
-``_SpecFile``, which mirrors it key for key with every part typed (``search``, ``scheduler`` and
-``prune`` decoded by their validators; the algorithm's own settings block, e.g. ``law:``, by its
-plug-in), and moved into a :class:`SweepSpec`. Building the plan (``sweeps.plan.build``) builds
-and so validates every trial config. Every rule raises ``SearchSpaceError`` naming the YAML key
-and the fix.
+The YAML is decoded once (``moe_core.configio.decode``) into ``_SpecFile``, its mirror key for
+key, and moved into a :class:`SweepSpec` (docs/design.md). Building the plan
+(``sweeps.plan.build``) builds and so validates every trial config. Every rule raises
+``SearchSpaceError`` naming the YAML key and the fix.
 """
 
 from __future__ import annotations
