@@ -372,9 +372,9 @@ class LawDesign:
     # ---- proposals -----------------------------------------------------------------------
 
     def propose(self, k: int) -> list[int]:
-        """The ``k`` candidates that most shrink Var(target) per FLOP (see the module's
-        docstring), chosen as packages (:meth:`_best_package`); uncertainty sampling per FLOP
-        while too few resamples have a finite target."""
+        """The ``k`` candidates that most shrink Var(target) per FLOP (docs/law-search.md),
+        chosen as packages (:meth:`_best_package`); uncertainty sampling per FLOP while too few
+        resamples have a finite target."""
         avail = self._available()
         room = min(k, self.max_trials - self.issued, len(avail))
         if room <= 0:
