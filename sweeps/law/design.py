@@ -153,14 +153,9 @@ class LawDesign:
     _noise = NoiseComponents(1e-4, 0.0, 0)
     _load: np.ndarray | None = None
 
-    @property
-    def widen(self) -> float:
-        """``law.widen``: the calibrated factor the target's interval is widened by (1: none;
-        a config from before the key: 1)."""
-        return self._widen()[0]
-
     def _widen(self) -> tuple[float, str]:
-        """``law.widen`` resolved (``auto``: calibrated for the noise model) and its source."""
+        """``law.widen`` resolved (``auto``: calibrated for the noise model; a config from before
+        the key: 1), the factor the target's interval is widened by, and its source."""
         cfg = self.cfg
         return resolve_widen(getattr(cfg, "widen", 1.0), noise_model_name(
             getattr(cfg, "noise", "groups"), getattr(cfg, "length", None)))
@@ -322,7 +317,8 @@ class LawDesign:
         value, lo, hi = (v if self.cfg.target == "alpha3" else math.exp(v) for v in (t0, lo, hi))
         # the calibrated widening (law.widen), in ln(target) about the estimate, before the
         # stopping rule: every report and the state file carry the widened interval
-        lo, hi = widen(value, lo, hi, self.widen)
+        factor, source = self._widen()
+        lo, hi = widen(value, lo, hi, factor)
         est = Estimate(value, lo, hi, len(pts), dict(r.params))
         self.estimate = est
         if not by_group:
@@ -331,8 +327,7 @@ class LawDesign:
                                           0.0, 0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
-                             "widen": self.widen,
-                             "widen_source": self._widen()[1],
+                             "widen": factor, "widen_source": source,
                              "noise": {"sigma": math.sqrt(self._noise.total),
                                        "icc": self._noise.icc,
                                        "by": "groups" if by_group else "trials",
@@ -564,11 +559,9 @@ def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
             if i is None:
                 break
             batch.append(i)
-        if not batch:
-            if not design.pending:
-                if design.estimate is None or len(design.observed) > design.estimate.n_trials:
-                    design.refit()
-                return design
-            continue
+        if not batch:  # nothing pending either: every issued candidate was in a batch
+            if design.estimate is None or len(design.observed) > design.estimate.n_trials:
+                design.refit()
+            return design
         for i in batch:
             design.observe(i, evaluate(design.candidates[i]))
