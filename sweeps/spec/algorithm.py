@@ -1,12 +1,7 @@
 """The search algorithm and the trial scheduler as plug-ins: one interface, :class:`Algorithm`,
-and a registry keyed by the spec's ``algorithm`` and ``scheduler`` names.
-
-The shape is Ray Tune's (a ``Searcher`` / ``TrialScheduler`` per algorithm, found by name in
-``ray.tune.search.SEARCH_ALG_IMPORT``) and Optuna's (``BaseSampler``): the driver asks the
-spec's two plug-ins for everything that differs between algorithms (the Tune searcher and
-scheduler, what is trained up front, the trial cap, the searcher's saved state, the after-run
-report) and holds no algorithm-specific branch. A plug-in's module is imported on first use,
-and builds Ray's objects only when asked: ``--dry-run`` imports neither torch nor Ray.
+and a registry keyed by the spec's ``algorithm`` and ``scheduler`` names (docs/design.md, "Search
+algorithms and schedulers are plug-ins"). A plug-in's module is imported on first use and builds
+Ray's objects only when asked: ``--dry-run`` imports neither torch nor Ray.
 """
 
 from __future__ import annotations
