@@ -179,14 +179,9 @@ def parent_ranks(spec: SweepSpec, child: TrainConfig, gpus: float, waiting_gpus:
 def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
     """(task, {resource: amount}) of every kind of task the sweep starts (a resolved spec)."""
     r = spec.resources
-    t = task_options(spec)
-    task = {"CPU": t["num_cpus"], "GPU": t["num_gpus"]}
-    if r.ranks > 1:
-        rows = [("trial (Tune)", {k: v for k, v in MULTI_RANK_TOKEN.items() if v}),
-                (f"trial rank (x{r.ranks})", {"CPU": r.cpus, "GPU": _gpus(r)})]
-    else:
-        tr = trial_resources(spec)
-        rows = [("trial", {"CPU": tr["cpu"], "GPU": tr["gpu"]})]
+    task = {"CPU": r.cpus, "GPU": _gpus(r)}  # one rank's: a trial (rank), parent or stable run
+    rows = [("trial (Tune)", {k: v for k, v in MULTI_RANK_TOKEN.items() if v}),
+            (f"trial rank (x{r.ranks})", task)] if r.ranks > 1 else [("trial", task)]
     pr = r.parent_ranks
     return rows + [("parent" if pr == 1 else f"parent rank (x{pr})" if pr != AUTO else
                     "parent rank (auto)", task),
