@@ -1,12 +1,9 @@
 """What each task of a sweep reserves from Ray, and who sees a GPU.
 
-``resources.gpus: auto`` (the default) is one GPU per trial rank, parent task and stable-run
-task when the Ray cluster has GPUs (now, or in its autoscaler's node types), else none; the
-driver resolves it once Ray starts (:func:`resolve`), ``--dry-run`` against this machine
-(:func:`local_cluster`). Work that reserves no GPU must not see one: since Ray 2.48 a zero-GPU
-task keeps the parent's ``CUDA_VISIBLE_DEVICES`` (ray#54868) and would train on ``cuda:0``
-unreserved, so :data:`WORKER_ENV` sets Ray's own opt-out,
-``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (docs/gpu.md).
+``resources.gpus: auto`` is one GPU per trial rank, parent task and stable-run task when the Ray
+cluster has GPUs (:func:`resolve`; ``--dry-run``: :func:`local_cluster`), else none. Since Ray 2.48
+a zero-GPU task keeps the parent's ``CUDA_VISIBLE_DEVICES`` (ray#54868) and would train on
+``cuda:0`` unreserved: :data:`WORKER_ENV` sets Ray's opt-out (docs/gpu.md).
 """
 
 from __future__ import annotations
