@@ -204,13 +204,6 @@ def bf16_weights(cfg: TrainConfig, gpus: float | str) -> bool:
     return _bf16(cfg, gpus) and cfg.optim.resolved_bf16_mode() != "torch_autocast"
 
 
-def checkpoint_bytes_per_param(cfg: TrainConfig, gpus: float) -> int:
-    """Bytes a checkpoint holds per parameter: the weights plus AdamW's two fp32 moments, and
-    with bf16 weights (:func:`bf16_weights`) DeepSpeed's fp32 master copy besides them: 4 + 8 =
-    12 in fp32 and under ``torch_autocast``, 2 + 4 + 8 = 14 with bf16 weights."""
-    return 14 if bf16_weights(cfg, gpus) else 12
-
-
 def tied_copy_bytes(m: Any) -> int:
     """A checkpoint stores tied embeddings twice (``tok_emb`` and ``lm_head``: safetensors
     refuses shared tensors, ``moe_core.train.checkpoint`` writes a copy), in fp32: V·D·4 bytes
@@ -255,7 +248,9 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     def size(cfg: TrainConfig) -> tuple[int, int]:
         m = cfg.model_config()
         n = count_params(m).total
-        return n, n * checkpoint_bytes_per_param(cfg, gpus) + tied_copy_bytes(m)
+        # per parameter: the weights and AdamW's two fp32 moments, 4 + 8 = 12 in fp32 and under
+        # torch_autocast; with bf16 weights DeepSpeed's fp32 master besides them, 2 + 4 + 8 = 14
+        return n, n * (14 if bf16_weights(cfg, gpus) else 12) + tied_copy_bytes(m)
 
     sizes = [size(t.config) for t in plan.trials] or [(0, 0)]
     params, biggest = max(sizes, key=lambda x: x[1])
