@@ -46,6 +46,12 @@ class Candidate:
     stable_flops: float = 0.0
     """The part of ``trial_flops`` in the stable phase (shared within the branch group)."""
 
+    @property
+    def own_flops(self) -> float:
+        """What it costs once its parent and stable run are paid: its decay (all of its
+        training without a branch group)."""
+        return self.trial_flops - self.stable_flops if self.branch is not None else self.trial_flops
+
 
 @dataclass
 class Ledger:
@@ -59,8 +65,7 @@ class Ledger:
         cost = 0.0 if c.parent is None or c.parent in self.parents else c.parent_flops
         if c.branch is None:
             return cost + c.trial_flops
-        paid = self.stable.get(c.branch, 0.0)
-        return cost + (c.trial_flops - c.stable_flops) + max(0.0, c.stable_flops - paid)
+        return cost + c.own_flops + max(0.0, c.stable_flops - self.stable.get(c.branch, 0.0))
 
     def add(self, c: Candidate) -> float:
         cost = self.marginal(c)
@@ -139,10 +144,6 @@ def percentile_interval(T: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _natural_value(cfg, t: float) -> float:
-    return t if cfg.target == "alpha3" else math.exp(t)
-
-
 class LawDesign:
     """The searcher's state and decisions, free of Ray: candidates, observations, refits,
     proposals and the stopping rule (``cfg`` is a :class:`sweeps.law.config.LawSearchConfig`)."""
@@ -152,14 +153,9 @@ class LawDesign:
     _noise = NoiseComponents(1e-4, 0.0, 0)
     _load: np.ndarray | None = None
 
-    @property
-    def widen(self) -> float:
-        """``law.widen``: the calibrated factor the target's interval is widened by (1: none;
-        a config from before the key: 1)."""
-        return self._widen()[0]
-
     def _widen(self) -> tuple[float, str]:
-        """``law.widen`` resolved (``auto``: calibrated for the noise model) and its source."""
+        """``law.widen`` resolved (``auto``: calibrated for the noise model; a config from before
+        the key: 1), the factor the target's interval is widened by, and its source."""
         cfg = self.cfg
         return resolve_widen(getattr(cfg, "widen", 1.0), noise_model_name(
             getattr(cfg, "noise", "groups"), getattr(cfg, "length", None)))
@@ -318,10 +314,11 @@ class LawDesign:
         T = np.array([_ln_target(self.cfg, self.law, s) for s in samples])
         lo, hi = percentile_interval(T, self.cfg.ci)
         t0 = _ln_target(self.cfg, self.law, r.params)
-        value, lo, hi = (_natural_value(self.cfg, v) for v in (t0, lo, hi))
+        value, lo, hi = (v if self.cfg.target == "alpha3" else math.exp(v) for v in (t0, lo, hi))
         # the calibrated widening (law.widen), in ln(target) about the estimate, before the
         # stopping rule: every report and the state file carry the widened interval
-        lo, hi = widen(value, lo, hi, self.widen)
+        factor, source = self._widen()
+        lo, hi = widen(value, lo, hi, factor)
         est = Estimate(value, lo, hi, len(pts), dict(r.params))
         self.estimate = est
         if not by_group:
@@ -330,8 +327,7 @@ class LawDesign:
                                           0.0, 0)
         self._ensemble = self._predictions(samples, self._proposal_targets(samples, T, est))
         self.history.append({"trials": len(pts), "flops": self.spent, **est.to_dict(),
-                             "widen": self.widen,
-                             "widen_source": self._widen()[1],
+                             "widen": factor, "widen_source": source,
                              "noise": {"sigma": math.sqrt(self._noise.total),
                                        "icc": self._noise.icc,
                                        "by": "groups" if by_group else "trials",
@@ -371,9 +367,9 @@ class LawDesign:
     # ---- proposals -----------------------------------------------------------------------
 
     def propose(self, k: int) -> list[int]:
-        """The ``k`` candidates that most shrink Var(target) per FLOP (see the module's
-        docstring), chosen as packages (:meth:`_best_package`); uncertainty sampling per FLOP
-        while too few resamples have a finite target."""
+        """The ``k`` candidates that most shrink Var(target) per FLOP (docs/law-search.md),
+        chosen as packages (:meth:`_best_package`); uncertainty sampling per FLOP while too few
+        resamples have a finite target."""
         avail = self._available()
         room = min(k, self.max_trials - self.issued, len(avail))
         if room <= 0:
@@ -487,7 +483,7 @@ class LawDesign:
         the package's total gain per total FLOP rises (gains conditioned on the members already
         in, as in a batch)."""
         best, best_score = [avail[0]], -math.inf
-        decay = {i: self._own_cost(self.candidates[i]) for i in avail}
+        decay = {i: self.candidates[i].own_flops for i in avail}
         for h in avail:
             ch = self.candidates[h]
             fixed = led.marginal(ch) - decay[h]
@@ -513,12 +509,6 @@ class LawDesign:
     def _gain(self, C: np.ndarray, i: int) -> float:
         h, v = self._obs(C, i)
         return float(h[0] ** 2 / v)
-
-    @staticmethod
-    def _own_cost(c: Candidate) -> float:
-        """What a candidate costs once its parent and stable run are paid: its decay (all of its
-        training without a branch group)."""
-        return c.trial_flops - c.stable_flops if c.branch is not None else c.trial_flops
 
     @staticmethod
     def _serves(head: Candidate, other: Candidate) -> bool:
@@ -569,11 +559,9 @@ def run_design(design: LawDesign, evaluate: Callable[[Candidate], float | None],
             if i is None:
                 break
             batch.append(i)
-        if not batch:
-            if not design.pending:
-                if design.estimate is None or len(design.observed) > design.estimate.n_trials:
-                    design.refit()
-                return design
-            continue
+        if not batch:  # nothing pending either: every issued candidate was in a batch
+            if design.estimate is None or len(design.observed) > design.estimate.n_trials:
+                design.refit()
+            return design
         for i in batch:
             design.observe(i, evaluate(design.candidates[i]))

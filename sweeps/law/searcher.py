@@ -71,8 +71,7 @@ class LawSearcher(Searcher):
         # Tune asks for no trial past its sample count, so the refit after the last trial
         # happens here, not in suggest()
         self.design.settle()
-        self._announce()
-        self._persist()
+        self.flush()
 
     def _announce(self) -> None:
         """A progress line per new refit (the searcher runs in the sweep's driver)."""

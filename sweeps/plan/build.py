@@ -1,18 +1,10 @@
 """The sweep plan: every grid trial with its TrainConfig, the distinct parents, the WSD branch
-groups and the compute estimates, built once from the spec before Ray starts.
+groups (000 §3.1) and the compute estimates, built once from the spec before Ray starts.
 
-``build_plan(spec)`` is the only place a grid point becomes a ``TrialPlan``; the driver, the
-parent tasks and the trainable read the plan (``plan.trial(point)``), and nothing downstream
-re-derives a trial's config, parent or branch. Points sampled at run time (random / Optuna
-knobs) get their ``TrialPlan`` from the same function when their trial starts.
-
-WSD branches (000 §3.1): trials that differ only in their token budget D share one stable-phase
-run, trained once with a checkpoint where each budget's decay starts; each trial then runs only
-its decay. Under ``algorithm: law`` the same groups are planned but nothing is trained up front:
-a trial trains its group's stable run only as far as its own decay start, extending what earlier
-trials trained (``extends_stable``). A branch equals, bit for bit on CPU, the single WSD run of
-its budget (``tests/moe_core/test_train.py``), so results are unchanged while stable tokens are
-paid once.
+``build_plan(spec)`` is the only place a grid point becomes a ``TrialPlan`` (a point sampled at run
+time gets its own from :func:`plan_trial` when its trial starts): nothing downstream re-derives a
+trial's config, parent or branch. docs/sweeps.md ("The plan", "WSD branches") says how branches
+and a law search's on-demand stable runs (:func:`extends_stable`) are trained.
 """
 
 from __future__ import annotations
@@ -212,13 +204,6 @@ def bf16_weights(cfg: TrainConfig, gpus: float | str) -> bool:
     return _bf16(cfg, gpus) and cfg.optim.resolved_bf16_mode() != "torch_autocast"
 
 
-def checkpoint_bytes_per_param(cfg: TrainConfig, gpus: float) -> int:
-    """Bytes a checkpoint holds per parameter: the weights plus AdamW's two fp32 moments, and
-    with bf16 weights (:func:`bf16_weights`) DeepSpeed's fp32 master copy besides them: 4 + 8 =
-    12 in fp32 and under ``torch_autocast``, 2 + 4 + 8 = 14 with bf16 weights."""
-    return 14 if bf16_weights(cfg, gpus) else 12
-
-
 def tied_copy_bytes(m: Any) -> int:
     """A checkpoint stores tied embeddings twice (``tok_emb`` and ``lm_head``: safetensors
     refuses shared tensors, ``moe_core.train.checkpoint`` writes a copy), in fp32: V·D·4 bytes
@@ -263,7 +248,9 @@ def disk_estimate(spec: SweepSpec, plan: SweepPlan) -> DiskEstimate:
     def size(cfg: TrainConfig) -> tuple[int, int]:
         m = cfg.model_config()
         n = count_params(m).total
-        return n, n * checkpoint_bytes_per_param(cfg, gpus) + tied_copy_bytes(m)
+        # per parameter: the weights and AdamW's two fp32 moments, 4 + 8 = 12 in fp32 and under
+        # torch_autocast; with bf16 weights DeepSpeed's fp32 master besides them, 2 + 4 + 8 = 14
+        return n, n * (14 if bf16_weights(cfg, gpus) else 12) + tied_copy_bytes(m)
 
     sizes = [size(t.config) for t in plan.trials] or [(0, 0)]
     params, biggest = max(sizes, key=lambda x: x[1])

@@ -1,17 +1,7 @@
-"""The cost forecast of ``--dry-run``: GPU-hours, wall time and money, from a throughput table.
-
-``sweeps/plan/throughput.json`` (shipped in the package) holds one entry per preset × MoE shape ×
-device: tokens/s, peak memory and, for a measured entry, where and when it was measured
-(``bench/update_throughput.py`` writes them from ``bench/gpu_session.sh``'s JSON; nobody edits
-measured figures by hand). A trial's throughput is, in this order of preference:
-
-1. ``measured``: the entry of its own preset × MoE shape on the device;
-2. ``scaled``: the FLOP/s another measured entry on the same device sustained, divided by this
-   trial's FLOPs per token;
-3. ``assumed``: ``ASSUMED_MFU`` of the device's bf16 dense peak (``DEVICES``).
-
-FLOPs per token count the whole step (PaLM, App. B, as ``bench/train_step.py`` does):
-6·N_active + 6·V·d (LM head) + 12·L·d·S (attention scores). Every figure says which it used.
+"""The cost forecast of ``--dry-run``: GPU-hours, wall time and money, from the throughput table
+``sweeps/plan/throughput.json`` (written by ``bench/update_throughput.py``; nobody edits measured
+figures by hand). A trial's throughput is measured, scaled or assumed, in that order
+(:func:`rate`; docs/preflight-and-cost.md), and every figure says which it used.
 """
 
 from __future__ import annotations
@@ -103,8 +93,8 @@ def _achieved(e: Mapping[str, Any]) -> float | None:
 
 def rate(table: Iterable[Mapping[str, Any]], device: str, preset: str, shape: str,
          fpt: float) -> Rate:
-    """Tokens/s of one accelerator (or one CPU trial) for ``preset`` × ``shape`` (see the
-    module docstring for the order of preference)."""
+    """Tokens/s of one accelerator (or one CPU trial) for ``preset`` × ``shape``: its own
+    measured entry, else scaled from the nearest measured one, else ``ASSUMED_MFU`` of the peak."""
     dev = [e for e in table if e["device"] == device]
     for e in dev:  # an entry with measured: null is a placeholder (assumed until measured)
         if e["preset"] == preset and e["moe"] == shape and e.get("measured"):

@@ -1,11 +1,7 @@
 """Checks run by ``--dry-run`` and before every launch: mistakes that would otherwise surface only
-inside trials (after minutes, on GPU nodes started for nothing).
-
-Each failure is one line naming the spec's YAML key and the fix (:class:`Problem`): data and
-tokenizer files, vocabulary against a checkpoint's embedding, a checkpoint's weights against its
-config.json, the calibration, writable results, disk and memory estimates against what is
-there, and a cluster's custom resources (the table in docs/preflight-and-cost.md). No Ray, no
-torch work here: it reads file headers only.
+inside trials (after minutes, on GPU nodes started for nothing). Each failure is one line naming
+the spec's YAML key and the fix (:class:`Problem`; the table in docs/preflight-and-cost.md). No
+Ray, no torch work here: it reads file headers only.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """What each task of a sweep reserves from Ray, and who sees a GPU.
 
-``resources.gpus: auto`` (the default) is one GPU per trial rank, parent task and stable-run
-task when the Ray cluster has GPUs (now, or in its autoscaler's node types), else none; the
-driver resolves it once Ray starts (:func:`resolve`), ``--dry-run`` against this machine
-(:func:`local_cluster`). Work that reserves no GPU must not see one: since Ray 2.48 a zero-GPU
-task keeps the parent's ``CUDA_VISIBLE_DEVICES`` (ray#54868) and would train on ``cuda:0``
-unreserved, so :data:`WORKER_ENV` sets Ray's own opt-out,
-``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (docs/gpu.md).
+``resources.gpus: auto`` is one GPU per trial rank, parent task and stable-run task when the Ray
+cluster has GPUs (:func:`resolve`; ``--dry-run``: :func:`local_cluster`), else none. Since Ray 2.48
+a zero-GPU task keeps the parent's ``CUDA_VISIBLE_DEVICES`` (ray#54868) and would train on
+``cuda:0`` unreserved: :data:`WORKER_ENV` sets Ray's opt-out (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -55,18 +52,23 @@ def resolve(spec: SweepSpec, cluster: Mapping[str, float]) -> SweepSpec:
         r, gpus=resolve_gpus(r.gpus, cluster)))
 
 
+def _autoscaler_max() -> dict[str, float]:
+    """The most resources the autoscaler's node types may bring ({}: no autoscaler config, a
+    local cluster)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001 -- no autoscaler config
+        return {}
+
+
 def ray_cluster() -> dict[str, float]:
     """The running Ray cluster's resources, GPUs counted also where only the autoscaler's
     node types have them (a cluster that starts with no GPU worker and scales up)."""
     import ray
 
-    out = dict(ray.cluster_resources())
-    try:
-        from ray._private.state import state
-
-        most = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): totals only
-        most = {}
+    out, most = dict(ray.cluster_resources()), _autoscaler_max()
     if float(most.get("GPU", 0) or 0) > float(out.get("GPU", 0) or 0):
         out["GPU"] = float(most["GPU"])
     return out
@@ -78,13 +80,7 @@ def ray_hosts() -> int:
     import ray
 
     alive = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
-    try:
-        from ray._private.state import state
-
-        most = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001 -- no autoscaler config (a local cluster): none added
-        most = {}
-    now = ray.cluster_resources()
+    most, now = _autoscaler_max(), ray.cluster_resources()
     grows = any(float(most.get(k, 0) or 0) > float(now.get(k, 0) or 0) for k in ("CPU", "GPU"))
     return len(alive) + grows
 
@@ -180,14 +176,9 @@ def parent_ranks(spec: SweepSpec, child: TrainConfig, gpus: float, waiting_gpus:
 def reservations(spec: SweepSpec) -> list[tuple[str, dict[str, float]]]:
     """(task, {resource: amount}) of every kind of task the sweep starts (a resolved spec)."""
     r = spec.resources
-    t = task_options(spec)
-    task = {"CPU": t["num_cpus"], "GPU": t["num_gpus"]}
-    if r.ranks > 1:
-        rows = [("trial (Tune)", {k: v for k, v in MULTI_RANK_TOKEN.items() if v}),
-                (f"trial rank (x{r.ranks})", {"CPU": r.cpus, "GPU": _gpus(r)})]
-    else:
-        tr = trial_resources(spec)
-        rows = [("trial", {"CPU": tr["cpu"], "GPU": tr["gpu"]})]
+    task = {"CPU": r.cpus, "GPU": _gpus(r)}  # one rank's: a trial (rank), parent or stable run
+    rows = [("trial (Tune)", {k: v for k, v in MULTI_RANK_TOKEN.items() if v}),
+            (f"trial rank (x{r.ranks})", task)] if r.ranks > 1 else [("trial", task)]
     pr = r.parent_ranks
     return rows + [("parent" if pr == 1 else f"parent rank (x{pr})" if pr != AUTO else
                     "parent rank (auto)", task),

@@ -1,14 +1,7 @@
-"""When each job of a sweep starts: a list schedule over a pool of GPUs (or CPU trial slots).
-
-Two policies, the one the driver runs (``sweeps.run.driver``):
-
-- ``barrier``: every parent trains first, then the trials, longest first (Graham's LPT list
-  schedule; the driver's fallback);
-- ``own_parent``: every parent starts at once, then the trials take GPUs in the plan's order (as
-  Tune starts them), each training as soon as its own parent is ready; a trial whose parent
-  still trains holds its GPUs meanwhile (it waits in its set-up), as it does in the driver.
-
-Pure: the ``--dry-run`` forecast (``sweeps.plan.cost``) and the tests use it without Ray.
+"""When each job of a sweep starts: a list schedule over a pool of GPUs (or CPU trial slots),
+under the driver's two policies, ``barrier`` (every parent first, then the trials, longest first:
+Graham's LPT) and ``own_parent`` (each trial, in Tune's order, once its own parent is ready,
+holding its GPUs while it waits); docs/preflight-and-cost.md. Pure: no Ray.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The search algorithm and the trial scheduler as plug-ins: one interface, :class:`Algorithm`,
-and a registry keyed by the spec's ``algorithm`` and ``scheduler`` names.
-
-The shape is Ray Tune's (a ``Searcher`` / ``TrialScheduler`` per algorithm, found by name in
-``ray.tune.search.SEARCH_ALG_IMPORT``) and Optuna's (``BaseSampler``): the driver asks the
-spec's two plug-ins for everything that differs between algorithms (the Tune searcher and
-scheduler, what is trained up front, the trial cap, the searcher's saved state, the after-run
-report) and holds no algorithm-specific branch. A plug-in's module is imported on first use,
-and builds Ray's objects only when asked: ``--dry-run`` imports neither torch nor Ray.
+and a registry keyed by the spec's ``algorithm`` and ``scheduler`` names (docs/design.md, "Search
+algorithms and schedulers are plug-ins"). A plug-in's module is imported on first use and builds
+Ray's objects only when asked: ``--dry-run`` imports neither torch nor Ray.
 """
 
 from __future__ import annotations
@@ -146,12 +141,8 @@ def plugins(spec: Any) -> tuple[Algorithm, Algorithm]:
 def settings_records(spec: Any) -> dict[str, Any]:
     """``{settings_key: record}`` of every algorithm that has settings (None unless it is the
     spec's): the part of ``spec.json`` the algorithms own."""
-    out = {}
-    for name in SEARCHERS:
-        p = plugin(name)
-        if p.settings_key is not None:
-            out[p.settings_key] = p.record(spec) if name == spec.algorithm else None
-    return out
+    return {p.settings_key: p.record(spec) if p.name == spec.algorithm else None
+            for p in _with_settings()}
 
 
 def _with_settings() -> list[Algorithm]:

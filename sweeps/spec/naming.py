@@ -1,10 +1,6 @@
-"""Readable, filesystem-safe Tune trial folder names: ``<trial_id>_lr=3e-05_top_k=2_seed=0``.
-
-Ray's default folder name rounds small values (``peak=0.0000``) and runs long; this one keeps
-three significant digits (``3e-05``), names each knob by the shortest unambiguous tail of its
-key, and stays unique through the trial id it starts with. Used as Tune's
-``trial_dirname_creator`` (``sweeps.run.driver``), so a trial's checkpoints sit under
-``results/<sweep>/tune/<this name>/checkpoint_…``.
+"""Readable, filesystem-safe Tune trial folder names (``trial_dirname_creator``):
+``<trial_id>_lr=3e-05_top_k=2_seed=0``, where Ray's default rounds small values (``peak=0.0000``);
+docs/results-and-export.md gives the rules.
 """
 
 from __future__ import annotations

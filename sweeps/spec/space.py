@@ -1,16 +1,10 @@
 """A sweep's search space: each knob a dotted key into the trial config with one distribution.
 
-The distributions form a small family of frozen dataclasses (``Grid``, ``Choice``, ``Uniform``,
-``LogUniform``, ``IntRange``, ``Expr``; as Optuna's ``distributions.py``), each knowing its YAML
-form (``parse``), its Ray Tune form (``tune()``, Ray imported only there) and its corners: the
-values validation builds a trial config for (every grid or choice value, the bounds of a
-range). ``SearchSpace`` holds the knobs and the seeds and enumerates the grid.
-
-Dotted keys (``get_dotted`` / ``set_dotted``) and ``eval_expr``, the bounded arithmetic of an
-``expr`` knob (numbers, + - * / // % **, min, max, round, int and dotted config keys, bounded so
-that no spec can make it run long or overflow), are here too.
-
-Torch- and Ray-free: a spec is read and refused before any training stack is imported.
+The distributions are frozen dataclasses (``Grid``, ``Choice``, ``Uniform``, ``LogUniform``,
+``IntRange``, ``Expr``; as Optuna's ``distributions.py``), each knowing its YAML form (``parse``),
+its Ray Tune form (``tune()``, Ray imported only there) and its corners: the values validation
+builds a trial config for. ``SearchSpace`` holds the knobs and the seeds and enumerates the grid;
+:func:`eval_expr` is the bounded arithmetic of an ``expr`` knob. Torch- and Ray-free at import.
 """
 
 from __future__ import annotations
@@ -31,6 +25,12 @@ DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
 _err = SearchSpaceError  # the one-line refusals below
 
 
+def _ray_tune() -> Any:
+    from ray import tune  # noqa: PLC0415 (Ray: only when a sweep runs)
+
+    return tune
+
+
 @dataclass(frozen=True, slots=True)
 class Distribution:
     """One searched knob: a dotted key into the base config and its distribution."""
@@ -48,13 +48,15 @@ class Distribution:
     """The YAML name: grid | choice | uniform | loguniform | int | expr."""
     sampled: ClassVar[bool] = False
     """Drawn at run time by the searcher (random, optuna), not enumerated as a grid."""
+    tune_fn: ClassVar[str] = ""
+    """The ``ray.tune`` function that makes its Tune form (``tune()``)."""
 
     def applies(self, config: dict[str, Any]) -> bool:
         return all(get_dotted(config, k) in allowed for k, allowed in self.when)
 
     def tune(self) -> Any:
         """The Ray Tune form of the distribution (None: resolved per trial, not searched)."""
-        raise NotImplementedError
+        return getattr(_ray_tune(), self.tune_fn)(*self.values)
 
     def corners(self) -> tuple[Any, ...]:
         """The values validation builds a trial config for."""
@@ -68,6 +70,9 @@ class Distribution:
 
 @dataclass(frozen=True, slots=True)
 class _Listed(Distribution):
+    def tune(self) -> Any:
+        return getattr(_ray_tune(), self.tune_fn)(list(self.values))
+
     @classmethod
     def parse(cls, key: str, v: Any, when: tuple) -> Distribution:
         if not isinstance(v, list) or not v:
@@ -80,11 +85,7 @@ class Grid(_Listed):
     """Every value, each a trial (``tune.grid_search``)."""
 
     kind: ClassVar[str] = "grid"
-
-    def tune(self) -> Any:
-        from ray import tune  # noqa: PLC0415 (Ray: only when a sweep runs)
-
-        return tune.grid_search(list(self.values))
+    tune_fn: ClassVar[str] = "grid_search"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +94,7 @@ class Choice(_Listed):
 
     kind: ClassVar[str] = "choice"
     sampled: ClassVar[bool] = True
-
-    def tune(self) -> Any:
-        from ray import tune  # noqa: PLC0415
-
-        return tune.choice(list(self.values))
+    tune_fn: ClassVar[str] = "choice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +124,7 @@ class Uniform(_Range):
     """A float drawn uniformly in [low, high] (``tune.uniform``)."""
 
     kind: ClassVar[str] = "uniform"
-
-    def tune(self) -> Any:
-        from ray import tune  # noqa: PLC0415
-
-        return tune.uniform(*self.values)
+    tune_fn: ClassVar[str] = "uniform"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +132,7 @@ class LogUniform(_Range):
     """A float drawn uniformly in log space over [low, high], low > 0 (``tune.loguniform``)."""
 
     kind: ClassVar[str] = "loguniform"
-
-    def tune(self) -> Any:
-        from ray import tune  # noqa: PLC0415
-
-        return tune.loguniform(*self.values)
+    tune_fn: ClassVar[str] = "loguniform"
 
     @classmethod
     def check_bounds(cls, key: str, v: Any, lo: float, hi: float) -> None:
@@ -159,9 +148,7 @@ class IntRange(_Range):
     kind: ClassVar[str] = "int"
 
     def tune(self) -> Any:
-        from ray import tune  # noqa: PLC0415
-
-        return tune.randint(int(self.values[0]), int(self.values[1]) + 1)
+        return _ray_tune().randint(int(self.values[0]), int(self.values[1]) + 1)
 
     def corners(self) -> tuple[Any, ...]:
         return int(self.values[0]), int(self.values[1])
@@ -308,19 +295,8 @@ class SearchSpace:
         """Ray Tune's ``param_space``: each searched knob's Tune form, the seeds as a grid."""
         space = {p.key: p.tune() for p in self.params if not isinstance(p, Expr)}
         if self.seeds:
-            from ray import tune  # noqa: PLC0415
-
-            space["seed"] = tune.grid_search(list(self.seeds))
+            space["seed"] = _ray_tune().grid_search(list(self.seeds))
         return space
-
-
-# ---- the bounded arithmetic of ``expr`` knobs and dotted keys into nested configs ------------
-
-MAX_EXPR_CHARS = 500
-EXPR_MAX_VALUE = 1e18
-"""Largest magnitude an ``expr`` operand or result may have."""
-EXPR_MAX_EXPONENT = 64
-"""Largest magnitude of an exponent in ``expr`` (``9**9**9**9`` would never finish)."""
 
 
 # ---- dotted keys -------------------------------------------------------------------------------
@@ -347,6 +323,11 @@ def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
 
 # ---- safe arithmetic for expr knobs -------------------------------------------------------------
 
+MAX_EXPR_CHARS = 500
+EXPR_MAX_VALUE = 1e18
+"""Largest magnitude an ``expr`` operand or result may have."""
+EXPR_MAX_EXPONENT = 64
+"""Largest magnitude of an exponent in ``expr`` (``9**9**9**9`` would never finish)."""
 _OPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow,

@@ -1,13 +1,9 @@
 """Sweep specs: YAML → validated frozen dataclasses, before Ray starts.
 
-A spec has a ``base`` trial config (the ``moe_core.train`` format), a ``search`` space over dotted
-keys of it (:mod:`sweeps.spec.space`), and how to search (algorithm, scheduler, samples, resources,
-logging, results). The YAML is decoded in one ``moe_core.configio.decode`` call into
-``_SpecFile``, which mirrors it key for key with every part typed (``search``, ``scheduler`` and
-``prune`` decoded by their validators; the algorithm's own settings block, e.g. ``law:``, by its
-plug-in), and moved into a :class:`SweepSpec`. Building the plan (``sweeps.plan.build``) builds
-and so validates every trial config. Every rule raises ``SearchSpaceError`` naming the YAML key
-and the fix.
+The YAML is decoded once (``moe_core.configio.decode``) into ``_SpecFile``, its mirror key for
+key, and moved into a :class:`SweepSpec` (docs/design.md). Building the plan
+(``sweeps.plan.build``) builds and so validates every trial config. Every rule raises
+``SearchSpaceError`` naming the YAML key and the fix.
 """
 
 from __future__ import annotations
@@ -434,11 +430,12 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
         raise _err(f"unknown top-level key {shown(unknown[0], 100)}; known: "
                    f"{', '.join(sorted(top_keys()))}")
     f = decode(_SpecFile, _as_file(raw), "", SearchSpaceError)
+    check_uri(f.results, "results")
     spec = SweepSpec(
         name=f.sweep, base=f.base, search=f.search, algorithm=f.algorithm,
         scheduler=f.scheduler[0], asha=f.scheduler[1], num_samples=f.num_samples,
         metric=f.metric, mode=f.mode, resources=f.resources, max_concurrent=f.max_concurrent,
-        wandb=f.logging.wandb or WandbConfig(), results=_results_root(f.results),
+        wandb=f.logging.wandb or WandbConfig(), results=local_form(f.results, "results"),
         max_failures=f.failure.max_failures, seeds=f.seeds, description=f.description,
         path=path, wsd_branches=f.wsd_branches, storage=f.storage, checkpoint=f.checkpoint,
         export=f.export, prune=f.prune, budget=f.budget,
@@ -479,12 +476,6 @@ def _check_counts(spec: SweepSpec) -> None:
         raise _err(f"validating the search builds {grid:,} grid point(s) × {corners:,} "
                    f"combinations of the sampled knobs' values and bounds, more than "
                    f"{MAX_TRIALS:,} trial configs; list fewer choice values or shrink the grid")
-
-
-def _results_root(results: str) -> str:
-    """``results:``, checked (``sweeps.storage.check_uri``); ``file:///PATH`` as ``/PATH``."""
-    check_uri(results, "results")
-    return local_form(results, "results")
 
 
 def _search_override(raw: dict[str, Any], key: str, value: str) -> None:

@@ -1,9 +1,5 @@
-"""A spec's trials: grid points, the trial config of a search point, and building them all.
-
-``build_configs`` is the validation of a spec's search: every grid point (and the corners of
-every sampled range) must make a valid trial config. ``sweeps.plan.build.build_plan`` calls it
-and takes the configs it built, so that each is built once and nothing is kept on the spec.
-"""
+"""A spec's trials: grid points, the trial config of a search point, and building them all
+(:func:`build_configs`, the validation of a spec's search, once per config)."""
 
 from __future__ import annotations
 

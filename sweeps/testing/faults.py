@@ -7,7 +7,8 @@ it did, so the restarted trial runs through, and ``.resumed-<trial>`` holds the 
 restarted trial's first report (the eval after the checkpoint it resumed from; 0 if it had
 none). The driver swaps this in for ``tune.report`` only when the variable is set; the
 trainable and its reporter know nothing of it. ``UPCYCLE_SWEEPS_REPORT_COST_S=S`` makes every
-report claim S seconds of work (``CostedReport``): trials of known cost for the budget's test.
+report claim S seconds of work (``CostedReport``: ``time_this_iter_s``, which Tune keeps when a
+trial reports it): trials of known cost for the budget's tests (``sweeps.run.budget``).
 ``UPCYCLE_SWEEPS_HOLD_AT_STEP=S`` holds every trial once after its report of step S until the
 test releases it (``HoldReport``): the preemption test's disruptions at a known step.
 ``UPCYCLE_SWEEPS_OOM_AFTER=N`` makes the first trial of the sweep to reach its N-th report eat
@@ -15,7 +16,8 @@ memory until Ray's memory monitor kills it (``MemoryHog``; a marker ``.oom-once`
 cache says it did, so no other trial, and no retry, eats again).
 ``UPCYCLE_SWEEPS_SIM_STEP_S=parent=S,trial=T`` simulates durations: every parent (trial) run,
 tiny as it is, lasts S (T) seconds per optimizer step longer (``Stretch``): the scheduling
-proof on the local fake cluster (``tests/sweeps/test_schedule_cluster.py``).
+proof on the local fake cluster (``tests/sweeps/test_schedule_cluster.py``); a kind not named
+is not slowed.
 """
 
 from __future__ import annotations
@@ -32,14 +34,9 @@ from moe_core.train.callbacks import Callback
 
 FAIL_ONCE_ENV = "UPCYCLE_SWEEPS_FAIL_ONCE_AFTER"
 HOLD_ENV = "UPCYCLE_SWEEPS_HOLD_AT_STEP"
-"""Step after whose report every single-rank trial waits once for the test (``HoldReport``)."""
 COST_ENV = "UPCYCLE_SWEEPS_REPORT_COST_S"
-"""Seconds of work every report claims (``time_this_iter_s``, which Tune keeps when a trial
-reports it): simulated trials of known cost for the budget's tests (``sweeps.run.budget``)."""
 OOM_AFTER_ENV = "UPCYCLE_SWEEPS_OOM_AFTER"
 SIM_STEP_ENV = "UPCYCLE_SWEEPS_SIM_STEP_S"
-"""``parent=S,trial=T``: seconds each optimizer step of a parent (trial) run is made to last
-longer (``stretch``); a kind not named is not slowed."""
 HOG_STEP = 64 << 20  # bytes the hog takes at a time
 HOG_SPARE = 3 << 30  # it never takes the node below this much available memory
 
@@ -143,16 +140,16 @@ def report_function(marker_dir: str | Path, report: Any = None,
     (``trial_id`` names the trial where Tune's context does not: a Ray Train worker)."""
     from ray import tune
 
-    after, cost = os.environ.get(FAIL_ONCE_ENV), os.environ.get(COST_ENV)
-    report = CostedReport(float(cost), report or tune.report) if cost else report
+    report = report or tune.report
+    if os.environ.get(COST_ENV):
+        report = CostedReport(float(os.environ[COST_ENV]), report)
     if os.environ.get(HOLD_ENV):
-        report = HoldReport(int(os.environ[HOLD_ENV]), marker_dir, report or tune.report,
-                            trial_id)
+        report = HoldReport(int(os.environ[HOLD_ENV]), marker_dir, report, trial_id)
     if os.environ.get(OOM_AFTER_ENV):
-        report = MemoryHog(int(os.environ[OOM_AFTER_ENV]), marker_dir, report or tune.report)
-    if not after:
-        return report or tune.report
-    return FailOnceReport(int(after), marker_dir, report, trial_id)
+        report = MemoryHog(int(os.environ[OOM_AFTER_ENV]), marker_dir, report)
+    if os.environ.get(FAIL_ONCE_ENV):
+        report = FailOnceReport(int(os.environ[FAIL_ONCE_ENV]), marker_dir, report, trial_id)
+    return report
 
 
 class Stretch(Callback):
