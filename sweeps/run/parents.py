@@ -76,13 +76,6 @@ class StableRun:
 MANIFEST = "stable.json"
 
 
-def _file_lock(path: Path) -> FileLock:
-    """The node-local lock of a parent or stable-run folder (a kernel flock, dropped with its
-    process; its folder made if absent). No timeout: a trial waits as long as another trial
-    trains the parent or stable run it needs, for hours if need be."""
-    return FileLock(path)
-
-
 def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:
     """What goes into the object store: numpy arrays + small metadata, and the AdamW state
     only when a trial replicates experts from it (003 §3)."""
@@ -152,20 +145,19 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
     cached = cached_parent(cache_dir / key, key)  # a damaged entry: moved aside, retrained
     if cached is not None:
         return cached
-    with _file_lock(cache_dir / f"{key}.lock"):
+    # a node-local kernel flock, dropped with its process; no timeout: a trial waits as long as
+    # another trains the parent or stable run it needs, for hours if need be
+    with FileLock(cache_dir / f"{key}.lock"):
         state, trained = train_parent(cfg, cache_dir)
     if trained:
         publish(remote and remote / key, cache_dir / key, "meta.json")
     return state
 
 
-def task_options(spec: SweepSpec) -> dict[str, Any]:
-    """Ray resources of a parent or stable-run task: those of one trial rank (a multi-rank
-    spec's ``resources`` are per worker, and these tasks train on one rank), GPUs included,
-    so a task never trains on a GPU that Ray has lent to a trial. The tasks are declared with
-    ``max_calls=1`` (a ``@ray.remote`` option, not an ``.options()`` one): their worker
-    process exits when the task is done, so its CUDA context and cached memory go with it."""
-    return resources.task_options(spec)
+# a parent or stable-run task holds one trial rank's resources, GPUs included; the tasks are
+# declared ``max_calls=1`` (a ``@ray.remote`` option): their worker exits when done, so its CUDA
+# context and cached memory go with it
+task_options = resources.task_options
 
 
 def hashing_stage(child: TrainConfig) -> str:
@@ -538,7 +530,7 @@ def extend_stable(t: TrialPlan, parent: ParentState | None, out_dir: Path,
     own divergence, as a grid trial does when its group's stable run diverged."""
     target, every = t.decay_start, t.config.eval.every_steps
     budgets = {**(budgets or {}), t.config.tokens: target}
-    with _file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+    with FileLock(out_dir.parent / f"{out_dir.name}.lock"):  # as get_parent's
         m = read_manifest(out_dir)
         if m["diverged_at"] is not None and m["diverged_at"] <= target:
             return None
