@@ -14,11 +14,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,21 +116,18 @@ def run_lock(folder: str | Path) -> RunLock:
     return LocalRunLock(folder)
 
 
-class held:
+@contextlib.contextmanager
+def held(folder: str | Path, say: Callable[[str], None] = print) -> Iterator[RunLock]:
     """``with held(folder, say): ...``: :func:`run_lock` acquired (its takeover message passed
     to ``say``) and released at the end."""
-
-    def __init__(self, folder: str | Path, say: Callable[[str], None] = print):
-        self.lock, self.say = run_lock(folder), say
-
-    def __enter__(self) -> RunLock:
-        msg = self.lock.acquire()
-        if msg:
-            self.say(msg)
-        return self.lock
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lock.release()
+    lock = run_lock(folder)
+    msg = lock.acquire()
+    if msg:
+        say(msg)
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 LOCAL_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -320,7 +318,6 @@ def preflight(spec: Any, plan: Any) -> list[str]:
         if not Path(spec.asha.calibration).exists():
             raise SearchSpaceError(f"scheduler.calibration={spec.asha.calibration!r} does not "
                                    "exist; point it at a finished WSD sweep's results")
-
         try:
             load_calibration(spec.asha.calibration)
         except UpcycleError:
