@@ -146,10 +146,6 @@ def activate(ledger: Ledger, say: Callable[[str], None]) -> None:
     _active[:] = [(ledger, say)]
 
 
-def active() -> Ledger | None:
-    return _active[0][0] if _active else None
-
-
 def stopped_by() -> str | None:
     """The limit that stopped this sweep, if one did."""
     return _active[0][0].stopped if _active else None
