@@ -5,18 +5,10 @@ carried inside a dict, so Ray does not resolve it early); when the object is gon
 died) a trial reads the parent's disk cache instead, training it under a file lock only if the
 cache lacks it. Each WSD stable run (``plan.BranchGroup``) is trained once with a checkpoint where
 each of its token budgets' decay starts; its manifest (``stable.json``) lets a rerun reuse it.
-Under ``algorithm: law`` nothing is trained up front: ``extend_stable`` trains a group's stable
-run, in the trial that first needs it, only as far as that trial's decay start, resuming from the
-furthest checkpoint earlier trials left (under the group's file lock; the manifest is rewritten
-atomically at each new checkpoint).
-
-On object storage (``storage.parent_cache`` or ``results`` a URL; ``sweeps.store.storage``) every
-parent and stable run is trained in a node-local staging folder and then published to the
-bucket file by file through the HMAC-signing filesystem (``sweeps.store.signing``), its manifest
-(``meta.json``, ``stable.json``) last; a node that lacks one fetches it (verified) into its own
-staging folder. The file lock is node-local there: parents and stable runs are trained by the
-driver's tasks, and a trial trains one only when its object is lost and the bucket lacks it
-(two nodes may then train the same content-hashed parent twice; both copies are identical).
+Under ``algorithm: law`` a trial extends its group's stable run on demand (``extend_stable``;
+docs/law-search.md). On object storage every parent and stable run is trained in a node-local
+staging folder and published file by file, its manifest last (docs/storage.md); the file lock is
+node-local there, so two nodes may train the same content-hashed parent twice (both identical).
 """
 
 from __future__ import annotations
