@@ -171,11 +171,7 @@ class PostDecayPredictor:
                            c.lrs, c.decay_start, c.tokens_per_step)
 
     def observe(self, step: int, loss: float) -> float:
-        c = self.curve
-        keep = [i for i, s in enumerate(c.steps) if s < step]  # a replayed eval replaces
-        self.curve = Curve(tuple(c.steps[i] for i in keep) + (int(step),),
-                           tuple(c.losses[i] for i in keep) + (float(loss),),
-                           c.lrs, c.decay_start, c.tokens_per_step)
+        self.seed([(step, loss)])  # a replayed eval replaces the evals from its step on
         if not math.isfinite(loss):
             return math.nan
         return predict_final(self.curve, self.cal, self.method)
