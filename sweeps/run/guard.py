@@ -1,15 +1,9 @@
 """One run per results folder, a resume that runs what it says, and checks before anything moves.
 
-- :func:`run_lock`: a lock on ``results/<sweep>/`` for the run's life: ``fcntl.flock`` on
-  ``.run.lock`` (holding the holder as JSON) locally, the lease of :mod:`sweeps.store.lease` on
-  object storage (:data:`LOCKS`). A second run is refused in one line naming the holder; a lock
-  whose holder is gone is taken over with a message.
-- :func:`check_resume_spec` / :func:`record_spec`: what decides the trials and how they are
-  judged is recorded in ``spec.json``; ``--resume`` with a changed or unreadable record is
-  refused in one line naming every changed key (``--force-spec`` resumes anyway).
-- :func:`preflight`: what can be checked before previous results move to ``previous/``
-  (``parent.from_pretrained`` checkpoints, the calibration, writer folders that symbolic links
-  would take outside the results folder).
+:func:`held` locks the results folder for the run's life (a second run is refused in one line
+naming the holder; a dead holder's lock is taken over with a message); :func:`check_resume_spec`
+refuses a ``--resume`` whose spec differs from the recorded ``spec.json``; :func:`preflight`
+checks what it can before previous results move to ``previous/``.
 """
 
 from __future__ import annotations
