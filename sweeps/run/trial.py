@@ -1,13 +1,10 @@
 """The Tune function trainable: one trial = one ``moe_core.train.Trainer`` run on the DeepSpeed
 engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, several.
 
-The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
-parent from the object store or the disk cache, its WSD stable run from the driver or, under
-``algorithm: law``, from extending the group's on demand (``sweeps.run.parents``). Every evaluation
-is reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
-(``CheckpointCadence``: every n-th eval, every m minutes, the last step), so a failed trial
-restarts from its last checkpoint and replays the evals after it, and a resumed sweep reruns
-nothing finished. A diverged trial, single- or multi-rank, reports a final row with
+The trial's ``TrialPlan`` comes from the sweep plan, its parent and WSD stable run from
+``sweeps.run.parents``. Every evaluation is reported, with a checkpoint where the spec's
+``checkpoint:`` cadence says so (:class:`CheckpointCadence`): a failed trial restarts from its
+last checkpoint and replays the evals after it. A diverged trial reports a final row with
 ``status="diverged"`` and ends normally.
 """
 
