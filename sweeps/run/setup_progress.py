@@ -2,17 +2,11 @@
 
 Set-up (parent, data, model, DeepSpeed engine, knob audit, the first eval that compiles) can take
 minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
-:class:`SetupBoard`, which keeps the stages and their start times in a hidden node-local JSON
-file (``<parent cache>/.setup/<sweep>/<trial_id>.json``); the driver's line for a trial with no
-eval yet reads it (:func:`setup_line`): the stage (i of n), its seconds and the set-up's, and an
-ETA: the median of the sweep's earlier set-ups, each scaled by this trial's parameter bytes over
-its own (set-up moves the weights a few times).
-
-A trial on another node writes its file on that node, so each board also goes to Ray's GCS
-internal key-value store (namespace :data:`KV_NAMESPACE`, key ``<sweep>/<trial_id>``, the board's
-JSON), which every node and the driver reach; the driver reads both (:func:`lines_for`). The
-store is advisory, like the file: a GCS call that fails or takes over :data:`KV_TIMEOUT_S` is
-skipped. Nothing of it reaches ``results.parquet``.
+:class:`SetupBoard`, kept in a hidden node-local JSON file
+(``<parent cache>/.setup/<sweep>/<trial_id>.json``) and, for a driver on another node, in Ray's
+GCS internal key-value store (key ``<sweep>/<trial_id>``); the driver's line for a trial with no
+eval yet reads both (:func:`lines_for`), with an ETA from the sweep's earlier set-ups
+(:func:`eta_s`). Advisory: nothing of it reaches ``results.parquet``.
 """
 
 from __future__ import annotations
