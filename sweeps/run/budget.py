@@ -1,13 +1,8 @@
 """The enforced budget: what a sweep has spent, and the stop at 100 % of a limit.
 
-:class:`Ledger` (pure) counts device-seconds: each reported eval's ``time_this_iter_s`` times the
-trial's devices (ranks × GPUs; a CPU trial counts 1), so replayed work after a retry counts
-again, as it was paid for again, plus the parents' training, plus what earlier runs spent
-(``summary.json``'s ``budget.spent``). The results callback is restored from its pickle on
-``--resume``, so it charges the active ledger through :func:`charge` and :func:`tick`: the limits
-in force are always this run's. At 80 % it warns once; at 100 % it stops the sweep through Tune's
-graceful interrupt (``SIGUSR1``): rows and checkpoints are kept and the cut trials get status
-``budget`` (docs/preflight-and-cost.md).
+What is counted, the 80 % warning and the stop: docs/preflight-and-cost.md. :class:`Ledger` is
+pure. The results callback is restored from its pickle on ``--resume``, so it charges the active
+ledger through :func:`charge` and :func:`tick`: the limits in force are always this run's.
 """
 
 from __future__ import annotations
@@ -144,10 +139,6 @@ _active: list[tuple[Ledger, Callable[[str], None]]] = []
 def activate(ledger: Ledger, say: Callable[[str], None]) -> None:
     """Make ``ledger`` the one :func:`charge` and :func:`tick` use (this driver process)."""
     _active[:] = [(ledger, say)]
-
-
-def active() -> Ledger | None:
-    return _active[0][0] if _active else None
 
 
 def stopped_by() -> str | None:

@@ -5,17 +5,10 @@ A reused Tune actor runs trial after trial in one process, and dynamo's cache is
 them: after a few differently shaped trials a frame reaches ``recompile_limit`` and runs eager
 from then on, while ``model.compiled`` still says true (measured on CPU: the 5th trial of
 E/K/seq/micro-batch variants). :func:`start_trial` resets dynamo and its counters at each
-trial's start; :func:`snapshot` is what the trial's rows carry:
-
-- ``compile.graphs``: FX graphs dynamo produced (``counters["stats"]["unique_graphs"]``);
-- ``compile.graph_breaks``: graph breaks met while tracing (``counters["graph_break"]``);
-- ``compile.recompiles``: compilations of a frame beyond its first (guard failures: new shapes,
-  eval/no-grad, a new dtype);
-- ``compile.limit_hit``: whether some frame reached ``recompile_limit`` and fell back to eager.
-
-All four are counted since the trial started (its restart after a failure starts again).
-Dynamo itself is imported only where something compiled: in a process that never loaded
-``torch._dynamo`` nothing was compiled, so there is nothing to reset and every count is 0.
+trial's start (and restart); :func:`snapshot` is the ``compile.*`` columns the trial's rows
+carry (docs/gpu.md, "Compilation, per trial"). Dynamo itself is imported only where something
+compiled: in a process that never loaded ``torch._dynamo`` nothing was compiled, so there is
+nothing to reset and every count is 0.
 """
 
 from __future__ import annotations

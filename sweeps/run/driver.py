@@ -96,11 +96,6 @@ def static_keys(plan: SweepPlan) -> list[str]:
     return sorted(keys)
 
 
-def searcher(spec: SweepSpec, plan: SweepPlan, results_dir: Results | None = None) -> Any:
-    """Tune's ``search_alg`` for the spec's algorithm (None: Tune's variant generator)."""
-    return plugin(spec.algorithm).searcher(spec, plan, results_dir)
-
-
 def scheduler(spec: SweepSpec) -> Any:
     """Tune's ``scheduler`` for the spec's scheduler (None: FIFO)."""
     return plugin(spec.scheduler).scheduler(spec)
@@ -242,34 +237,32 @@ def state_save_period(trials: int) -> float:
 
 
 @contextlib.contextmanager
-def tune_settings(conc: int, trials: int) -> Iterator[None]:
-    """Tune's settings read from the environment when ``fit`` starts (a value the user set is
-    kept): as many pending trials as may run at once (:func:`pending_trials`), and the
-    experiment-state save period scaled to the sweep (:func:`state_save_period`)."""
-    key = "TUNE_GLOBAL_CHECKPOINT_S"
+def _env_default(key: str, value: str) -> Iterator[None]:
+    """``key`` set to ``value`` for the block unless the user set it (then kept as is)."""
     before = os.environ.get(key)
-    os.environ.setdefault(key, f"{state_save_period(trials):g}")
+    os.environ.setdefault(key, value)
     try:
-        with pending_trials(conc):
-            yield
+        yield
     finally:
         if before is None:
             os.environ.pop(key, None)
 
 
 @contextlib.contextmanager
-def pending_trials(conc: int) -> Iterator[None]:
+def tune_settings(conc: int, trials: int) -> Iterator[None]:
+    """Tune's settings read from the environment when ``fit`` starts (a value the user set is
+    kept): as many pending trials as may run at once (:func:`pending_trials`), and the
+    experiment-state save period scaled to the sweep (:func:`state_save_period`)."""
+    with _env_default("TUNE_GLOBAL_CHECKPOINT_S", f"{state_save_period(trials):g}"), \
+            pending_trials(conc):
+        yield
+
+
+def pending_trials(conc: int) -> contextlib.AbstractContextManager[None]:
     """Let as many trials wait for resources as may run at once, whatever the searcher: an
     autoscaler sees only the pending trials' resource requests, and Tune lets a custom
-    searcher's trials pend one at a time by default. A value the user set is kept."""
-    key = "TUNE_MAX_PENDING_TRIALS_PG"
-    before = os.environ.get(key)
-    os.environ.setdefault(key, str(conc))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
+    searcher's trials pend one at a time by default."""
+    return _env_default("TUNE_MAX_PENDING_TRIALS_PG", str(conc))
 
 
 OLDER_STATE = (AttributeError, ImportError, TypeError)

@@ -1,24 +1,19 @@
 """One run per results folder, a resume that runs what it says, and checks before anything moves.
 
-- :func:`run_lock`: a lock on ``results/<sweep>/`` for the run's life: ``fcntl.flock`` on
-  ``.run.lock`` (holding the holder as JSON) locally, the lease of :mod:`sweeps.store.lease` on
-  object storage (:data:`LOCKS`). A second run is refused in one line naming the holder; a lock
-  whose holder is gone is taken over with a message.
-- :func:`check_resume_spec` / :func:`record_spec`: what decides the trials and how they are
-  judged is recorded in ``spec.json``; ``--resume`` with a changed or unreadable record is
-  refused in one line naming every changed key (``--force-spec`` resumes anyway).
-- :func:`preflight`: what can be checked before previous results move to ``previous/``
-  (``parent.from_pretrained`` checkpoints, the calibration, writer folders that symbolic links
-  would take outside the results folder).
+:func:`held` locks the results folder for the run's life (a second run is refused in one line
+naming the holder; a dead holder's lock is taken over with a message); :func:`check_resume_spec`
+refuses a ``--resume`` whose spec differs from the recorded ``spec.json``; :func:`preflight`
+checks what it can before previous results move to ``previous/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,21 +110,18 @@ def run_lock(folder: str | Path) -> RunLock:
     return LocalRunLock(folder)
 
 
-class held:
+@contextlib.contextmanager
+def held(folder: str | Path, say: Callable[[str], None] = print) -> Iterator[RunLock]:
     """``with held(folder, say): ...``: :func:`run_lock` acquired (its takeover message passed
     to ``say``) and released at the end."""
-
-    def __init__(self, folder: str | Path, say: Callable[[str], None] = print):
-        self.lock, self.say = run_lock(folder), say
-
-    def __enter__(self) -> RunLock:
-        msg = self.lock.acquire()
-        if msg:
-            self.say(msg)
-        return self.lock
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lock.release()
+    lock = run_lock(folder)
+    msg = lock.acquire()
+    if msg:
+        say(msg)
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 LOCAL_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -320,7 +312,6 @@ def preflight(spec: Any, plan: Any) -> list[str]:
         if not Path(spec.asha.calibration).exists():
             raise SearchSpaceError(f"scheduler.calibration={spec.asha.calibration!r} does not "
                                    "exist; point it at a finished WSD sweep's results")
-
         try:
             load_calibration(spec.asha.calibration)
         except UpcycleError:

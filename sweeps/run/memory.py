@@ -3,10 +3,8 @@
 Ray fails an actor task whose worker its memory monitor killed with
 ``ray.exceptions.OutOfMemoryError`` (ray#29736), which Tune's actor manager does not expect: it
 raised out of ``Tuner.fit`` and took every other trial with it. :func:`survive_oom` hands Tune the
-error as the actor death it is (:class:`KilledForMemory`, a ``RayActorError``), so the trial ends
-or retries, the sweep goes on and the row says ``oom`` with the node's figures. What still
-escapes for memory (an actor of Tune's own) stops the sweep in one line (:func:`stop_outcome`),
-every row kept, ``--resume`` continues (docs/reliability.md).
+error as the actor death it is; what still escapes for memory stops the sweep in one line
+(:func:`stop_outcome`). What the user sees: docs/reliability.md.
 """
 
 from __future__ import annotations

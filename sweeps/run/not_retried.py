@@ -1,17 +1,10 @@
 """Deterministic configuration errors inside a trial fail it once, in one line, without retries.
 
 Tune retries every exception a trainable raises (``FailureConfig(max_failures)``), and Ray 2.60
-has no per-exception opt-out. A ``ConfigError`` (a missing data file, a tokenizer that does not
-fit, a checkpoint that does not match its config: every retry would fail the same way, after
-the same minutes) is therefore caught here and becomes the trial's last row, ``status="failed"``
-with the error's one line as ``reason``; the trial then ends without raising, so Tune neither
-retries it nor prints a traceback, and the driver prints that line (``sweeps.run.driver``) and
-counts the trial as failed (the sweep exits 1). Anything else (a node lost, out of memory) is
-raised as before and retried.
-
-Multi-rank trials: each Ray Train worker catches it the same way (``sweeps.run.trial.
-_train_worker``) and reports the failed row instead of raising, so Ray Train ends normally and
-nothing is retried.
+has no per-exception opt-out. A ``ConfigError`` would fail every retry the same way, after the
+same minutes, so it becomes the trial's last row, ``status="failed"``, and the trial ends
+without raising; anything else is retried as before (docs/preflight-and-cost.md, "Configuration
+errors inside a trial are not retried"). Multi-rank trials: ``sweeps.run.trial._train_worker``.
 """
 
 from __future__ import annotations

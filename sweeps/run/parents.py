@@ -5,18 +5,10 @@ carried inside a dict, so Ray does not resolve it early); when the object is gon
 died) a trial reads the parent's disk cache instead, training it under a file lock only if the
 cache lacks it. Each WSD stable run (``plan.BranchGroup``) is trained once with a checkpoint where
 each of its token budgets' decay starts; its manifest (``stable.json``) lets a rerun reuse it.
-Under ``algorithm: law`` nothing is trained up front: ``extend_stable`` trains a group's stable
-run, in the trial that first needs it, only as far as that trial's decay start, resuming from the
-furthest checkpoint earlier trials left (under the group's file lock; the manifest is rewritten
-atomically at each new checkpoint).
-
-On object storage (``storage.parent_cache`` or ``results`` a URL; ``sweeps.store.storage``) every
-parent and stable run is trained in a node-local staging folder and then published to the
-bucket file by file through the HMAC-signing filesystem (``sweeps.store.signing``), its manifest
-(``meta.json``, ``stable.json``) last; a node that lacks one fetches it (verified) into its own
-staging folder. The file lock is node-local there: parents and stable runs are trained by the
-driver's tasks, and a trial trains one only when its object is lost and the bucket lacks it
-(two nodes may then train the same content-hashed parent twice; both copies are identical).
+Under ``algorithm: law`` a trial extends its group's stable run on demand (``extend_stable``;
+docs/law-search.md). On object storage every parent and stable run is trained in a node-local
+staging folder and published file by file, its manifest last (docs/storage.md); the file lock is
+node-local there, so two nodes may train the same content-hashed parent twice (both identical).
 """
 
 from __future__ import annotations
@@ -74,13 +66,6 @@ class StableRun:
 
 
 MANIFEST = "stable.json"
-
-
-def _file_lock(path: Path) -> FileLock:
-    """The node-local lock of a parent or stable-run folder (a kernel flock, dropped with its
-    process; its folder made if absent). No timeout: a trial waits as long as another trial
-    trains the parent or stable run it needs, for hours if need be."""
-    return FileLock(path)
 
 
 def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:
@@ -152,20 +137,19 @@ def get_parent(cfg: TrainConfig, key: str | None, parents: dict[str, Any],
     cached = cached_parent(cache_dir / key, key)  # a damaged entry: moved aside, retrained
     if cached is not None:
         return cached
-    with _file_lock(cache_dir / f"{key}.lock"):
+    # a node-local kernel flock, dropped with its process; no timeout: a trial waits as long as
+    # another trains the parent or stable run it needs, for hours if need be
+    with FileLock(cache_dir / f"{key}.lock"):
         state, trained = train_parent(cfg, cache_dir)
     if trained:
         publish(remote and remote / key, cache_dir / key, "meta.json")
     return state
 
 
-def task_options(spec: SweepSpec) -> dict[str, Any]:
-    """Ray resources of a parent or stable-run task: those of one trial rank (a multi-rank
-    spec's ``resources`` are per worker, and these tasks train on one rank), GPUs included,
-    so a task never trains on a GPU that Ray has lent to a trial. The tasks are declared with
-    ``max_calls=1`` (a ``@ray.remote`` option, not an ``.options()`` one): their worker
-    process exits when the task is done, so its CUDA context and cached memory go with it."""
-    return resources.task_options(spec)
+# a parent or stable-run task holds one trial rank's resources, GPUs included; the tasks are
+# declared ``max_calls=1`` (a ``@ray.remote`` option): their worker exits when done, so its CUDA
+# context and cached memory go with it
+task_options = resources.task_options
 
 
 def hashing_stage(child: TrainConfig) -> str:
@@ -538,7 +522,7 @@ def extend_stable(t: TrialPlan, parent: ParentState | None, out_dir: Path,
     own divergence, as a grid trial does when its group's stable run diverged."""
     target, every = t.decay_start, t.config.eval.every_steps
     budgets = {**(budgets or {}), t.config.tokens: target}
-    with _file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+    with FileLock(out_dir.parent / f"{out_dir.name}.lock"):  # as get_parent's
         m = read_manifest(out_dir)
         if m["diverged_at"] is not None and m["diverged_at"] <= target:
             return None

@@ -1,18 +1,10 @@
 """Acting on a preemption notice inside a Tune *function* trial.
 
-The autoscaler turns a cloud's reclaim warning into a GCS drain of the node (reason
-``PREEMPTION``, a deadline), which ``ray.train.get_preemption_info`` sees only inside Ray Train
-workers. So :class:`PreemptionWatch`, a ``moe_core`` training callback, polls the GCS for
-draining nodes (``get_draining_nodes``, as Ray Train's own watcher does) every
-``checkpoint.preemption_poll_s`` from a thread; when its node drains, the loop stops at the next
-step boundary, evaluates, checkpoints and reports, and the trial raises :class:`Preempted`. Tune
-restarts it from that checkpoint on another node: nothing trained is lost (docs/cluster.md).
-
-A multi-rank trial (``sweeps.run.trial.run_multi_rank``) may span nodes, and its ranks must stop
-at the same step. Each rank watches its own node, and :class:`RankWatch` makes them agree: every
-``every`` steps (the same step on every rank) one all-reduce of a 4-number flag, never between,
-so the GPU path gets no host sync per step; rank 0 sets ``every`` from its step time so that the
-all-reduce comes about once per ``poll_s``.
+A cloud's reclaim warning reaches Ray as a GCS drain of the node, which
+``ray.train.get_preemption_info`` sees only inside Ray Train workers: :class:`PreemptionWatch`
+polls for it from a thread, and the trial checkpoints, reports and raises :class:`Preempted`, so
+Tune restarts it from that checkpoint on another node. :class:`RankWatch` makes the ranks of a
+multi-rank trial stop at the same step. Described in docs/cluster.md, "With a preemption notice".
 """
 
 from __future__ import annotations
@@ -146,14 +138,10 @@ MAX_SYNC_STEPS = 10_000
 
 
 class RankWatch(Callback):
-    """One rank's part of a multi-rank trial's agreement on a preemption notice: ``watch``
-    polls this rank's node; at every ``every``-th step boundary all ranks all-reduce (max) the
-    tensor [notice seen, steps to the next agreement (rank 0's), seconds since the notice,
-    -deadline], on ``device`` (the ranks' process group's: CUDA under NCCL). A notice on any
-    rank's node stops every rank at that step: they evaluate and checkpoint together (the
-    cadence's ``now`` is :meth:`due`) and each raises ``Preempted`` (:meth:`check`). ``every``
-    is ``poll_s`` over rank 0's measured step time, 1 to :data:`MAX_SYNC_STEPS`; no collective
-    runs between agreements."""
+    """One rank's part of a multi-rank trial's agreement on a preemption notice (docs/cluster.md):
+    ``watch`` polls this rank's node; at every ``every``-th step boundary all ranks all-reduce
+    (max) [notice seen, rank 0's ``every``, seconds since the notice, -deadline] on ``device``
+    (the ranks' process group's: CUDA under NCCL); no collective runs between agreements."""
 
     def __init__(self, watch: PreemptionWatch, rank: int, device: Any = "cpu",
                  clock: Callable[[], float] = time.monotonic):

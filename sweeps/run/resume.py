@@ -28,6 +28,18 @@ def _refuse(what: str, why: str) -> UnsoundStateError:
         "from a copy, or start afresh without --resume (the old run moves to previous/)")
 
 
+def _unpickle(fs: pafs.FileSystem, path: str, loads: Any, why: str = "") -> Any:
+    """``path`` unpickled as Tune reads it (``loads``); refused in one line when unreadable."""
+    try:
+        with fs.open_input_stream(path) as f:
+            return loads(f.read())
+    except UpcycleError:  # a signature refused: its own one line
+        raise
+    except Exception as e:  # noqa: BLE001 - any decoding error: a truncated or garbage file
+        raise _refuse(path, f"is unreadable ({type(e).__name__}: {shown(str(e), 120)}){why}") \
+            from None
+
+
 def check_tune_state(where: str, fs: pafs.FileSystem | None) -> str:
     """The newest experiment state file under Tune's folder ``where`` (in ``fs``, local when
     None), read and unpickled as Tune will: refused in one line when absent or unreadable.
@@ -44,14 +56,7 @@ def check_tune_state(where: str, fs: pafs.FileSystem | None) -> str:
             from None
     if newest is None:
         raise _refuse(where, "holds tuner.pkl but no experiment_state-*.json")
-    try:
-        with fs.open_input_stream(newest) as f:
-            state = _loads_with_cloudpickle(f.read())  # as Tune reads it
-    except UpcycleError:  # a signature refused: its own one line
-        raise
-    except Exception as e:  # noqa: BLE001 - any decoding error: a garbage file
-        raise _refuse(newest, f"is unreadable ({type(e).__name__}: {shown(str(e), 120)})") \
-            from None
+    state = _unpickle(fs, newest, _loads_with_cloudpickle)
     if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) \
             or not isinstance(state.get("runner_data"), dict):
         raise _refuse(newest, "is not Tune experiment state")
@@ -79,16 +84,8 @@ def _check_search_state(where: str, fs: pafs.FileSystem) -> None:
         return  # check_tune_state listed the folder already: nothing new to say
     for prefix in SEARCH_STATE:
         found = sorted(n for n in names if n.rsplit("/", 1)[-1].startswith(prefix))
-        if not found:
-            continue
-        try:
-            with fs.open_input_stream(found[-1]) as f:
-                cloudpickle.loads(f.read())  # as Tune reads it (_load_newest_checkpoint)
-        except UpcycleError:  # a signature refused: its own one line
-            raise
-        except Exception as e:  # noqa: BLE001 - a truncated or garbage file
-            raise _refuse(found[-1], f"is unreadable ({type(e).__name__}: "
-                          f"{shown(str(e), 120)}); Tune would restart the search") from None
+        if found:  # as Tune reads it (_load_newest_checkpoint)
+            _unpickle(fs, found[-1], cloudpickle.loads, "; Tune would restart the search")
 
 
 def rebind(tuner: Any, callbacks: list[Any], stop: Any, search_alg: Any | None) -> Any:

@@ -2,17 +2,11 @@
 
 Set-up (parent, data, model, DeepSpeed engine, knob audit, the first eval that compiles) can take
 minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
-:class:`SetupBoard`, which keeps the stages and their start times in a hidden node-local JSON
-file (``<parent cache>/.setup/<sweep>/<trial_id>.json``); the driver's line for a trial with no
-eval yet reads it (:func:`setup_line`): the stage (i of n), its seconds and the set-up's, and an
-ETA: the median of the sweep's earlier set-ups, each scaled by this trial's parameter bytes over
-its own (set-up moves the weights a few times).
-
-A trial on another node writes its file on that node, so each board also goes to Ray's GCS
-internal key-value store (namespace :data:`KV_NAMESPACE`, key ``<sweep>/<trial_id>``, the board's
-JSON), which every node and the driver reach; the driver reads both (:func:`lines_for`). The
-store is advisory, like the file: a GCS call that fails or takes over :data:`KV_TIMEOUT_S` is
-skipped. Nothing of it reaches ``results.parquet``.
+:class:`SetupBoard`, kept in a hidden node-local JSON file
+(``<parent cache>/.setup/<sweep>/<trial_id>.json``) and, for a driver on another node, in Ray's
+GCS internal key-value store (key ``<sweep>/<trial_id>``); the driver's line for a trial with no
+eval yet reads both (:func:`lines_for`), with an ETA from the sweep's earlier set-ups
+(:func:`eta_s`). Advisory: nothing of it reaches ``results.parquet``.
 """
 
 from __future__ import annotations
@@ -50,41 +44,35 @@ def kv_key(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-def kv_put(path: Path, text: str) -> None:
-    """The board's JSON into the GCS KV under :func:`kv_key` (nothing without Ray)."""
+def _kv(method: str, *args: Any) -> Any:
+    """``method`` of this process's GCS client in :data:`KV_NAMESPACE`, or None: without Ray, or
+    when the call fails or takes over :data:`KV_TIMEOUT_S` (the boards are advisory: a slow or
+    lost GCS never fails a trial, and the driver's line falls back to this node's files)."""
     client = gcs()
     if client is None:
-        return
-    with contextlib.suppress(Exception):  # advisory: a slow or lost GCS never fails a trial
-        client.internal_kv_put(kv_key(path).encode(), text.encode(), True,
-                               KV_NAMESPACE.encode(), timeout=KV_TIMEOUT_S)
+        return None
+    try:
+        return getattr(client, method)(*args, KV_NAMESPACE.encode(), timeout=KV_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 -- advisory, as above
+        return None
+
+
+def kv_put(path: Path, text: str) -> None:
+    """The board's JSON into the GCS KV under :func:`kv_key`."""
+    _kv("internal_kv_put", kv_key(path).encode(), text.encode(), True)
 
 
 def kv_boards(sweep: str) -> dict[str, str]:
-    """Trial id → board JSON of every board of ``sweep`` in the GCS KV (none without Ray or
-    when the GCS does not answer in time)."""
-    client = gcs()
-    if client is None:
-        return {}
-    try:
-        keys = client.internal_kv_keys(f"{sweep}/".encode(), KV_NAMESPACE.encode(),
-                                       timeout=KV_TIMEOUT_S)
-        got = client.internal_kv_multi_get(list(keys), KV_NAMESPACE.encode(),
-                                           timeout=KV_TIMEOUT_S) if keys else {}
-    except Exception:  # noqa: BLE001 -- advisory: the line falls back to this node's files
-        return {}
+    """Trial id → board JSON of every board of ``sweep`` in the GCS KV."""
+    keys = _kv("internal_kv_keys", f"{sweep}/".encode())
+    got = (_kv("internal_kv_multi_get", list(keys)) if keys else None) or {}
     return {k.decode().split("/", 1)[1]: v.decode() for k, v in got.items() if v is not None}
 
 
 def kv_clear(sweep: str) -> None:
     """Drop every board of ``sweep`` from the GCS KV once its trials are over (a long-lived
-    cluster would keep them until it stops); nothing without Ray, never an error."""
-    client = gcs()
-    if client is None:
-        return
-    with contextlib.suppress(Exception):  # advisory, as the writes
-        client.internal_kv_del(f"{sweep}/".encode(), True, KV_NAMESPACE.encode(),
-                               timeout=KV_TIMEOUT_S)
+    cluster would keep them until it stops)."""
+    _kv("internal_kv_del", f"{sweep}/".encode(), True)
 
 
 def board_dir(cache_local: str | Path, sweep: str) -> Path:

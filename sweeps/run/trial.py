@@ -1,13 +1,10 @@
 """The Tune function trainable: one trial = one ``moe_core.train.Trainer`` run on the DeepSpeed
 engine, with one rank or, as a Ray Train TorchTrainer inside the Tune trial, several.
 
-The trial's ``TrialPlan`` (config, knobs, parent key, WSD branch) comes from the sweep plan; its
-parent from the object store or the disk cache, its WSD stable run from the driver or, under
-``algorithm: law``, from extending the group's on demand (``sweeps.run.parents``). Every evaluation
-is reported; a checkpoint rides along only where the spec's ``checkpoint:`` cadence says so
-(``CheckpointCadence``: every n-th eval, every m minutes, the last step), so a failed trial
-restarts from its last checkpoint and replays the evals after it, and a resumed sweep reruns
-nothing finished. A diverged trial, single- or multi-rank, reports a final row with
+The trial's ``TrialPlan`` comes from the sweep plan, its parent and WSD stable run from
+``sweeps.run.parents``. Every evaluation is reported, with a checkpoint where the spec's
+``checkpoint:`` cadence says so (:class:`CheckpointCadence`): a failed trial restarts from its
+last checkpoint and replays the evals after it. A diverged trial reports a final row with
 ``status="diverged"`` and ends normally.
 """
 
@@ -86,18 +83,14 @@ class TrialReporter(Callback):
                  checkpoint_cls: Any, attach: bool = True,
                  predictor: PostDecayPredictor | None = None,
                  extra: Callable[[], dict[str, Any]] | None = None):
-        self.static, self._report, self._ckpt_cls, self.attach = static, report, checkpoint_cls, \
-            attach
-        self.predictor = predictor
+        self.static, self._report, self._ckpt_cls = static, report, checkpoint_cls
+        self.attach, self.predictor = attach, predictor
         self.extra = extra  # columns measured at each eval (compile_stats.snapshot)
         self._latest: Path | None = None
 
     def row(self, m: dict[str, Any]) -> dict[str, Any]:
-        out = dict(self.static)
-        out.update({k: v for k, v in m.items() if not isinstance(v, (list, dict))})
-        out["D2"] = m["tokens"]
-        out["flops"] = 6 * self.static["N2"] * m["tokens"]
-        out["status"] = "running"
+        out = {**self.static, **{k: v for k, v in m.items() if not isinstance(v, (list, dict))},
+               "D2": m["tokens"], "flops": 6 * self.static["N2"] * m["tokens"], "status": "running"}
         if self.extra is not None:
             out.update(self.extra())
         if self.predictor is not None:
@@ -175,11 +168,7 @@ class PostDecayPredictor:
                            c.lrs, c.decay_start, c.tokens_per_step)
 
     def observe(self, step: int, loss: float) -> float:
-        c = self.curve
-        keep = [i for i, s in enumerate(c.steps) if s < step]  # a replayed eval replaces
-        self.curve = Curve(tuple(c.steps[i] for i in keep) + (int(step),),
-                           tuple(c.losses[i] for i in keep) + (float(loss),),
-                           c.lrs, c.decay_start, c.tokens_per_step)
+        self.seed([(step, loss)])  # a replayed eval replaces the evals from its step on
         if not math.isfinite(loss):
             return math.nan
         return predict_final(self.curve, self.cal, self.method)
@@ -243,9 +232,7 @@ def export_hf(state: Any, cfg: Any, out: Path) -> str:
 
 
 def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
-    """``export: hf``: the trial's final model as a Hugging Face folder, with the tokenizer
-    its run used (``moe_core.hf.tokenizer.save_run_tokenizer``); a folder this project did not
-    write is refused (:func:`export_hf`)."""
+    """``export: hf``: :func:`export_hf`, with the tokenizer the trial's run used."""
     export_hf(state, model_config, out)
     p = t.config.parent
     save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)
@@ -329,13 +316,9 @@ class TrialContext:
 @fail_once(static_columns)  # a ConfigError: failed once, in one line, not retried by Tune
 def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     """Tune function trainable. ``config`` holds the search point (dotted keys); ``ctx`` what
-    the sweep's trials share (:class:`TrialContext`). With ``ctx.export_dir`` the final model
-    is written there as a Hugging Face checkpoint; with ``ctx.stable_dir`` (``algorithm:
-    law``) a trial that branches first trains its group's stable run on to its own decay start
-    where no earlier trial did (``sweeps.run.parents.extend_stable``, in
-    ``stable_dir/<stable_key>``, with a checkpoint at each start of
-    ``stable_starts[stable_key]`` it passes); its ``wall_s`` then counts that stable run's
-    seconds, as a grid branch's does."""
+    the sweep's trials share (:class:`TrialContext`). A trial that extends its group's stable
+    run on demand (``ctx.stable_dir``) counts that run's seconds in its ``wall_s``, as a grid
+    branch's does."""
     spec, plan, parents, cache_dir = ctx.spec, ctx.plan, ctx.parents, ctx.cache_dir
     stables, report, predictor = ctx.stables, ctx.report, ctx.predictor
     export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
@@ -387,9 +370,6 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         free_accelerator_memory()
-
-
-# ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
 
 
 @dataclass(frozen=True)
@@ -548,22 +528,17 @@ def local_checkpoint(ck: Any, dest: Path) -> Path:
 
 def run_multi_rank(spec: SweepSpec, run: RankRun) -> None:
     """Run the trial as a TorchTrainer with ``resources.ranks`` workers (expert parallelism across
-    them); metrics reach Tune through ``TuneReportCallback``. The trainer's workers hold the
-    trial's resources (the Tune trial itself reserves none). With ``export_dir`` the finished
-    model's expert shards are gathered and rank 0 writes it as a Hugging Face folder in
-    ``<trial_id>/`` (:func:`fit_rank`, as a single-rank trial). The ranks may run on different
-    nodes and share no local folder: each writes its checkpoint files in its own staging folder,
-    Ray Train uploads every rank's files into one checkpoint folder under ``<results>/train`` and
-    commits it after all ranks reported; a restarted rank downloads it whole. A WSD branch's
-    ``stable`` run is fetched on each rank's node."""
+    them), which hold the trial's resources (the Tune trial reserves none); metrics reach Tune
+    through ``TuneReportCallback``. The ranks may share no local folder: each writes its
+    checkpoint files in its own staging folder, Ray Train uploads every rank's files into one
+    checkpoint folder under ``<results>/train`` and commits it after all ranks reported; a
+    restarted rank downloads it whole."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = run.static["trial_id"]
     # each rank writes into its own subfolder (``rank<r>``), on its own node
     ckpt_root = staging_dir(train_storage(spec)) / "rank_checkpoints" / trial_id
-    trainer = rank_trainer(
-        spec, _train_worker, {"run": dataclasses.replace(run, ckpt_root=str(ckpt_root))},
-        name=f"{spec.name}-{trial_id}", workers=spec.resources.ranks,
-        max_failures=spec.max_failures, keep=spec.checkpoint.keep,
-        callbacks=[TuneReportCallback()])
-    trainer.fit()
+    rank_trainer(spec, _train_worker, {"run": dataclasses.replace(run, ckpt_root=str(ckpt_root))},
+                 name=f"{spec.name}-{trial_id}", workers=spec.resources.ranks,
+                 max_failures=spec.max_failures, keep=spec.checkpoint.keep,
+                 callbacks=[TuneReportCallback()]).fit()

@@ -1,19 +1,9 @@
 """The W&B logger of a sweep: Ray Tune's ``WandbLoggerCallback``, one run per trial in the
-sweep's group, with
-
-- the run config: the trial's static columns, knobs and effective values (the knob audit),
-  nested by YAML path (``sweeps.store.wandb_keys``), and the sweep's provenance
-  (``sweeps.store.provenance``: code, library versions, device), so a W&B run can be traced
-  like ``summary.json`` and the results Parquet;
-- the metrics at each eval, per-layer MoE health namespaced ``health/layer<i>/<stat>``
-  (``health/worst/<stat>``, ``health/all/<stat>``) so W&B's panels group it by layer, plotted
-  against the optimizer ``step``.
-
-W&B logging is never what ends a sweep: if a trial's logging actor or its queue actor dies
-(Ray's memory monitor kills them first when the node runs low, ``sweeps.run.memory``), one line
-says that W&B logging is lost for the rest of the run, the remaining logging actors are let go,
-and every later call is a no-op; the results Parquet, which the driver writes itself, stays
-complete.
+sweep's group, with the trial's columns and the provenance as run config and the per-layer MoE
+health grouped by layer (what a run holds: docs/looking-at-a-sweep.md). W&B logging is never
+what ends a sweep: a dead logging or queue actor (Ray's memory monitor kills them first) loses
+W&B logging in one line, and every later call is a no-op (docs/reliability.md); the results
+Parquet, which the driver writes itself, stays complete.
 
 Imported only where W&B logs (it imports wandb)."""
 
