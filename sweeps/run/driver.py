@@ -26,7 +26,9 @@ import ray
 from ray import tune
 
 from moe_core.errors import SearchSpaceError, UpcycleError
+from moe_core.lazy import freeze_heap
 from moe_core.train.config import TrainConfig
+from sweeps.cluster.local import PRESTART_ENV
 from sweeps.plan import resources, schedule
 from sweeps.plan.build import SweepPlan
 from sweeps.plan.devices import ALLOW_CPU_ENV, allow_cpu_for_gpu
@@ -165,12 +167,19 @@ def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
         # through Ray's runtime-env agent and setup_worker.py: a 4-trial sweep of the tiny
         # model took 82-88 s against 38-42 s without on a busy machine, 16.5-17.4 s against
         # 16.0-16.2 s on a quiet one (two runs each, side by side).
+        # Nor does its raylet prestart a worker per CPU: Tune gives every trial actor a
+        # runtime_env, which a prestarted worker lacks, so they would only idle (on a 32-core
+        # workstation, 32 processes importing Ray). A cluster's raylets are started elsewhere.
         os.environ.update(env)
+        os.environ.setdefault(PRESTART_ENV, "0")
         ray.init(address=where, include_dashboard=False, log_to_driver=verbose,
                  configure_logging=False)
     else:  # a cluster's other nodes see only what the job's runtime_env carries
         ray.init(address=where, runtime_env={"env_vars": env},
                  include_dashboard=False, log_to_driver=verbose, configure_logging=False)
+    # Ray, Tune, pyarrow and the spec: about 140,000 objects that live until exit, which each
+    # full collection of Tune's loop would walk again
+    freeze_heap()
 
 
 def _callbacks(spec: SweepSpec, plan: SweepPlan, results_dir: Results,

@@ -29,7 +29,7 @@ from filelock import FileLock
 
 from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text, publish_dir
-from moe_core.lazy import lazy_function
+from moe_core.lazy import TRAINING_STACK, import_frozen, lazy_function
 from moe_core.schedules import Phase, run_schedule
 from moe_core.train.callbacks import Callback, ParentState
 from moe_core.train.config import TrainConfig
@@ -180,6 +180,7 @@ class StartBoard:
 @ray.remote(max_calls=1)
 def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool = False,
                        planned_key: str | None = None, board: Any = None) -> dict[str, Any]:
+    import_frozen(*TRAINING_STACK)
     check_reserved_device()
     if board is not None:
         ray.get(board.mark.remote(planned_key))

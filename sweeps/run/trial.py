@@ -27,7 +27,7 @@ import ray
 from ray import tune
 
 from moe_core.errors import DivergenceError
-from moe_core.lazy import lazy_function
+from moe_core.lazy import TRAINING_STACK, import_frozen, lazy_function
 from moe_core.outdir import claim_out_dir
 from moe_core.params import count_params
 from moe_core.schedules import Phase, run_schedule
@@ -322,6 +322,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     spec, plan, parents, cache_dir = ctx.spec, ctx.plan, ctx.parents, ctx.cache_dir
     stables, report, predictor = ctx.stables, ctx.report, ctx.predictor
     export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
+    import_frozen(*TRAINING_STACK)
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
     board = setup_board(spec, t, cache_dir, trial_id)
@@ -494,6 +495,7 @@ def _train_worker(config: dict[str, Any]) -> None:
 def _train_rank(run: RankRun) -> None:
     import ray.train.torch
 
+    import_frozen(*TRAINING_STACK)
     t = run.trial
     parent = _start(t, run.parents, run.cache_dir)
     rank = ray.train.get_context().get_world_rank()
