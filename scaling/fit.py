@@ -79,9 +79,11 @@ def _block_terms(b: _Block, theta: np.ndarray) -> np.ndarray:
     p: dict[str, Any] = {k: np.full((m, 1), v) for k, v in b.fixed.items()}
     for k, j in b.index.items():
         p[k] = theta[:, j:j + 1]
-    n = len(b.pts)
-    return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (m, n))
-                     for t in b.law.log_terms(p, b.pts.x)], axis=1)
+    terms = b.law.log_terms(p, b.pts.x)
+    out = np.empty((m, len(terms), len(b.pts)))
+    for k, t in enumerate(terms):  # broadcast into place: the values np.stack gave, less overhead
+        out[:, k, :] = t
+    return out
 
 
 def _lse(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
