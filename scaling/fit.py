@@ -20,6 +20,7 @@ Points come from :func:`analysis.data.load_points`. CLI (:mod:`analysis.cli`, ru
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -30,12 +31,24 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from moe_core.errors import FitError
 from scaling.laws import Law, Points, get_law
 
 DEFAULT_DELTA = 1e-3
+
+
+@functools.cache
+def _threadpools() -> ThreadpoolController:
+    """The BLAS/OpenMP pools loaded (numpy's and scipy's, imported above), found once: a
+    ``threadpool_limits()`` per fit scans every loaded library again (~10 % of a refit)."""
+    return ThreadpoolController()
+
+
+def _one_thread():
+    """One BLAS thread inside: tiny problems, where threads only contend."""
+    return _threadpools().limit(limits=1)
 
 
 # ---- the objective --------------------------------------------------------------------------
@@ -66,9 +79,11 @@ def _block_terms(b: _Block, theta: np.ndarray) -> np.ndarray:
     p: dict[str, Any] = {k: np.full((m, 1), v) for k, v in b.fixed.items()}
     for k, j in b.index.items():
         p[k] = theta[:, j:j + 1]
-    n = len(b.pts)
-    return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (m, n))
-                     for t in b.law.log_terms(p, b.pts.x)], axis=1)
+    terms = b.law.log_terms(p, b.pts.x)
+    out = np.empty((m, len(terms), len(b.pts)))
+    for k, t in enumerate(terms):  # broadcast into place: the values np.stack gave, less overhead
+        out[:, k, :] = t
+    return out
 
 
 def _lse(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -218,8 +233,8 @@ def _run(blocks: list[_Block], bounds: list, starts: np.ndarray, delta: float,
             f0 = np.array([_objective(s, blocks, ylog, delta)[0] for s in starts])
         f0 = np.where(np.isfinite(f0), f0, np.inf)
         starts = starts[np.argsort(f0, kind="stable")[:refine]]
-    with threadpool_limits(limits=1):  # tiny problems: BLAS threads only contend (40× slower
-        return _best_start(blocks, bounds, starts, delta, ylog)  # on a busy machine)
+    with _one_thread():  # tiny problems: BLAS threads only contend (40× slower on a busy machine)
+        return _best_start(blocks, bounds, starts, delta, ylog)
 
 
 def _best_start(blocks: list[_Block], bounds: list, starts: np.ndarray, delta: float,
@@ -347,9 +362,7 @@ def resample_units(units: Sequence[np.ndarray], rng: np.random.Generator) -> np.
 def _boot_chunk(args) -> np.ndarray:
     law, pts, fixed, delta, warm, bounds, seeds, one_thread = args
     if one_thread:  # a worker process: one BLAS thread each, or the cores are oversubscribed
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1):
+        with _one_thread():
             return _boot_chunk((law, pts, fixed, delta, warm, bounds, seeds, False))
     out = np.full((len(seeds), len(warm)), np.nan)
     units = pts.units()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,10 +206,15 @@ def sample_chain(P: np.ndarray, n: int, seed: int) -> np.ndarray:
     u = rng.random(n)
     out = np.empty(n, dtype=np.uint16 if len(P) < 65536 else np.uint32)
     s = int(rng.integers(len(P)))
-    for t in range(n):  # sequential by nature; 2M steps take ~1-2 s
-        s = int(np.searchsorted(cum[s], u[t], side="right"))
-        s = min(s, len(P) - 1)
-        out[t] = s
+    last, seq = len(P) - 1, []
+    rows: list = [None] * len(P)  # cum's rows as float lists on first visit: bisect is C
+    for x in u.tolist():  # sequential by nature; bisect_right is searchsorted(side="right")
+        r = rows[s]       # on the same doubles, ~5x faster than a numpy call per step
+        if r is None:
+            r = rows[s] = cum[s].tolist()
+        s = min(bisect_right(r, x), last)
+        seq.append(s)
+    out[:] = seq
     return out
 
 
