@@ -200,21 +200,27 @@ def entropy_rate(P: np.ndarray) -> float:
     return float(pi @ row_h)
 
 
+CHAIN_CHUNK = 1 << 20
+"""Tokens :func:`sample_chain` holds as Python objects at once (about 32 MB of them)."""
+
+
 def sample_chain(P: np.ndarray, n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed + 1)
     cum = np.cumsum(P, axis=1)
     u = rng.random(n)
     out = np.empty(n, dtype=np.uint16 if len(P) < 65536 else np.uint32)
     s = int(rng.integers(len(P)))
-    last, seq = len(P) - 1, []
+    last = len(P) - 1
     rows: list = [None] * len(P)  # cum's rows as float lists on first visit: bisect is C
-    for x in u.tolist():  # sequential by nature; bisect_right is searchsorted(side="right")
-        r = rows[s]       # on the same doubles, ~5x faster than a numpy call per step
-        if r is None:
-            r = rows[s] = cum[s].tolist()
-        s = min(bisect_right(r, x), last)
-        seq.append(s)
-    out[:] = seq
+    for a in range(0, n, CHAIN_CHUNK):  # Python lists of a chunk only: 32 B a token, not n's
+        seq = []
+        for x in u[a:a + CHAIN_CHUNK].tolist():  # sequential by nature; bisect_right is
+            r = rows[s]  # searchsorted(side="right") on the same doubles, ~5x faster than a
+            if r is None:  # numpy call per step
+                r = rows[s] = cum[s].tolist()
+            s = min(bisect_right(r, x), last)
+            seq.append(s)
+        out[a:a + len(seq)] = seq
     return out
 
 

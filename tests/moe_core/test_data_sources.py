@@ -128,3 +128,14 @@ def test_missing_paths(tmp_path):
         load_dataset(DataConfig(source="tokens", path=str(tmp_path / "nope.bin")))
     with pytest.raises(ConfigError, match="has no .txt files"):
         load_dataset(DataConfig(source="text", path=str(tmp_path)))
+
+
+def test_sample_chain_is_the_same_chain_whatever_its_chunk(monkeypatch):
+    # the chain is carried across chunks: a chunk of 7 tokens (boundaries mid-chain and one
+    # partial last chunk) gives the tokens of one chunk of all of them
+    from moe_core.data import sources
+
+    P = markov_chain(16, 0.3, seed=4)
+    whole = sample_chain(P, 1000, seed=4)
+    monkeypatch.setattr(sources, "CHAIN_CHUNK", 7)
+    assert np.array_equal(sample_chain(P, 1000, seed=4), whole)
