@@ -65,9 +65,7 @@ def schedule(tasks: Iterable[Task], capacity: float, policy: str = OWN_PARENT
                 break  # Tune starts the trials in order
         if not running:  # nothing can ever start
             raise ValueError(f"unschedulable: {[t.name for t in waiting][:3]}")
-        now, name, g = heapq.heappop(running)
-        free += g
-        done.add(name)
+        now = running[0][0]  # the next end, and every other end at that instant
         while running and running[0][0] <= now:
             _, name, g = heapq.heappop(running)
             free += g
