@@ -1,13 +1,8 @@
-"""Tune's experiment folder on storage as immutable generations and a manifest written last.
-
-Tune uploads its whole state folder every save, replacing each file in place on several threads:
-a driver killed mid-upload leaves some files new, some old and one cut short
-(``basic-variant-state-*`` was found unreadable after kill -9). :class:`StateHandler` (Tune's
-storage filesystem) writes each top-level file as a new object ``tune/.state/g<N>/<name>`` and,
-when the upload ends, the commit ``tune/.state/manifest-<N>.json`` naming each object's size and
-SHA-256; readers see the newest manifest whose objects all check and decode, so a kill at any
-instant leaves one whole upload (docs/reliability.md). On object storage every object goes
-through ``sweeps.store.signing``.
+"""Tune's experiment folder on storage as immutable generations and a manifest written last: Tune
+rewrites its state files in place, on several threads, at every save, so a kill mid-upload left
+them torn or mixed (``basic-variant-state-*`` unreadable after kill -9). Each top-level file is a
+new object ``tune/.state/g<N>/<name>``, the manifest ``tune/.state/manifest-<N>.json`` commits an
+upload, and readers see the newest one whose objects all check (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Keyed digests of every file a sweep trusts on object storage (docs/storage.md).
-
-``--resume`` unpickles Tune's state and ``torch.load``s checkpoints, and the rows and records
-decide what is reported as best: code and verdicts from the bucket, for anyone who can write it.
-Object storage has no owners or modes (``sweeps.store.trust``), so those files go through
-:func:`signed_filesystem`: every object gets a sidecar ``<object>.upcycle-hmac`` listing
-HMAC-SHA256(key, path + content), and a read is refused in one line unless its digest is listed.
-The key (>= 32 bytes, :func:`load_key`) never enters the bucket, Ray's runtime_env or a pickle.
+"""Keyed digests of every file a sweep trusts on object storage: ``--resume`` unpickles Tune's
+state and loads checkpoints, and object storage has no owners or modes (``sweeps.store.trust``),
+so each object gets a sidecar ``<object>.upcycle-hmac`` listing HMAC-SHA256(key, path +
+content), and a read is refused unless its digest is listed. The key never enters the bucket,
+Ray or a pickle (docs/storage.md, docs/reliability.md).
 """
 
 from __future__ import annotations
