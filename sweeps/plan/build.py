@@ -192,13 +192,11 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any], built: Built | None = 
     )
 
 
-def _bf16(cfg: TrainConfig, gpus: float | str) -> bool:
-    if gpus == "auto":  # resources.gpus: auto, as it resolves on this machine
-        gpus = resolve_gpus(gpus, local_cluster())
+def _bf16(cfg: TrainConfig, gpus: float) -> bool:  # gpus: resolved (resources.resolve_gpus)
     return cfg.optim.dtype == "bf16" or (cfg.optim.dtype == "auto" and gpus > 0)
 
 
-def bf16_weights(cfg: TrainConfig, gpus: float | str) -> bool:
+def bf16_weights(cfg: TrainConfig, gpus: float) -> bool:
     """Whether a run keeps bf16 weights (and DeepSpeed's fp32 master copy): a bf16 run whose
     ``optim.bf16_mode`` is not ``torch_autocast`` (fp32 weights, bf16 compute)."""
     return _bf16(cfg, gpus) and cfg.optim.resolved_bf16_mode() != "torch_autocast"
