@@ -305,11 +305,10 @@ def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, Branch
 
 
 def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
-    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t``
-    decays from its branch group's stable run (keyed by
-    ``t.stable_key``), which the first trial that needs it trains, or extends, to ``t``'s decay
-    start (``sweeps.run.parents.extend_stable``); a grid point or not, as long as its config
-    branches (WSD with a decay, no constant-LR policy) on one rank."""
+    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t`` decays from
+    its branch group's stable run (keyed by ``t.stable_key``), which the first trial that needs it
+    trains, or extends, to ``t``'s decay start (``sweeps.run.parents.extend_stable``); a grid point
+    or not, as long as its config branches (WSD with a decay, no constant-LR policy) on one rank."""
     return (not plugin(spec.algorithm).trains_up_front and spec.wsd_branches
             and spec.resources.ranks == 1 and _branchable(t.config)
             and t.decay_start < t.config.steps)

@@ -222,12 +222,11 @@ def _hours(h: float) -> str:
 def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel: int,
              price: float | None = None, table: list[Mapping[str, Any]] | None = None,
              policy: str = schedule.BARRIER) -> Forecast:
-    """GPU-hours (each job's seconds × the accelerators it holds), wall time, cost, and the
-    reserved accelerators: ``concurrency`` trials' worth, for the whole wall time
-    (``Forecast.idle_share``). Wall time under ``policy`` barrier: the parents and stable runs
-    first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots (LPT); under
-    own_parent: ``sweeps.plan.schedule`` over the reserved accelerators, each trial once its
-    own parent is ready."""
+    """GPU-hours (each job's seconds × the accelerators it holds), wall time, cost, and the reserved
+    accelerators: ``concurrency`` trials' worth, for the whole wall time (``Forecast.idle_share``).
+    Wall time under ``policy`` barrier: the parents and stable runs first, ``parents_parallel`` at
+    once, then the trials on ``concurrency`` slots (LPT); under own_parent: ``sweeps.plan.schedule``
+    over the reserved accelerators, each trial once its own parent is ready."""
     table = load_table() if table is None else table
     secs: dict[str, list[float]] = {"trial": [], "pre": []}
     tasks: list[schedule.Task] = []

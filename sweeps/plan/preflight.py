@@ -176,8 +176,7 @@ def _data_vocab(d: Any) -> tuple[int | None, str]:
 
 def check_vocab(spec: SweepSpec, cfg: Any, model_vocab: int, ckpt: Path) -> list[Problem]:
     """The tokenizer's ids must index the checkpoint's embedding; a checkpoint that ships its own
-    tokenizer and a spec that tokenizes otherwise is flagged (its ids would mean other
-    tokens)."""
+    tokenizer and a spec that tokenizes otherwise is flagged (its ids would mean other tokens)."""
     n, what = _data_vocab(cfg.data)
     key = spec_key(spec, "data.tokenizer")
     if n is not None and n > model_vocab:
@@ -395,9 +394,8 @@ def disk_fixes(d: DiskEstimate, free: float) -> list[str]:
 
 
 def custom_resources(spec: SweepSpec) -> dict[str, float]:
-    """Custom resources each Tune trial's bundle (its driver) asks for:
-    ``resources.trial_driver`` adds the resource of that name (on the cluster configs, only
-    on-demand nodes have it)."""
+    """Custom resources each Tune trial's bundle (its driver) asks for: ``resources.trial_driver``
+    adds the resource of that name (on the cluster configs, only on-demand nodes have it)."""
     t = spec.resources.trial_driver
     return {"trial_driver": float(t)} if t else {}
 
@@ -458,11 +456,10 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                concurrent: int | None = None, nodes: list[Mapping[str, float]] | None = None,
                local: bool = True, hosts: int | None = None) -> list[Problem]:
     """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``hosts``: the
-    machines the sweep runs on (None: counted in ``nodes``); ``local``: the
-    sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
-    no custom resources; neither: a launch on a cluster, checked once connected
-    (``sweeps.run.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
-    else on this machine."""
+    machines the sweep runs on (None: counted in ``nodes``); ``local``: the sweep runs on this
+    machine (no ``--address``), whose memory bounds CPU trials and which has no custom resources;
+    neither: a launch on a cluster, checked once connected (``sweeps.run.driver``).
+    ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``, else on this machine."""
     spec = resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)
     found: dict[tuple[str, str], Problem] = {}

@@ -355,9 +355,8 @@ def handler_of(fs: Any) -> StateHandler | None:
 @contextlib.contextmanager
 def committed_uploads() -> Iterator[None]:
     """While open, each upload Ray's syncer makes into a :class:`StateHandler`'s folder is one
-    transaction (committed when it ends). Wraps ``ray.train._internal.storage
-    ._upload_to_fs_path``, which the syncer looks up at each upload (checked by
-    tests/sweeps/test_generations.py)."""
+    transaction (committed when it ends). Wraps ``ray.train._internal.storage._upload_to_fs_path``,
+    which the syncer looks up at each upload (checked by tests/sweeps/test_generations.py)."""
     from ray.train._internal import storage as ray_storage
 
     orig = ray_storage._upload_to_fs_path

@@ -353,11 +353,10 @@ def final_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, mode: str,
               planned: Mapping[str, Any], results: str, wall_s: float,
               parent_wall_s: float) -> dict[str, Any]:
-    """The sweep's outcome and compute ledger (``planned``: the plan's estimates).
-    ``complete`` is false while a planned trial has not ended (ok, failed, diverged, pruned or
-    oom: killed by Ray's memory monitor):
-    ``unfinished`` lists the trials that started, ``not_started`` counts the others. A pruned
-    trial counts neither as ok nor as failed."""
+    """The sweep's outcome and compute ledger (``planned``: the plan's estimates). ``complete`` is
+    false while a planned trial has not ended (ok, failed, diverged, pruned or oom: killed by Ray's
+    memory monitor): ``unfinished`` lists the trials that started, ``not_started`` counts the
+    others. A pruned trial counts neither as ok nor as failed."""
     finals = list(finals)
     ok = [r for r in finals if r.get("status") == "ok"]
     unfinished = sorted(str(r["trial_id"]) for r in finals

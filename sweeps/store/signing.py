@@ -264,12 +264,11 @@ class SigningHandler(ForwardingHandler):
 
 
 def _synchronous(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's
-    upload) closes a Python file on Arrow's IO thread pool; an S3 stream with background
-    writes, closed there, waits for its upload queued on that same pool: with as many files
-    as IO threads, every thread waits and nothing runs (reproduced in
-    tests/sweeps/test_storage.py). Rebuilt from its own pickle arguments (no credentials
-    there: those come from the environment on each node)."""
+    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's upload)
+    closes a Python file on Arrow's IO thread pool; an S3 stream with background writes, closed
+    there, waits for its upload queued on that same pool: with as many files as IO threads, every
+    thread waits and nothing runs (reproduced in tests/sweeps/test_storage.py). Rebuilt from its own
+    pickle arguments (no credentials there: those come from the environment on each node)."""
     if isinstance(fs, pafs.S3FileSystem):
         rebuild, (kw,) = fs.__reduce__()
         if kw.get("background_writes"):
