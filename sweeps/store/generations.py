@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from sweeps.store.signing import ForwardingHandler, SpooledWriter
+from sweeps.store.signing import SPOOL_BYTES, ForwardingHandler, SpooledWriter
 from sweeps.store.storage import Location
 
 STATE_DIR = ".state"
@@ -130,7 +130,7 @@ class _GenWriter(SpooledWriter):
     open generation at close (see :meth:`StateHandler._landed`)."""
 
     def __init__(self, handler: StateHandler, name: str):
-        super().__init__(64 << 20)
+        super().__init__(SPOOL_BYTES)
         self.handler, self.name = handler, name
 
     def _landed(self) -> None:
@@ -270,12 +270,9 @@ class StateHandler(ForwardingHandler):
         return pafs.FileInfo(path.rstrip("/"), pafs.FileType.File, size=self.view()[name]["size"])
 
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        out = []
-        for p in paths:
-            name = self._name(p)
-            out.append(self._info(p, name) if name and name in self.view()
-                       else self.inner.get_file_info(p))
-        return out
+        view = self.view()
+        return [self._info(p, self._name(p)) if self._name(p) in view
+                else self.inner.get_file_info(p) for p in paths]
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         infos = self.inner.get_file_info(selector)
