@@ -246,10 +246,8 @@ class SigningHandler(ForwardingHandler):
         return data
 
     def copy_file(self, src: str, dest: str) -> None:
-        data = self._read_verified(src)
-        w = _SigningWriter(self.inner, dest, None)
-        w.write(data)
-        w.close()
+        with self.open_output_stream(dest, None) as f:
+            f.write(self._read_verified(src))
 
     def open_input_stream(self, path: str) -> pa.NativeFile:
         return pa.BufferReader(self._read_verified(path))
