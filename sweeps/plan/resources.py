@@ -194,8 +194,7 @@ def describe(spec: SweepSpec, resolved: SweepSpec, cluster: Mapping[str, float],
             if gpus == AUTO else f"resources.gpus={float(gpus):g} per task (as the spec says)")
     out = [head]
     for name, res in reservations(resolved):
-        parts = [f"{k} {v:g}" if k in ("CPU", "GPU") else f"memory {v:,.0f} B" if k == "memory"
-                 else f"{k} {v:g} (custom)" for k, v in res.items()]
+        parts = [f"memory {v:,.0f} B" if k == "memory" else f"{k} {v:g}" for k, v in res.items()]
         out.append(f"  {name:<16} reserves {', '.join(parts)}")
     if resolved.resources.gpus == 0:
         out.append("  zero-GPU work runs with CUDA_VISIBLE_DEVICES='' (Ray's "
