@@ -287,22 +287,19 @@ def parent_rank_counts(spec: Any, plan: Any, device: str, concurrency: int | Non
 
 def jobs_from_plan(spec: Any, plan: Any, device: str, concurrency: int | None = None
                    ) -> list[Job]:
-    """What the plan trains: every trial in the order Tune starts them (``plan.trials``, each
-    sample of them in turn; a WSD branch only its decay: its stable phase is the group's
-    stable run), each trained parent once, each stable run once (per sample). A GPU
-    trial holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a stable run
-    is one task with one rank's (``sweeps.plan.resources.task_options``), a parent
+    """What the plan trains: every trial in the order Tune starts them (``plan.trials``, each sample
+    of them in turn; a WSD branch only its decay: its stable phase is the group's stable run), each
+    trained parent once, each stable run once (per sample). A trial holds :func:`trial_gpus`
+    accelerators, a stable run one rank's (``sweeps.plan.resources.task_options``), a parent
     :func:`parent_rank_counts` ranks' (a CPU job counts as one trial slot)."""
-    r = spec.resources
     acc = trial_gpus(spec, device)
-    task = 1.0 if device == "cpu" else max(1.0, r.gpus)  # a parent / stable run: one rank's
+    task = 1.0 if device == "cpu" else max(1.0, spec.resources.gpus)  # one rank's
     trials = []
     for t in plan.trials:
         tps = t.config.tokens_per_step
         own = t.tokens - (t.decay_start * tps if plan.branch_of(t) is not None else 0)
-        cfg = t.config.model_config()
-        trials.append(Job("trial", own, cfg, _preset(t.config), t.config.seq_len, acc,
-                          t.parent_key))
+        trials.append(Job("trial", own, t.config.model_config(), _preset(t.config),
+                          t.config.seq_len, acc, t.parent_key))
     jobs = trials * plan.num_samples  # as Tune starts them: every point, then every point again
     for g in plan.branch_groups.values():
         t = g.representative
