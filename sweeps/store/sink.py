@@ -276,8 +276,6 @@ class ResultsSink:
 
     def _set_statuses(self, t: str, new: frozenset) -> None:
         old = self._statuses.get(t, frozenset())
-        if old == new and t in self._statuses:
-            return
         for s in old - new:
             self._by_status.get(s, set()).discard(t)
         for s in new - old:
