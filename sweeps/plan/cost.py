@@ -267,8 +267,7 @@ def _preset(cfg: Any) -> str:
 
 
 def trial_gpus(spec: Any, device: str) -> float:
-    """Accelerators one trial holds: ``resources.gpus`` (at least 1) × ``resources.ranks``
-    (a CPU trial: 1 slot)."""
+    """Accelerators one trial holds: ``resources.gpus`` (at least 1) × ranks; a CPU trial: 1."""
     r = spec.resources
     return 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
 

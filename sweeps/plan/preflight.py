@@ -371,8 +371,7 @@ def _device_capacity(spec: SweepSpec, plan: SweepPlan, gpu: str | None) -> list[
 
 
 def disk_need(d: DiskEstimate) -> int:
-    """The disk a sweep needs at its peak: checkpoints while running and kept, parents and
-    stable runs."""
+    """The disk a sweep needs at its peak (every term of ``d`` but the object store's)."""
     return d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
 
 

@@ -150,11 +150,10 @@ class SpooledWriter:
 
 
 class _SigningWriter(SpooledWriter):
-    """A write-only file object, crash-consistent: the bytes are spooled (memory, then a temp
-    file) while their digest is computed; at close, three whole-object PUTs: (1) the sidecar
-    listing the new digest *and* those it listed before, (2) the object, (3) the sidecar with
-    the new digest alone. A PUT lands whole or not at all, so a process killed at any instant
-    leaves an object (old or new) that its sidecar vouches for: never a digest mismatch."""
+    """A write-only file object, crash-consistent: spooled while its digest is computed, then at
+    close three whole-object PUTs: the sidecar listing the new digest *and* those it listed
+    before, the object, the sidecar with the new digest alone. A PUT lands whole or not at all,
+    so a kill at any instant leaves an object (old or new) that its sidecar vouches for."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
         super().__init__(SPOOL_BYTES)
