@@ -1,9 +1,10 @@
 """Where the driver keeps a sweep's rows so that nothing reported is ever lost, in bounded
-memory at any number of rows: a row log (``sweeps.store.wal``) written before Tune's callback
-returns, sealed trials in immutable Parquet parts, ``results.parquet`` stitched from them by a
-background writer (``sweeps.store.worker``), and ``--resume`` rebuilt from all of these and
-Tune's records. docs/guarantees.md ("Nothing reported is lost") walks through it, docs/storage.md
-has the files, docs/reliability.md the crashes.
+memory at any number of rows: every row and mark goes to a row log (``sweeps.store.wal``) before
+Tune's callback returns; a marked trial is *sealed* (its rows written once into an immutable
+Parquet part and dropped from memory, read back if it changes again); ``results.parquet`` is
+stitched from the parts by a background writer (``sweeps.store.worker``); ``--resume`` rebuilds
+from all of these and Tune's records. docs/guarantees.md ("Nothing reported is lost") has the
+whole design, docs/storage.md the files, docs/reliability.md the crashes.
 """
 
 from __future__ import annotations
