@@ -335,14 +335,13 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
         if t.parent_key is None:
             continue
         p = parents.get(t.parent_key)
-        if p is None and t.config.parent.from_pretrained is not None:  # loaded, not trained
-            p = ParentPlan(key=t.parent_key, child=t.config, tokens=0, flops=0.0, trials=0)
-        elif p is None:
-            pc = t.config.parent_run()
-            n_p = count_params(pc.model_config()).non_embedding_active
-            ptoks = pc.steps * pc.tokens_per_step
-            p = ParentPlan(key=t.parent_key, child=t.config, tokens=ptoks,
-                           flops=6 * n_p * ptoks, trials=0)
+        if p is None:
+            tokens, flops = 0, 0.0  # a parent.from_pretrained parent: loaded, not trained
+            if t.config.parent.from_pretrained is None:
+                pc = t.config.parent_run()
+                tokens = pc.steps * pc.tokens_per_step
+                flops = 6 * count_params(pc.model_config()).non_embedding_active * tokens
+            p = ParentPlan(key=t.parent_key, child=t.config, tokens=tokens, flops=flops, trials=0)
         expands = t.config.upcycle is not None and t.config.upcycle.method == "expand_experts"
         parents[t.parent_key] = dataclasses.replace(
             p, trials=p.trials + spec.num_samples, needs_optimizer=p.needs_optimizer or expands)
