@@ -192,13 +192,11 @@ def plan_trial(spec: SweepSpec, point: Mapping[str, Any], built: Built | None = 
     )
 
 
-def _bf16(cfg: TrainConfig, gpus: float | str) -> bool:
-    if gpus == "auto":  # resources.gpus: auto, as it resolves on this machine
-        gpus = resolve_gpus(gpus, local_cluster())
+def _bf16(cfg: TrainConfig, gpus: float) -> bool:  # gpus: resolved (resources.resolve_gpus)
     return cfg.optim.dtype == "bf16" or (cfg.optim.dtype == "auto" and gpus > 0)
 
 
-def bf16_weights(cfg: TrainConfig, gpus: float | str) -> bool:
+def bf16_weights(cfg: TrainConfig, gpus: float) -> bool:
     """Whether a run keeps bf16 weights (and DeepSpeed's fp32 master copy): a bf16 run whose
     ``optim.bf16_mode`` is not ``torch_autocast`` (fp32 weights, bf16 compute)."""
     return _bf16(cfg, gpus) and cfg.optim.resolved_bf16_mode() != "torch_autocast"
@@ -307,11 +305,10 @@ def _branch_groups(spec: SweepSpec, trials: list[TrialPlan]) -> dict[str, Branch
 
 
 def extends_stable(spec: SweepSpec, t: TrialPlan) -> bool:
-    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t``
-    decays from its branch group's stable run (keyed by
-    ``t.stable_key``), which the first trial that needs it trains, or extends, to ``t``'s decay
-    start (``sweeps.run.parents.extend_stable``); a grid point or not, as long as its config
-    branches (WSD with a decay, no constant-LR policy) on one rank."""
+    """An algorithm that trains nothing up front (``Algorithm.trains_up_front``): ``t`` decays from
+    its branch group's stable run (keyed by ``t.stable_key``), which the first trial that needs it
+    trains, or extends, to ``t``'s decay start (``sweeps.run.parents.extend_stable``); a grid point
+    or not, as long as its config branches (WSD with a decay, no constant-LR policy) on one rank."""
     return (not plugin(spec.algorithm).trains_up_front and spec.wsd_branches
             and spec.resources.ranks == 1 and _branchable(t.config)
             and t.decay_start < t.config.steps)
@@ -338,14 +335,13 @@ def build_plan(spec: SweepSpec) -> SweepPlan:
         if t.parent_key is None:
             continue
         p = parents.get(t.parent_key)
-        if p is None and t.config.parent.from_pretrained is not None:  # loaded, not trained
-            p = ParentPlan(key=t.parent_key, child=t.config, tokens=0, flops=0.0, trials=0)
-        elif p is None:
-            pc = t.config.parent_run()
-            n_p = count_params(pc.model_config()).non_embedding_active
-            ptoks = pc.steps * pc.tokens_per_step
-            p = ParentPlan(key=t.parent_key, child=t.config, tokens=ptoks,
-                           flops=6 * n_p * ptoks, trials=0)
+        if p is None:
+            tokens, flops = 0, 0.0  # a parent.from_pretrained parent: loaded, not trained
+            if t.config.parent.from_pretrained is None:
+                pc = t.config.parent_run()
+                tokens = pc.steps * pc.tokens_per_step
+                flops = 6 * count_params(pc.model_config()).non_embedding_active * tokens
+            p = ParentPlan(key=t.parent_key, child=t.config, tokens=tokens, flops=flops, trials=0)
         expands = t.config.upcycle is not None and t.config.upcycle.method == "expand_experts"
         parents[t.parent_key] = dataclasses.replace(
             p, trials=p.trials + spec.num_samples, needs_optimizer=p.needs_optimizer or expands)

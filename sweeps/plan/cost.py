@@ -222,12 +222,11 @@ def _hours(h: float) -> str:
 def forecast(jobs: list[Job], device: str, *, concurrency: int, parents_parallel: int,
              price: float | None = None, table: list[Mapping[str, Any]] | None = None,
              policy: str = schedule.BARRIER) -> Forecast:
-    """GPU-hours (each job's seconds × the accelerators it holds), wall time, cost, and the
-    reserved accelerators: ``concurrency`` trials' worth, for the whole wall time
-    (``Forecast.idle_share``). Wall time under ``policy`` barrier: the parents and stable runs
-    first, ``parents_parallel`` at once, then the trials on ``concurrency`` slots (LPT); under
-    own_parent: ``sweeps.plan.schedule`` over the reserved accelerators, each trial once its
-    own parent is ready."""
+    """GPU-hours (each job's seconds × the accelerators it holds), wall time, cost, and the reserved
+    accelerators: ``concurrency`` trials' worth, for the whole wall time (``Forecast.idle_share``).
+    Wall time under ``policy`` barrier: the parents and stable runs first, ``parents_parallel`` at
+    once, then the trials on ``concurrency`` slots (LPT); under own_parent: ``sweeps.plan.schedule``
+    over the reserved accelerators, each trial once its own parent is ready."""
     table = load_table() if table is None else table
     secs: dict[str, list[float]] = {"trial": [], "pre": []}
     tasks: list[schedule.Task] = []
@@ -268,8 +267,7 @@ def _preset(cfg: Any) -> str:
 
 
 def trial_gpus(spec: Any, device: str) -> float:
-    """Accelerators one trial holds: ``resources.gpus`` (at least 1) × ``resources.ranks``
-    (a CPU trial: 1 slot)."""
+    """Accelerators one trial holds: ``resources.gpus`` (at least 1) × ranks; a CPU trial: 1."""
     r = spec.resources
     return 1.0 if device == "cpu" else max(1.0, r.gpus) * r.ranks
 
@@ -288,22 +286,19 @@ def parent_rank_counts(spec: Any, plan: Any, device: str, concurrency: int | Non
 
 def jobs_from_plan(spec: Any, plan: Any, device: str, concurrency: int | None = None
                    ) -> list[Job]:
-    """What the plan trains: every trial in the order Tune starts them (``plan.trials``, each
-    sample of them in turn; a WSD branch only its decay: its stable phase is the group's
-    stable run), each trained parent once, each stable run once (per sample). A GPU
-    trial holds ``resources.gpus`` (at least 1) × ``resources.ranks`` accelerators; a stable run
-    is one task with one rank's (``sweeps.plan.resources.task_options``), a parent
+    """What the plan trains: every trial in the order Tune starts them (``plan.trials``, each sample
+    of them in turn; a WSD branch only its decay: its stable phase is the group's stable run), each
+    trained parent once, each stable run once (per sample). A trial holds :func:`trial_gpus`
+    accelerators, a stable run one rank's (``sweeps.plan.resources.task_options``), a parent
     :func:`parent_rank_counts` ranks' (a CPU job counts as one trial slot)."""
-    r = spec.resources
     acc = trial_gpus(spec, device)
-    task = 1.0 if device == "cpu" else max(1.0, r.gpus)  # a parent / stable run: one rank's
+    task = 1.0 if device == "cpu" else max(1.0, spec.resources.gpus)  # one rank's
     trials = []
     for t in plan.trials:
         tps = t.config.tokens_per_step
         own = t.tokens - (t.decay_start * tps if plan.branch_of(t) is not None else 0)
-        cfg = t.config.model_config()
-        trials.append(Job("trial", own, cfg, _preset(t.config), t.config.seq_len, acc,
-                          t.parent_key))
+        trials.append(Job("trial", own, t.config.model_config(), _preset(t.config),
+                          t.config.seq_len, acc, t.parent_key))
     jobs = trials * plan.num_samples  # as Tune starts them: every point, then every point again
     for g in plan.branch_groups.values():
         t = g.representative

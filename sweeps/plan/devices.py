@@ -1,12 +1,8 @@
-"""Which device a trial (or a parent / stable-run task) trains on, given the GPUs Ray lent it.
-
-A task that holds a GPU reservation trains on CUDA. Where CUDA is absent (the logical GPUs of
-the local fake cluster, ``sweeps.cluster.local``, or a node whose driver is broken), training on
-the CPU instead would hide the problem behind a run 100x slower, so it is a one-line error
-before training starts, unless ``UPCYCLE_SWEEPS_ALLOW_CPU_FOR_GPU=1`` is set in the driver's
-environment (the driver passes it to every trial, see ``sweeps.run.driver.PASS_ENV``): then the
-trial trains on the CPU while holding the GPU reservation, which is what a laptop or CI run of
-the GPU path needs.
+"""Which device a trial (or a parent / stable-run task) trains on, given the GPUs Ray lent it:
+CUDA, else a one-line error (training on the CPU would hide a broken node behind a run 100x
+slower) unless ``UPCYCLE_SWEEPS_ALLOW_CPU_FOR_GPU=1`` is in the driver's environment (passed to
+every trial: ``sweeps.run.driver.PASS_ENV``), as the local fake cluster's logical GPUs need
+(docs/cluster.md §1).
 """
 
 from __future__ import annotations
@@ -34,18 +30,14 @@ def device_for(gpu_ids: Sequence[object], cuda: bool, allow_cpu: bool) -> str:
     if cuda:
         return "cuda"
     if gpu_ids and not allow_cpu:
+        import torch
+
         raise UpcycleError(
             f"this trial holds GPU reservation {list(gpu_ids)} but CUDA is not available on its "
-            f"node (torch {_torch_version()}); fix the node's CUDA, set resources.gpus: 0, or "
+            f"node (torch {torch.__version__}); fix the node's CUDA, set resources.gpus: 0, or "
             f"set {ALLOW_CPU_ENV}=1 in the driver's environment to train on the CPU (logical "
             "GPUs of a test cluster)")
     return "cpu"
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def check_reserved_device() -> str:

@@ -69,12 +69,10 @@ def model_memory_bytes(cfg: Any, gpus: float, ranks: int = 1) -> int:
 
 
 def with_micro_batch(cfg: Any, micro: int) -> Any:
-    """``cfg`` with ``batch.micro_batch`` = ``micro``."""
     return dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch=micro))
 
 
 def with_zero_stage(cfg: Any, stage: int) -> Any:
-    """``cfg`` with ``optim.zero_stage`` = ``stage``."""
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, zero_stage=stage))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from safetensors import safe_open
 
 from moe_core.data.config import _hf_vocab_size
@@ -175,8 +176,7 @@ def _data_vocab(d: Any) -> tuple[int | None, str]:
 
 def check_vocab(spec: SweepSpec, cfg: Any, model_vocab: int, ckpt: Path) -> list[Problem]:
     """The tokenizer's ids must index the checkpoint's embedding; a checkpoint that ships its own
-    tokenizer and a spec that tokenizes otherwise is flagged (its ids would mean other
-    tokens)."""
+    tokenizer and a spec that tokenizes otherwise is flagged (its ids would mean other tokens)."""
     n, what = _data_vocab(cfg.data)
     key = spec_key(spec, "data.tokenizer")
     if n is not None and n > model_vocab:
@@ -273,12 +273,6 @@ def hosts_of(nodes: Iterable[Mapping[str, float]]) -> int:
                 if k.startswith("node:") and k != "node:__internal_head__"})
 
 
-def parent_cache_of(spec: SweepSpec) -> str:
-    """Where the sweep caches its parents: ``storage.parent_cache``, else
-    ``<results>/<sweep>/parents`` (``sweeps.run.driver``)."""
-    return spec.storage.parent_cache or join_uri(spec.results_uri, "parents")
-
-
 def check_parent_cache(cache: str, hosts: int, ranks: int, fstype: str | None) -> list[Problem]:
     """A parent trained on ``ranks`` > 1 ranks (``resources.parent_ranks``) writes itself into
     the parent cache from its rank 0, and the parent's task, maybe on another node, reads it back
@@ -298,13 +292,6 @@ def parent_cache_problems(cache: str, hosts: int, ranks: int) -> list[Problem]:
     """:func:`check_parent_cache` of ``cache`` (a bucket URL or a local folder, whose
     filesystem type is read here), for ``--dry-run`` and the driver once connected."""
     return check_parent_cache(cache, hosts, ranks, None if is_url(cache) else fs_type(Path(cache)))
-
-
-def host_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
@@ -341,11 +328,11 @@ def check_capacity(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
 
 
 def _cpu_load(spec: SweepSpec, plan: SweepPlan, concurrent: int | None,
-              host_memory: int | None) -> tuple[int, int, int, int | None]:
+              host_memory: int | None) -> tuple[int, int, int, int]:
     """(ranks per trial, one rank's peak RSS, concurrent trials, the host's memory)."""
     r = spec.resources.ranks
     n = concurrent or min(plan.num_trials, spec.max_concurrent or plan.num_trials)
-    host = host_memory if host_memory is not None else host_memory_bytes()
+    host = host_memory if host_memory is not None else psutil.virtual_memory().total
     return r, max_trial_memory(spec, plan, ranks=r), n, host
 
 
@@ -384,8 +371,7 @@ def _device_capacity(spec: SweepSpec, plan: SweepPlan, gpu: str | None) -> list[
 
 
 def disk_need(d: DiskEstimate) -> int:
-    """The disk a sweep needs at its peak: checkpoints while running and kept, parents and
-    stable runs."""
+    """The disk a sweep needs at its peak (every term of ``d`` but the object store's)."""
     return d.running_bytes + d.kept_bytes + d.parent_bytes + d.stable_bytes
 
 
@@ -407,9 +393,8 @@ def disk_fixes(d: DiskEstimate, free: float) -> list[str]:
 
 
 def custom_resources(spec: SweepSpec) -> dict[str, float]:
-    """Custom resources each Tune trial's bundle (its driver) asks for:
-    ``resources.trial_driver`` adds the resource of that name (on the cluster configs, only
-    on-demand nodes have it)."""
+    """Custom resources each Tune trial's bundle (its driver) asks for: ``resources.trial_driver``
+    adds the resource of that name (on the cluster configs, only on-demand nodes have it)."""
     t = spec.resources.trial_driver
     return {"trial_driver": float(t)} if t else {}
 
@@ -470,11 +455,10 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
                concurrent: int | None = None, nodes: list[Mapping[str, float]] | None = None,
                local: bool = True, hosts: int | None = None) -> list[Problem]:
     """Every check. ``nodes``: a connected cluster's (``--dry-run --address``); ``hosts``: the
-    machines the sweep runs on (None: counted in ``nodes``); ``local``: the
-    sweep runs on this machine (no ``--address``), whose memory bounds CPU trials and which has
-    no custom resources; neither: a launch on a cluster, checked once connected
-    (``sweeps.run.driver``). ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``,
-    else on this machine."""
+    machines the sweep runs on (None: counted in ``nodes``); ``local``: the sweep runs on this
+    machine (no ``--address``), whose memory bounds CPU trials and which has no custom resources;
+    neither: a launch on a cluster, checked once connected (``sweeps.run.driver``).
+    ``resources.gpus: auto`` is checked as it will resolve: on ``nodes``, else on this machine."""
     spec = resolved(spec, nodes)
     out = check_results_dir(spec) + check_calibration(spec)
     found: dict[tuple[str, str], Problem] = {}
@@ -492,8 +476,10 @@ def run_checks(spec: SweepSpec, plan: SweepPlan, *, gpu: str | None = None,
     if hosts and hosts > 1:
         ranks = parent_rank_counts(spec, plan, "cpu" if spec.resources.gpus == 0 else "gpu",
                                    concurrent)
-        out += parent_cache_problems(local_form(parent_cache_of(spec), "storage.parent_cache"),
-                                     hosts, max(ranks.values(), default=1))
+        # the parents' cache: storage.parent_cache, else <results>/<sweep>/parents (as the driver)
+        cache = spec.storage.parent_cache or join_uri(spec.results_uri, "parents")
+        out += parent_cache_problems(local_form(cache, "storage.parent_cache"), hosts,
+                                     max(ranks.values(), default=1))
     elif local and spec.resources.trial_driver:
         out += check_cluster(spec, [{"CPU": os.cpu_count() or 1}], "this machine (no --address)")
     return out

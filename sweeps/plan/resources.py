@@ -194,8 +194,7 @@ def describe(spec: SweepSpec, resolved: SweepSpec, cluster: Mapping[str, float],
             if gpus == AUTO else f"resources.gpus={float(gpus):g} per task (as the spec says)")
     out = [head]
     for name, res in reservations(resolved):
-        parts = [f"{k} {v:g}" if k in ("CPU", "GPU") else f"memory {v:,.0f} B" if k == "memory"
-                 else f"{k} {v:g} (custom)" for k, v in res.items()]
+        parts = [f"memory {v:,.0f} B" if k == "memory" else f"{k} {v:g}" for k, v in res.items()]
         out.append(f"  {name:<16} reserves {', '.join(parts)}")
     if resolved.resources.gpus == 0:
         out.append("  zero-GPU work runs with CUDA_VISIBLE_DEVICES='' (Ray's "
@@ -224,15 +223,14 @@ def node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def stamp_placement(checkpoint: str | Path, where: Mapping[str, Any] | None = None,
-                    started: float | None = None) -> None:
+def stamp_placement(checkpoint: str | Path, started: float | None = None) -> None:
     """Record :func:`placement` under ``placement`` in a checkpoint's ``meta.json`` (which its
     SHA-256 list does not cover), atomically; with ``started`` (epoch seconds) also ``span``:
     the Ray node it trained on (``node_id``), ``start`` and ``end`` (now), which the scheduling
     proof reads (docs/cluster.md §4)."""
     meta = Path(checkpoint) / "meta.json"
     m = json.loads(meta.read_text())
-    m["placement"] = dict(where if where is not None else placement())
+    m["placement"] = placement()
     if started is not None:
         m["span"] = {"node_id": node_id(), "start": started, "end": time.time()}
     atomic_write_text(meta, json.dumps(m, indent=1))

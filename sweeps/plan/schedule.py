@@ -30,10 +30,9 @@ def _priority(t: Task, parents: set[str], policy: str) -> tuple[int, float]:
 
 def schedule(tasks: Iterable[Task], capacity: float, policy: str = OWN_PARENT
              ) -> dict[str, tuple[float, float]]:
-    """Each task's (start, end) of training in seconds on ``capacity`` GPUs under ``policy``
-    (a trial waiting for its parent holds its GPUs from when it took them until its end). A
-    task wider than the pool runs alone on all of it (a forecast, not a refusal: preflight
-    refuses)."""
+    """Each task's (start, end) of training in seconds on ``capacity`` GPUs under ``policy`` (a
+    trial waiting for its parent holds its GPUs from when it took them until its end). A task wider
+    than the pool runs alone on all of it (a forecast, not a refusal: preflight refuses)."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}: one of {', '.join(POLICIES)}")
     tasks = list(tasks)
@@ -65,9 +64,7 @@ def schedule(tasks: Iterable[Task], capacity: float, policy: str = OWN_PARENT
                 break  # Tune starts the trials in order
         if not running:  # nothing can ever start
             raise ValueError(f"unschedulable: {[t.name for t in waiting][:3]}")
-        now, name, g = heapq.heappop(running)
-        free += g
-        done.add(name)
+        now = running[0][0]  # the next end, and every other end at that instant
         while running and running[0][0] <= now:
             _, name, g = heapq.heappop(running)
             free += g
@@ -85,10 +82,9 @@ def busy(tasks: Iterable[Task], capacity: float) -> float:
 
 
 def policy_for(up_front: bool, stable_runs: int, parent_gpus: float, capacity: float) -> str:
-    """The policy the driver runs: own_parent where the algorithm trains its parents up front,
-    there are no WSD stable runs (each needs its parent first and its trials need it), and
-    every parent task fits ``capacity`` at once, so all of them start before any trial takes a
-    GPU (a trial waiting for a parent that cannot start would hold its GPUs for ever); else
-    barrier."""
+    """The policy the driver runs: own_parent where the algorithm trains its parents up front, there
+    are no WSD stable runs (each needs its parent first and its trials need it), and every parent
+    task fits ``capacity`` at once, so all of them start before any trial takes a GPU (a trial
+    waiting for a parent that cannot start would hold its GPUs for ever); else barrier."""
     own = up_front and stable_runs == 0 and parent_gpus <= capacity + 1e-9
     return OWN_PARENT if own else BARRIER

@@ -1,13 +1,8 @@
-"""Tune's experiment folder on storage as immutable generations and a manifest written last.
-
-Tune uploads its whole state folder every save, replacing each file in place on several threads:
-a driver killed mid-upload leaves some files new, some old and one cut short
-(``basic-variant-state-*`` was found unreadable after kill -9). :class:`StateHandler` (Tune's
-storage filesystem) writes each top-level file as a new object ``tune/.state/g<N>/<name>`` and,
-when the upload ends, the commit ``tune/.state/manifest-<N>.json`` naming each object's size and
-SHA-256; readers see the newest manifest whose objects all check and decode, so a kill at any
-instant leaves one whole upload (docs/reliability.md). On object storage every object goes
-through ``sweeps.store.signing``.
+"""Tune's experiment folder on storage as immutable generations and a manifest written last: Tune
+rewrites its state files in place, on several threads, at every save, so a kill mid-upload left
+them torn or mixed (``basic-variant-state-*`` unreadable after kill -9). Each top-level file is a
+new object ``tune/.state/g<N>/<name>``, the manifest ``tune/.state/manifest-<N>.json`` commits an
+upload, and readers see the newest one whose objects all check (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from sweeps.store.signing import ForwardingHandler, SpooledWriter
+from sweeps.store.signing import SPOOL_BYTES, ForwardingHandler, SpooledWriter
 from sweeps.store.storage import Location
 
 STATE_DIR = ".state"
@@ -135,7 +130,7 @@ class _GenWriter(SpooledWriter):
     open generation at close (see :meth:`StateHandler._landed`)."""
 
     def __init__(self, handler: StateHandler, name: str):
-        super().__init__(64 << 20)
+        super().__init__(SPOOL_BYTES)
         self.handler, self.name = handler, name
 
     def _landed(self) -> None:
@@ -275,12 +270,9 @@ class StateHandler(ForwardingHandler):
         return pafs.FileInfo(path.rstrip("/"), pafs.FileType.File, size=self.view()[name]["size"])
 
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        out = []
-        for p in paths:
-            name = self._name(p)
-            out.append(self._info(p, name) if name and name in self.view()
-                       else self.inner.get_file_info(p))
-        return out
+        view = self.view()
+        return [self._info(p, self._name(p)) if self._name(p) in view
+                else self.inner.get_file_info(p) for p in paths]
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         infos = self.inner.get_file_info(selector)
@@ -360,9 +352,8 @@ def handler_of(fs: Any) -> StateHandler | None:
 @contextlib.contextmanager
 def committed_uploads() -> Iterator[None]:
     """While open, each upload Ray's syncer makes into a :class:`StateHandler`'s folder is one
-    transaction (committed when it ends). Wraps ``ray.train._internal.storage
-    ._upload_to_fs_path``, which the syncer looks up at each upload (checked by
-    tests/sweeps/test_generations.py)."""
+    transaction (committed when it ends). Wraps ``ray.train._internal.storage._upload_to_fs_path``,
+    which the syncer looks up at each upload (checked by tests/sweeps/test_generations.py)."""
     from ray.train._internal import storage as ray_storage
 
     orig = ray_storage._upload_to_fs_path

@@ -1,13 +1,7 @@
-"""The run lock of a results folder on object storage: a lease that fails closed.
-
-Object storage has no ``flock``, so the lock is one object, ``<results>/.run.lock``, written
-only with conditional puts (S3 ``If-None-Match``/``If-Match``; GCS ``ifGenerationMatch``) and
-read back after each write: of two racing runs exactly one write lands, a record that cannot be
-read is held, and a holder that finds another token on renewal stops itself and never writes
-again. A record not renewed for :attr:`ObjectRunLock.TTL` seconds, or whose holder ran on this
-machine and is gone, is taken over. S3 goes through boto3 (pyarrow's S3 filesystem has no
-conditional writes), GCS through google-cloud-storage (untested). docs/reliability.md has the
-whole protocol.
+"""The run lock of a results folder on object storage (``<results>/.run.lock``): a lease that
+fails closed, written only with conditional puts (boto3 on S3: pyarrow's S3 filesystem has none;
+google-cloud-storage on GCS, untested) and read back after each write. docs/reliability.md has
+the protocol.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Memory pressure as a trial outcome: Ray's memory-monitor kill read into the node's figures.
-
-Past ``RAY_memory_usage_threshold`` (0.95) Ray's memory monitor kills workers, and the task fails
-with ``ray.exceptions.OutOfMemoryError``, whose message gives the node's use, its limit, the
-threshold and each killed worker's memory. :func:`oom_outcome` turns that text into the ``oom``
-status's reason line and its ``memory.*`` columns: a row that says what happened and what to
-lower.
+"""Ray's memory-monitor kill (``ray.exceptions.OutOfMemoryError``, past
+``RAY_memory_usage_threshold``) read into the ``oom`` status's reason line and ``memory.*``
+columns: what happened and what to lower (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ DISTRIBUTION = "upcycle-sweeps"
 ROOT = Path(__file__).resolve().parents[2]
 """The folder the running code is imported from (a git checkout, or site-packages)."""
 KEYS = ("code", "python", "packages", "device")
-"""The record's top-level keys."""
 
 
 def _git(*args: str) -> str | None:

@@ -281,8 +281,7 @@ def read_table(path: str | Path | Location) -> pa.Table | None:
     if not loc.exists():
         return None
     table = _read_parquet(loc)
-    meta = table.schema.metadata or {}
-    version = int(meta.get(_META_KEY, b"1"))
+    version = int((table.schema.metadata or {}).get(_META_KEY, b"1"))
     if version < 2:
         table = _upgrade_v1(table)
     if version < 3:
@@ -297,8 +296,7 @@ def read_provenance(path: str | Path | Location) -> dict[str, Any] | None:
         loc = loc / RESULTS_FILE
     if not loc.path.endswith(".parquet") or not loc.exists():
         return None  # a CSV of results records none
-    meta = read_schema(loc).metadata or {}
-    raw = meta.get(PROVENANCE_KEY)
+    raw = (read_schema(loc).metadata or {}).get(PROVENANCE_KEY)
     return None if raw is None else json.loads(raw)
 
 
@@ -353,11 +351,10 @@ def final_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def summarize(finals: Iterable[Mapping[str, Any]], *, sweep: str, metric: str, mode: str,
               planned: Mapping[str, Any], results: str, wall_s: float,
               parent_wall_s: float) -> dict[str, Any]:
-    """The sweep's outcome and compute ledger (``planned``: the plan's estimates).
-    ``complete`` is false while a planned trial has not ended (ok, failed, diverged, pruned or
-    oom: killed by Ray's memory monitor):
-    ``unfinished`` lists the trials that started, ``not_started`` counts the others. A pruned
-    trial counts neither as ok nor as failed."""
+    """The sweep's outcome and compute ledger (``planned``: the plan's estimates). ``complete`` is
+    false while a planned trial has not ended (ok, failed, diverged, pruned or oom: killed by Ray's
+    memory monitor): ``unfinished`` lists the trials that started, ``not_started`` counts the
+    others. A pruned trial counts neither as ok nor as failed."""
     finals = list(finals)
     ok = [r for r in finals if r.get("status") == "ok"]
     unfinished = sorted(str(r["trial_id"]) for r in finals
@@ -408,8 +405,7 @@ def _read_parquet(loc: Location, columns: list[str] | None = None) -> pa.Table:
 def read_schema(path: Path | Location) -> pa.Schema:
     """A Parquet file's schema, from its footer only."""
     if isinstance(path, Location):
-        with path.fs.open_input_file(path.path) as f:
-            return pq.read_schema(f)
+        return pq.read_schema(path.path, filesystem=path.fs)
     return pq.read_schema(path)
 
 
@@ -446,13 +442,9 @@ def unify(schemas: list[pa.Schema]) -> pa.Schema:
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns in its order (missing ones null) and types."""
-    n = table.num_rows
     cols = []
     for f in schema:
-        if f.name not in table.column_names:
-            cols.append(pa.nulls(n, f.type))
-            continue
-        col = table[f.name]
+        col = table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
         if col.type != f.type:
             try:
                 col = col.cast(f.type)

@@ -1,11 +1,8 @@
-"""Keyed digests of every file a sweep trusts on object storage (docs/storage.md).
-
-``--resume`` unpickles Tune's state and ``torch.load``s checkpoints, and the rows and records
-decide what is reported as best: code and verdicts from the bucket, for anyone who can write it.
-Object storage has no owners or modes (``sweeps.store.trust``), so those files go through
-:func:`signed_filesystem`: every object gets a sidecar ``<object>.upcycle-hmac`` listing
-HMAC-SHA256(key, path + content), and a read is refused in one line unless its digest is listed.
-The key (>= 32 bytes, :func:`load_key`) never enters the bucket, Ray's runtime_env or a pickle.
+"""Keyed digests of every file a sweep trusts on object storage: ``--resume`` unpickles Tune's
+state and loads checkpoints, and object storage has no owners or modes (``sweeps.store.trust``),
+so each object gets a sidecar ``<object>.upcycle-hmac`` listing HMAC-SHA256(key, path +
+content), and a read is refused unless its digest is listed. The key never enters the bucket,
+Ray or a pickle (docs/storage.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -153,11 +150,10 @@ class SpooledWriter:
 
 
 class _SigningWriter(SpooledWriter):
-    """A write-only file object, crash-consistent: the bytes are spooled (memory, then a temp
-    file) while their digest is computed; at close, three whole-object PUTs: (1) the sidecar
-    listing the new digest *and* those it listed before, (2) the object, (3) the sidecar with
-    the new digest alone. A PUT lands whole or not at all, so a process killed at any instant
-    leaves an object (old or new) that its sidecar vouches for: never a digest mismatch."""
+    """A write-only file object, crash-consistent: spooled while its digest is computed, then at
+    close three whole-object PUTs: the sidecar listing the new digest *and* those it listed
+    before, the object, the sidecar with the new digest alone. A PUT lands whole or not at all,
+    so a kill at any instant leaves an object (old or new) that its sidecar vouches for."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, metadata: Any):
         super().__init__(SPOOL_BYTES)
@@ -249,10 +245,8 @@ class SigningHandler(ForwardingHandler):
         return data
 
     def copy_file(self, src: str, dest: str) -> None:
-        data = self._read_verified(src)
-        w = _SigningWriter(self.inner, dest, None)
-        w.write(data)
-        w.close()
+        with self.open_output_stream(dest, None) as f:
+            f.write(self._read_verified(src))
 
     def open_input_stream(self, path: str) -> pa.NativeFile:
         return pa.BufferReader(self._read_verified(path))
@@ -267,12 +261,11 @@ class SigningHandler(ForwardingHandler):
 
 
 def _synchronous(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's
-    upload) closes a Python file on Arrow's IO thread pool; an S3 stream with background
-    writes, closed there, waits for its upload queued on that same pool: with as many files
-    as IO threads, every thread waits and nothing runs (reproduced in
-    tests/sweeps/test_storage.py). Rebuilt from its own pickle arguments (no credentials
-    there: those come from the environment on each node)."""
+    """``fs`` with its writes done in the calling thread. pyarrow's ``copy_files`` (Ray's upload)
+    closes a Python file on Arrow's IO thread pool; an S3 stream with background writes, closed
+    there, waits for its upload queued on that same pool: with as many files as IO threads, every
+    thread waits and nothing runs (reproduced in tests/sweeps/test_storage.py). Rebuilt from its own
+    pickle arguments (no credentials there: those come from the environment on each node)."""
     if isinstance(fs, pafs.S3FileSystem):
         rebuild, (kw,) = fs.__reduce__()
         if kw.get("background_writes"):

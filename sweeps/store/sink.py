@@ -1,17 +1,10 @@
 """Where the driver keeps a sweep's rows so that nothing reported is ever lost, in bounded
-memory at any number of rows (docs/storage.md has the files, docs/reliability.md the crashes).
-
-Every row (and status change) is appended to the row log (``sweeps.store.wal``) before the Tune
-callback returns: O(1) work per row on Tune's event loop, and fsynced before a trial's outcome is
-acknowledged (``mark``). Only running trials' rows are held in memory: a marked trial's rows are
-written once, by the sink's background thread (``sweeps.store.worker``), into an immutable part
-(``parts/part-NNNNNN.parquet``) and dropped (the trial is *sealed*); a row or status change for
-a sealed trial (a restart) reads it back first. ``results.parquet`` (what readers see) is
-stitched from the parts and the running trials' rows, one part at a time, at a ``flush`` no more
-often than :meth:`ResultsSink._stitch_period` and at ``close``; the log segments it covers are
-then deleted. On ``--resume`` the rows are rebuilt from the parts, ``results.parquet`` (the
-unsealed trials' rows, if it is readable), the log and Tune's ``tune/*/result.json``, so a
-damaged ``results.parquet`` costs nothing.
+memory at any number of rows: every row and mark goes to a row log (``sweeps.store.wal``) before
+Tune's callback returns; a marked trial is *sealed* (its rows written once into an immutable
+Parquet part and dropped from memory, read back if it changes again); ``results.parquet`` is
+stitched from the parts by a background writer (``sweeps.store.worker``); ``--resume`` rebuilds
+from all of these and Tune's records. docs/guarantees.md ("Nothing reported is lost") has the
+whole design, docs/storage.md the files, docs/reliability.md the crashes.
 """
 
 from __future__ import annotations
@@ -274,7 +267,8 @@ class ResultsSink:
                 rewind(curve, step)
                 curve[step] = row
             for row in curve.values():
-                if not self._has(row):
+                t, step = _key(row)
+                if step not in self.trials.get(t, {}):  # (t is not sealed: skipped above)
                     self._put(row)
                     n += 1
         return n
@@ -283,8 +277,6 @@ class ResultsSink:
 
     def _set_statuses(self, t: str, new: frozenset) -> None:
         old = self._statuses.get(t, frozenset())
-        if old == new and t in self._statuses:
-            return
         for s in old - new:
             self._by_status.get(s, set()).discard(t)
         for s in new - old:
@@ -343,17 +335,14 @@ class ResultsSink:
         elif row.get("status") not in self._statuses[t]:
             self._set_statuses(t, self._statuses[t] | {row.get("status")})
 
-    def _has(self, row: dict[str, Any]) -> bool:
-        t, step = _key(row)
-        return t in self._owner or step in self.trials.get(t, {})
-
     def add(self, row: dict[str, Any]) -> None:
         """Record a row: durable (logged) when this returns."""
         row = json_safe(row)
         with self._lock:
             self._put(row, replay=True)
             self._append({"row": row})
-        self.maybe_flush()
+        if time.time() - self._last_flush >= self.flush_s:
+            self.flush()
 
     def _mark_locked(self, trial_id: str, status: str, reason: str | None,
                      placeholder: dict[str, Any] | None = None,
@@ -438,9 +427,6 @@ class ResultsSink:
         return [r for t in self.tables() for r in last_rows(t)]
 
     # ---- the Parquet files ---------------------------------------------------------------------
-
-    def maybe_flush(self) -> None:
-        time.time() - self._last_flush >= self.flush_s and self.flush()
 
     def flush(self, wait: bool = False, rewrite: bool = True) -> None:
         """Seal the marked trials and (when due) rewrite results.parquet, in the background (or

@@ -1,13 +1,7 @@
 """The results sink's row log segments (``rows/wal-NNNNNN.jsonl``): a local file with group
-commit, or write-once objects on object storage.
-
-Local: ``write`` puts the line in the kernel (written and flushed: a crash of the driver loses
-nothing) and returns without waiting for the disk; a background thread fsyncs the segment every
-``SYNC_S`` seconds, so a crash of the machine loses at most that much; ``sync`` fsyncs
-everything written so far, and the sink calls it before a trial's outcome (its completion) is
-acknowledged and at ``close``. One fsync then covers every row written since the last one (group
-commit), and no fsync waits on Tune's event loop: under a background Parquet rewrite an fsync
-waits for the journal to commit that rewrite's dirty pages too.
+commit (docs/guarantees.md), or write-once objects on object storage. No fsync waits on Tune's
+event loop: under a background Parquet rewrite an fsync waits for the journal to commit that
+rewrite's dirty pages too.
 """
 
 from __future__ import annotations
