@@ -186,20 +186,19 @@ KINDS: dict[str, type[Distribution]] = {
 def _parse_when(key: str, when_raw: Any, known: type) -> tuple:
     if not isinstance(when_raw, dict):
         raise _err(f"search.{key}.when must map config keys to allowed values")
+    when = []
     for wk, wv in when_raw.items():
         problem = unknown_key(known, wk) if isinstance(wk, str) and all(wk.split(".")) \
             else f"{shown(wk, 100)} is not a dotted key"
         if problem is not None:
             raise _err(f"search.{key}.when: {problem}; a condition names a key of the trial "
                        "config (or another knob)")
-        if not all(x is None or isinstance(x, (str, int, float))
-                   for x in (wv if isinstance(wv, list) else [wv])):
+        allowed = wv if isinstance(wv, list) else [wv]
+        if not all(x is None or isinstance(x, (str, int, float)) for x in allowed):
             raise _err(f"search.{key}.when.{wk}={shown(wv, 100)} must be a value or a list of "
                        "values (numbers, strings, true/false, null)")
-    return tuple(
-        (wk, tuple(coerce_number(x, wk) for x in (wv if isinstance(wv, list) else [wv])))
-        for wk, wv in when_raw.items()
-    )
+        when.append((wk, tuple(coerce_number(x, wk) for x in allowed)))
+    return tuple(when)
 
 
 def parse_param(key: Any, raw: Any, known: type) -> Distribution:
@@ -211,12 +210,10 @@ def parse_param(key: Any, raw: Any, known: type) -> Distribution:
     problem = unknown_key(known, key)
     if problem is not None:
         raise _err(f"search.{key}: {problem}")
+    if isinstance(raw, list):  # shorthand: a list is a grid
+        raw = {"grid": raw}
     if not isinstance(raw, dict):
-        # shorthand: a list is a grid
-        if isinstance(raw, list):
-            raw = {"grid": raw}
-        else:
-            raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
+        raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
     kinds = [k for k in raw if k in DISTRIBUTIONS]
     unknown = [k for k in raw if k not in DISTRIBUTIONS and k != "when"]
     if unknown:
