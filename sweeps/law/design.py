@@ -148,9 +148,13 @@ class LawDesign:
     """The searcher's state and decisions, free of Ray: candidates, observations, refits,
     proposals and the stopping rule (``cfg`` is a :class:`sweeps.law.config.LawSearchConfig`)."""
 
-    narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
+    # defaults of a fresh design, and of one pickled by an older version (a resumed experiment)
+    narrow = 0
+    """Consecutive refits whose interval was narrow enough."""
     _fit_on: tuple[int, ...] = ()
     _noise = NoiseComponents(1e-4, 0.0, 0)
+    """Noise variance in ln L from the last refit: a trial's own, and the part common to its group
+    (WSD stable run, else parent)."""
     _load: np.ndarray | None = None
 
     def _widen(self) -> tuple[float, str]:
@@ -184,13 +188,7 @@ class LawDesign:
         self.history: list[dict[str, Any]] = []
         self.estimate: Estimate | None = None
         self._ensemble: np.ndarray | None = None
-        self._noise = NoiseComponents(1e-4, 0.0, 0)
-        """Noise variance in ln L from the last refit: a trial's own, and the part common to
-        its group (WSD stable run, else parent)."""
         self._gidx = self._group_index()
-        self._fit_on: list[int] = []
-        self.narrow = 0
-        """Consecutive refits whose interval was narrow enough."""
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -457,7 +455,7 @@ class LawDesign:
         """(Cov(state, y_i), Var y_i) for an observation y_i = ln L̂_i + a_i·z + e of candidate
         ``i`` (a_i: its row of :meth:`_loadings`)."""
         c, n = i + 1, len(self.candidates) + 1
-        load = getattr(self, "_load", None)
+        load = self._load
         if load is None or C.shape[0] == n:  # no shared noise modelled
             return C[:, c], C[c, c] + self._noise.own
         a = load[i]
