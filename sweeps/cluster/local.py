@@ -241,59 +241,48 @@ class LocalCluster:
         self._timers: list[threading.Timer] = []
 
     def start(self) -> LocalCluster:
-        import ray._private.node
-        import ray._private.parameter
-
         port = self.cfg.port or free_port()
         self.address = f"127.0.0.1:{port}"
         config = self.root / "autoscaling.json"
         self.root.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps(autoscaling_config(self.cfg, self.address)))
-        params = ray._private.parameter.RayParams(
-            node_ip_address="127.0.0.1", gcs_server_port=port, num_cpus=self.cfg.head_cpus,
-            num_gpus=0, object_store_memory=self.cfg.object_store_bytes,
-            autoscaling_config=str(config) if self.cfg.autoscale else None,
-            temp_dir=str(self.root / "ray"),
-            include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
-            min_worker_port=0,
-            max_worker_port=0, dashboard_agent_listen_port=0)
-        with _environ(head_env(self.cfg) if self.cfg.autoscale else
-                      {**LOOPBACK_ENV, **LIGHT_ENV}):
-            node = ray._private.node.Node(params, head=True, shutdown_at_exit=False,
-                                          spawn_reaper=False)
-        self._record(node)
+        self._node(True, head_env(self.cfg) if self.cfg.autoscale else {},
+                   gcs_server_port=port, num_cpus=self.cfg.head_cpus, num_gpus=0,
+                   autoscaling_config=str(config) if self.cfg.autoscale else None,
+                   temp_dir=str(self.root / "ray"), include_dashboard=False,
+                   dashboard_host="127.0.0.1", dashboard_port=free_port())
         return self
-
-    def _record(self, node: Any) -> None:
-        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
-                        for infos in node.all_processes.values() for p in infos]
-        self._write_state()
 
     def add_node(self, cpus: int = 1, gpus: int = 0,
                  resources: dict[str, float] | None = None) -> psutil.Process:
         """Start a worker node by hand (a cluster without ``autoscale``), with custom
         ``resources`` (e.g. ``{"trial_driver": 2}``) if given; its raylet, which :meth:`preempt`
         takes."""
-        import ray._private.node
-        import ray._private.parameter
         from ray._private import ray_constants
 
-        params = ray._private.parameter.RayParams(
-            node_ip_address="127.0.0.1", gcs_address=self.address, redis_address=self.address,
-            num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}),
-            object_store_memory=self.cfg.object_store_bytes,
-            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
-            include_log_monitor=False)
-        with _environ({**LOOPBACK_ENV, **LIGHT_ENV}):
-            node = ray._private.node.Node(params, head=False, shutdown_at_exit=False,
-                                          spawn_reaper=False)
-        self._record(node)
+        node = self._node(False, {}, gcs_address=self.address, redis_address=self.address,
+                          num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}),
+                          include_log_monitor=False)
         return psutil.Process(
             node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
 
-    def _write_state(self) -> None:
+    def _node(self, head: bool, env: dict[str, str], **params: Any) -> Any:
+        """A Ray node of this cluster on loopback (``env`` over the light, loopback one), its
+        processes recorded."""
+        import ray._private.node
+        import ray._private.parameter
+
+        params = ray._private.parameter.RayParams(
+            node_ip_address="127.0.0.1", object_store_memory=self.cfg.object_store_bytes,
+            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0, **params)
+        with _environ({**LOOPBACK_ENV, **LIGHT_ENV, **env}):
+            node = ray._private.node.Node(params, head=head, shutdown_at_exit=False,
+                                          spawn_reaper=False)
+        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
+                        for infos in node.all_processes.values() for p in infos]
         (self.root / STATE_FILE).write_text(json.dumps({
             "address": self.address, "pids": self._roots, "config": asdict(self.cfg)}))
+        return node
 
     @classmethod
     def attach(cls, root: str | Path) -> LocalCluster:
