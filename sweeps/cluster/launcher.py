@@ -109,7 +109,8 @@ def read_launcher(path: str) -> list[NodeType]:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
-        raise SearchSpaceError(f"--cluster {path}: cannot read it ({one(e)})") from None
+        why = " ".join(str(e).split())[:200]
+        raise SearchSpaceError(f"--cluster {path}: cannot read it ({why})") from None
     types = raw.get("available_node_types") if isinstance(raw, dict) else None
     if not isinstance(types, dict) or not types:
         raise SearchSpaceError(
@@ -185,7 +186,3 @@ def cluster_gpu(types: list[NodeType]) -> str | None:
     """The GPU type of the node type with the most GPUs (the forecast's ``--gpu`` default)."""
     gpu = max(types, key=lambda t: t.gpus)
     return gpu.gpu if gpu.gpus else None
-
-
-def one(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200]
