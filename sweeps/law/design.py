@@ -470,16 +470,11 @@ class LawDesign:
 
     def _best_package(self, C: np.ndarray, avail: list[int], led: Ledger) -> list[int]:
         """The candidates to issue next, head first: the package with the largest expected
-        reduction of Var(target) per FLOP.
-
-        A candidate's marginal cost can be mostly fixed cost that it shares (its parent, the
-        stable run up to its decay start): once paid, every member of its WSD branch group (or of
-        its parent, without branches) with a smaller stable part costs only its own decay. Scoring
-        candidates one at a time charges that fixed cost to the first and so never opens a group
-        whose value lies in its branches. Here each candidate ``h`` heads a package: ``h`` plus the
-        available members that its fixed cost serves, added in order of gain per own cost while
-        the package's total gain per total FLOP rises (gains conditioned on the members already
-        in, as in a batch)."""
+        reduction of Var(target) per FLOP (docs/law-search.md: scored one at a time, a group's
+        fixed cost would fall on its first member and no group would open for its branches).
+        Each candidate ``h`` heads a package: ``h`` plus the available members its fixed cost
+        serves (:meth:`_serves`), added in order of gain per own cost while the package's gain
+        per FLOP rises (gains conditioned on the members already in, as in a batch)."""
         best, best_score = [avail[0]], -math.inf
         decay = {i: self.candidates[i].own_flops for i in avail}
         for h in avail:
