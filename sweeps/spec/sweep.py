@@ -43,8 +43,6 @@ MAX_GPUS = 64.0
 """GPUs one trial rank may reserve (a node has at most 16; fractions share one)."""
 MAX_RANKS = 4096
 EXPORTS = ("hf",)
-"""``export: hf``: each trial writes its final model as a Hugging Face checkpoint
-(``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
 _err = SearchSpaceError  # the one-line refusals below
 
 
@@ -306,7 +304,6 @@ class SweepSpec:
 
     @property
     def space(self) -> SearchSpace:
-        """The knobs and seeds as a :class:`sweeps.spec.space.SearchSpace`."""
         return SearchSpace(self.search, self.seeds)
 
     def grid_params(self) -> list[Distribution]:
@@ -490,10 +487,7 @@ def _search_override(raw: dict[str, Any], key: str, value: str) -> None:
     if not isinstance(raw["search"][knob], dict):
         raw["search"][knob] = {"grid": raw["search"][knob]}
     dist = {k: v for k, v in raw["search"][knob].items() if k == "when"}
-    try:
-        dist[parts[-1]] = parse_override_value(key, value)
-    except ConfigError as e:
-        raise _err(str(e)) from None
+    dist[parts[-1]] = parse_override_value(key, value)
     raw["search"][knob] = dist
 
 
@@ -501,17 +495,14 @@ def load_spec(path: str, overrides: list[str] = (), results: str | None = None) 
     """Read, override (``--set key.path=value``, e.g. ``base.optim.lr=1e-3``) and validate."""
     raw = load_yaml(path)
     plain = []
-    for item in overrides:
-        key, _, value = item.partition("=")
-        try:
+    try:  # the overrides' errors (ConfigError) as the spec's
+        for item in overrides:
+            key, _, value = item.partition("=")
             parts = override_key(key)
-        except ConfigError as e:
-            raise _err(str(e)) from None
-        if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
-            _search_override(raw, key, value)
-        else:
-            plain.append(item)
-    try:
+            if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
+                _search_override(raw, key, value)
+            else:
+                plain.append(item)
         raw = apply_overrides(raw, plain)
     except ConfigError as e:
         raise _err(str(e)) from None
