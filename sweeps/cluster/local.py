@@ -194,7 +194,7 @@ def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[p
     is never ours)."""
     out: dict[int, psutil.Process] = {}
     for pid, created in roots:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(pid)
             if abs(p.create_time() - created) > 1e-3 or p.uids().real != os.getuid():
                 continue
@@ -202,25 +202,20 @@ def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[p
                 continue
             for q in [p, *p.children(recursive=True)]:
                 out[q.pid] = q
-        except psutil.NoSuchProcess:
-            continue
     return list(out.values())
 
 
 def kill_processes(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM these processes, then SIGKILL what is left after ``grace_s``."""
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGTERM)
-    _kill(psutil.wait_procs(procs, timeout=grace_s)[1], grace_s)
+    _signal(_signal(procs, signal.SIGTERM, grace_s), signal.SIGKILL, grace_s)
 
 
-def _kill(procs: list[psutil.Process], timeout_s: float) -> None:
-    """SIGKILL these processes and wait up to ``timeout_s`` for them to go."""
+def _signal(procs: list[psutil.Process], sig: int, timeout_s: float) -> list[psutil.Process]:
+    """Send ``sig`` to these processes; those still alive after ``timeout_s``."""
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=timeout_s)
+            p.send_signal(sig)
+    return psutil.wait_procs(procs, timeout=timeout_s)[1]
 
 
 class LocalCluster:
@@ -366,14 +361,12 @@ class LocalCluster:
         """The raylet of the node a worker process ``pid`` (a task or actor) runs on, if it is
         one of this cluster's processes."""
         ours = {p.pid for p in self.processes()}
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(pid)
             while p is not None and p.pid in ours:
                 if "raylet" in p.name():
                     return p
                 p = p.parent()
-        except psutil.NoSuchProcess:
-            return None
         return None
 
     def node_of(self, raylet: psutil.Process) -> dict[str, Any]:
@@ -419,4 +412,4 @@ class LocalCluster:
         process under it are killed at once (SIGKILL), with no drain. The head is refused."""
         if self.node_of(raylet)["head"]:
             raise UpcycleError("local cluster: refusing to preempt the head node")
-        _kill([raylet, *raylet.children(recursive=True)], 10)
+        _signal([raylet, *raylet.children(recursive=True)], signal.SIGKILL, 10)
