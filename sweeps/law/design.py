@@ -255,19 +255,17 @@ class LawDesign:
         (a parent or stable run already paid for makes its other trials cheap), from the
         cheapest: spread out without buying the box's most expensive corner or opening a parent
         or stable run per seed trial."""
-        U = self._unit()
-        led = Ledger()
-        avail = list(range(len(self.candidates)))
-        first = min(avail, key=lambda i: led.marginal(self.candidates[i]))
-        chosen = [first]
-        led.add(self.candidates[first])
-        avail.remove(first)
+        U, led = self._unit(), Ledger()
+        avail, chosen = list(range(len(self.candidates))), []
         while len(chosen) < min(self.seed_size, len(self.candidates)):
             cost = np.array([led.marginal(self.candidates[i]) for i in avail])
-            pool = [i for i, c in zip(avail, cost) if c <= np.quantile(cost, SEED_QUANTILE)]
-            d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
-                       axis=1)
-            pick = int(pool[int(np.argmax(d))])
+            if not chosen:  # nothing to spread from: the cheapest
+                pick = avail[int(np.argmin(cost))]
+            else:
+                pool = [i for i, c in zip(avail, cost) if c <= np.quantile(cost, SEED_QUANTILE)]
+                d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
+                           axis=1)
+                pick = int(pool[int(np.argmax(d))])
             chosen.append(pick)
             led.add(self.candidates[pick])
             avail.remove(pick)
