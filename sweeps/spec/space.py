@@ -20,8 +20,6 @@ from typing import Any, ClassVar
 from moe_core.configio import coerce_number, unknown_key
 from moe_core.errors import SearchSpaceError, shown
 
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
-"""The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
 _err = SearchSpaceError  # the one-line refusals below
 
 
@@ -180,7 +178,8 @@ class Expr(Distribution):
 
 KINDS: dict[str, type[Distribution]] = {
     c.kind: c for c in (Grid, Choice, Uniform, LogUniform, IntRange, Expr)}
-"""YAML name → distribution class."""
+DISTRIBUTIONS = tuple(KINDS)
+"""The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
 
 
 def _parse_when(key: str, when_raw: Any, known: type) -> tuple:
