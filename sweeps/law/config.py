@@ -238,7 +238,6 @@ class LawSearchConfig:
 OLD_SHAPE = ("warning: law.target: {loss_at: ...} and law.candidates: {box: ..., points: ...} "
              "are the old shape of the law block; write target: loss_at with loss_at: {...}, "
              "and candidates: box with box: {...} and points: N")
-"""The one line printed when a ``law:`` block uses the old shape."""
 
 
 def _new_shape(raw: dict[str, Any]) -> dict[str, Any]:
