@@ -368,8 +368,6 @@ def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
         return a ** b
 
     def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return number(node.value, "a constant")
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -393,7 +391,7 @@ def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
         raise _err(f"{where}: only arithmetic on numbers and config keys")
 
     try:
-        return ev(tree)
+        return ev(tree.body)  # mode="eval": an ast.Expression
     except (ArithmeticError, TypeError, ValueError, RecursionError) as e:
         if isinstance(e, SearchSpaceError):
             raise
