@@ -1,11 +1,7 @@
-"""A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler.
-
-The head runs the autoscaler (v1, or v2 with ``autoscaler_v2=True``) with Ray's fake multi-node
-provider: each worker "node" is a real raylet here with logical resources, GPUs included, removed
-after ``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml``, so
-:func:`autoscaling_config` builds it. Everything binds 127.0.0.1, lives under one temp folder
-and is stopped by PID (:meth:`LocalCluster.stop` ends exactly its own process tree, never
-``ray stop``). ``python -m sweeps.cluster local up|down`` (docs/cluster.md) drives it.
+"""A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler (v1,
+or v2) with its fake multi-node provider: each worker node is a real raylet with logical GPUs,
+removed when idle. Everything binds 127.0.0.1, lives under one folder and is stopped by PID, never
+``ray stop`` (docs/cluster.md; ``python -m sweeps.cluster local up|down``).
 """
 
 from __future__ import annotations
