@@ -1,9 +1,6 @@
-"""``--dry-run --cluster CONFIG``: a spec checked against a Ray cluster launcher config's node
-types (``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud: a node type holds
-a whole trial, its memory fits the GPU, the checkpoints of a node's trials fit its disk, and
-``max_concurrent`` trials fit on ``max_workers`` nodes; each refusal is one line that names the
-knob to change. Node types' figures come from their ``resources:``, else from :data:`INSTANCES`
-(docs/cluster.md). No Ray, no torch.
+"""``--dry-run --cluster CONFIG``: a spec checked against a Ray cluster launcher config's node types
+(``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud; each refusal is one line
+naming the knob to change. No Ray, no torch. docs/cluster.md lists the checks.
 """
 
 from __future__ import annotations
