@@ -372,10 +372,10 @@ class LawDesign:
             return []
         Z = self._ensemble
         led = Ledger(set(self.ledger.parents), dict(self.ledger.stable))
+        out: list[int] = []
         if Z is None or len(Z) < 10:
             # too few finite targets for covariances: the least-known losses per FLOP
             var = np.ones(len(self.candidates)) if Z is None or len(Z) < 2 else Z[:, 1:].var(0)
-            out = []
             for _ in range(room):
                 costs = np.array([led.marginal(self.candidates[i]) for i in avail])
                 pick = avail.pop(int(np.argmax(var[avail] / np.maximum(costs, 1e-30))))
@@ -383,7 +383,6 @@ class LawDesign:
                 out.append(pick)
             return out
         C = self._augmented(np.cov(Z, rowvar=False))
-        out: list[int] = []
         while len(out) < room and avail:
             for pick in self._best_package(C, avail, led)[:room - len(out)]:
                 avail.remove(pick)
