@@ -1,8 +1,6 @@
-"""The spec's ``law:`` block (``algorithm: law``): a frozen :class:`LawSearchConfig`, decoded
-from YAML by the project's one decoder (``moe_core.configio.decode``) like every other section.
-Every setting is a plain key (docs/reference/spec.md); the old shape (``target: {loss_at:
-{...}}``, ``candidates: {box: {...}, points: 7}``) is still read, with a one-line deprecation
-message on stderr.
+"""The spec's ``law:`` block (``algorithm: law``): a frozen :class:`LawSearchConfig`, decoded by the
+project's one decoder (``moe_core.configio.decode``) like every other section. The block's old
+shape is still read, with a one-line warning (:data:`OLD_SHAPE`; docs/law-search.md).
 """
 
 from __future__ import annotations

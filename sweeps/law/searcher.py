@@ -1,10 +1,7 @@
-"""``algorithm: law`` as a Ray Tune ``Searcher`` (the law package's only Ray import).
-
-Ray Tune does not carry a searcher's state through ``Tuner.restore`` reliably
-(ray-project/ray#30861): :meth:`LawSearcher.save` / :meth:`restore` write and read the whole
-design (observations, pending trials, the queue, the RNG), and the searcher also keeps the state
-in ``law_search.json`` next to the results after every change, which a ``--resume`` reads
-first.
+"""``algorithm: law`` as a Ray Tune ``Searcher`` (the law package's only Ray import). Ray Tune does
+not carry a searcher's state through ``Tuner.restore`` reliably (ray-project/ray#30861): besides
+``save`` / ``restore`` of the whole design, the searcher writes it to ``law_search.json`` next to
+the results after every change, which a ``--resume`` reads first (docs/law-search.md).
 """
 
 from __future__ import annotations
