@@ -1,9 +1,6 @@
 """``python -m sweeps.cluster constraints > constraints.txt``: the versions this environment runs
-(``importlib.metadata``), as a pip constraints file the cluster configs install with
-(``pip install -c constraints.txt '.[gpu]'``), so every node runs the versions the head runs.
-
-Local version labels are dropped (``torch==2.7.1+cpu`` → ``torch==2.7.1``: a GPU node takes the
-CUDA build of the same release); the project itself and pip's own tools are left out.
+as a pip constraints file the cluster configs install with (docs/cluster.md, "Pinned versions"):
+local version labels dropped (``+cpu``), the project itself and pip's own tools left out.
 """
 
 from __future__ import annotations

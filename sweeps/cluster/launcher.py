@@ -1,9 +1,6 @@
-"""``--dry-run --cluster CONFIG``: a spec checked against a Ray cluster launcher config's node
-types (``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud: a node type holds
-a whole trial, its memory fits the GPU, the checkpoints of a node's trials fit its disk, and
-``max_concurrent`` trials fit on ``max_workers`` nodes; each refusal is one line that names the
-knob to change. Node types' figures come from their ``resources:``, else from :data:`INSTANCES`
-(docs/cluster.md). No Ray, no torch.
+"""``--dry-run --cluster CONFIG``: a spec checked against a Ray cluster launcher config's node types
+(``sweeps/cluster/aws.yaml``, ``gcp.yaml``) without contacting a cloud; each refusal is one line
+naming the knob to change. No Ray, no torch. docs/cluster.md lists the checks.
 """
 
 from __future__ import annotations
@@ -109,7 +106,8 @@ def read_launcher(path: str) -> list[NodeType]:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
-        raise SearchSpaceError(f"--cluster {path}: cannot read it ({one(e)})") from None
+        why = " ".join(str(e).split())[:200]
+        raise SearchSpaceError(f"--cluster {path}: cannot read it ({why})") from None
     types = raw.get("available_node_types") if isinstance(raw, dict) else None
     if not isinstance(types, dict) or not types:
         raise SearchSpaceError(
@@ -185,7 +183,3 @@ def cluster_gpu(types: list[NodeType]) -> str | None:
     """The GPU type of the node type with the most GPUs (the forecast's ``--gpu`` default)."""
     gpu = max(types, key=lambda t: t.gpus)
     return gpu.gpu if gpu.gpus else None
-
-
-def one(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200]

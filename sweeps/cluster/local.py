@@ -1,11 +1,7 @@
-"""A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler.
-
-The head runs the autoscaler (v1, or v2 with ``autoscaler_v2=True``) with Ray's fake multi-node
-provider: each worker "node" is a real raylet here with logical resources, GPUs included, removed
-after ``idle_timeout_s`` idle. The Ray 2.60 wheel lacks the provider's ``example.yaml``, so
-:func:`autoscaling_config` builds it. Everything binds 127.0.0.1, lives under one temp folder
-and is stopped by PID (:meth:`LocalCluster.stop` ends exactly its own process tree, never
-``ray stop``). ``python -m sweeps.cluster local up|down`` (docs/cluster.md) drives it.
+"""A fake multi-node autoscaling Ray cluster on this machine, driven by Ray's real autoscaler (v1,
+or v2) with its fake multi-node provider: each worker node is a real raylet with logical GPUs,
+removed when idle. Everything binds 127.0.0.1, lives under one folder and is stopped by PID, never
+``ray stop`` (docs/cluster.md; ``python -m sweeps.cluster local up|down``).
 """
 
 from __future__ import annotations
@@ -194,7 +190,7 @@ def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[p
     is never ours)."""
     out: dict[int, psutil.Process] = {}
     for pid, created in roots:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(pid)
             if abs(p.create_time() - created) > 1e-3 or p.uids().real != os.getuid():
                 continue
@@ -202,25 +198,20 @@ def _tree(roots: list[tuple[int, float]], marks: tuple[str, ...] = ()) -> list[p
                 continue
             for q in [p, *p.children(recursive=True)]:
                 out[q.pid] = q
-        except psutil.NoSuchProcess:
-            continue
     return list(out.values())
 
 
 def kill_processes(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM these processes, then SIGKILL what is left after ``grace_s``."""
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGTERM)
-    _kill(psutil.wait_procs(procs, timeout=grace_s)[1], grace_s)
+    _signal(_signal(procs, signal.SIGTERM, grace_s), signal.SIGKILL, grace_s)
 
 
-def _kill(procs: list[psutil.Process], timeout_s: float) -> None:
-    """SIGKILL these processes and wait up to ``timeout_s`` for them to go."""
+def _signal(procs: list[psutil.Process], sig: int, timeout_s: float) -> list[psutil.Process]:
+    """Send ``sig`` to these processes; those still alive after ``timeout_s``."""
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=timeout_s)
+            p.send_signal(sig)
+    return psutil.wait_procs(procs, timeout=timeout_s)[1]
 
 
 class LocalCluster:
@@ -241,59 +232,48 @@ class LocalCluster:
         self._timers: list[threading.Timer] = []
 
     def start(self) -> LocalCluster:
-        import ray._private.node
-        import ray._private.parameter
-
         port = self.cfg.port or free_port()
         self.address = f"127.0.0.1:{port}"
         config = self.root / "autoscaling.json"
         self.root.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps(autoscaling_config(self.cfg, self.address)))
-        params = ray._private.parameter.RayParams(
-            node_ip_address="127.0.0.1", gcs_server_port=port, num_cpus=self.cfg.head_cpus,
-            num_gpus=0, object_store_memory=self.cfg.object_store_bytes,
-            autoscaling_config=str(config) if self.cfg.autoscale else None,
-            temp_dir=str(self.root / "ray"),
-            include_dashboard=False, dashboard_host="127.0.0.1", dashboard_port=free_port(),
-            min_worker_port=0,
-            max_worker_port=0, dashboard_agent_listen_port=0)
-        with _environ(head_env(self.cfg) if self.cfg.autoscale else
-                      {**LOOPBACK_ENV, **LIGHT_ENV}):
-            node = ray._private.node.Node(params, head=True, shutdown_at_exit=False,
-                                          spawn_reaper=False)
-        self._record(node)
+        self._node(True, head_env(self.cfg) if self.cfg.autoscale else {},
+                   gcs_server_port=port, num_cpus=self.cfg.head_cpus, num_gpus=0,
+                   autoscaling_config=str(config) if self.cfg.autoscale else None,
+                   temp_dir=str(self.root / "ray"), include_dashboard=False,
+                   dashboard_host="127.0.0.1", dashboard_port=free_port())
         return self
-
-    def _record(self, node: Any) -> None:
-        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
-                        for infos in node.all_processes.values() for p in infos]
-        self._write_state()
 
     def add_node(self, cpus: int = 1, gpus: int = 0,
                  resources: dict[str, float] | None = None) -> psutil.Process:
         """Start a worker node by hand (a cluster without ``autoscale``), with custom
         ``resources`` (e.g. ``{"trial_driver": 2}``) if given; its raylet, which :meth:`preempt`
         takes."""
-        import ray._private.node
-        import ray._private.parameter
         from ray._private import ray_constants
 
-        params = ray._private.parameter.RayParams(
-            node_ip_address="127.0.0.1", gcs_address=self.address, redis_address=self.address,
-            num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}),
-            object_store_memory=self.cfg.object_store_bytes,
-            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
-            include_log_monitor=False)
-        with _environ({**LOOPBACK_ENV, **LIGHT_ENV}):
-            node = ray._private.node.Node(params, head=False, shutdown_at_exit=False,
-                                          spawn_reaper=False)
-        self._record(node)
+        node = self._node(False, {}, gcs_address=self.address, redis_address=self.address,
+                          num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}),
+                          include_log_monitor=False)
         return psutil.Process(
             node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
 
-    def _write_state(self) -> None:
+    def _node(self, head: bool, env: dict[str, str], **params: Any) -> Any:
+        """A Ray node of this cluster on loopback (``env`` over the light, loopback one), its
+        processes recorded."""
+        import ray._private.node
+        import ray._private.parameter
+
+        params = ray._private.parameter.RayParams(
+            node_ip_address="127.0.0.1", object_store_memory=self.cfg.object_store_bytes,
+            min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0, **params)
+        with _environ({**LOOPBACK_ENV, **LIGHT_ENV, **env}):
+            node = ray._private.node.Node(params, head=head, shutdown_at_exit=False,
+                                          spawn_reaper=False)
+        self._roots += [(p.process.pid, psutil.Process(p.process.pid).create_time())
+                        for infos in node.all_processes.values() for p in infos]
         (self.root / STATE_FILE).write_text(json.dumps({
             "address": self.address, "pids": self._roots, "config": asdict(self.cfg)}))
+        return node
 
     @classmethod
     def attach(cls, root: str | Path) -> LocalCluster:
@@ -377,14 +357,12 @@ class LocalCluster:
         """The raylet of the node a worker process ``pid`` (a task or actor) runs on, if it is
         one of this cluster's processes."""
         ours = {p.pid for p in self.processes()}
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p = psutil.Process(pid)
             while p is not None and p.pid in ours:
                 if "raylet" in p.name():
                     return p
                 p = p.parent()
-        except psutil.NoSuchProcess:
-            return None
         return None
 
     def node_of(self, raylet: psutil.Process) -> dict[str, Any]:
@@ -430,4 +408,4 @@ class LocalCluster:
         process under it are killed at once (SIGKILL), with no drain. The head is refused."""
         if self.node_of(raylet)["head"]:
             raise UpcycleError("local cluster: refusing to preempt the head node")
-        _kill([raylet, *raylet.children(recursive=True)], 10)
+        _signal([raylet, *raylet.children(recursive=True)], signal.SIGKILL, 10)

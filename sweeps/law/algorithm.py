@@ -22,7 +22,6 @@ from sweeps.spec.algorithm import Algorithm, load
 from sweeps.store.storage import Location
 
 STATE_FILE = "law_search.json"
-"""The searcher's state, next to the results (``sweeps.law.searcher``)."""
 ADDED = {"widen": "auto"}
 """``law:`` keys added after runs were recorded, with their defaults: a key at its default is
 left out of the record, so that a run recorded before it existed resumes (``widen``'s default

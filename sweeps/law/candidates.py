@@ -25,12 +25,11 @@ def candidates_from_plan(spec, plan) -> list[Candidate]:
     if cfg.candidates == "grid":
         points = list(iter_grid(spec))
     else:
-        axes = [(k, np.geomspace(lo, hi, cfg.points)) for k, lo, hi in cfg.box]
-        grid = [dict(zip([k for k, _ in axes], combo)) for combo in
-                itertools.product(*[v for _, v in axes])]
-        points = [{**{k: _rounded(v) for k, v in g.items()}, **({"seed": s} if s is not None
-                                                                  else {})}
-                  for g in grid for s in (spec.seeds or (None,))]
+        keys = [k for k, _, _ in cfg.box]
+        axes = [[_rounded(v) for v in np.geomspace(lo, hi, cfg.points)] for _, lo, hi in cfg.box]
+        seeds = [{"seed": s} for s in spec.seeds] or [{}]
+        points = [{**dict(zip(keys, combo)), **seed}
+                  for combo in itertools.product(*axes) for seed in seeds]
     out = []
     for pt in points:
         t = plan.trial(spec, pt)

@@ -1,8 +1,6 @@
-"""The spec's ``law:`` block (``algorithm: law``): a frozen :class:`LawSearchConfig`, decoded
-from YAML by the project's one decoder (``moe_core.configio.decode``) like every other section.
-Every setting is a plain key (docs/reference/spec.md); the old shape (``target: {loss_at:
-{...}}``, ``candidates: {box: {...}, points: 7}``) is still read, with a one-line deprecation
-message on stderr.
+"""The spec's ``law:`` block (``algorithm: law``): a frozen :class:`LawSearchConfig`, decoded by the
+project's one decoder (``moe_core.configio.decode``) like every other section. The block's old
+shape is still read, with a one-line warning (:data:`OLD_SHAPE`; docs/law-search.md).
 """
 
 from __future__ import annotations
@@ -238,7 +236,6 @@ class LawSearchConfig:
 OLD_SHAPE = ("warning: law.target: {loss_at: ...} and law.candidates: {box: ..., points: ...} "
              "are the old shape of the law block; write target: loss_at with loss_at: {...}, "
              "and candidates: box with box: {...} and points: N")
-"""The one line printed when a ``law:`` block uses the old shape."""
 
 
 def _new_shape(raw: dict[str, Any]) -> dict[str, Any]:

@@ -148,9 +148,13 @@ class LawDesign:
     """The searcher's state and decisions, free of Ray: candidates, observations, refits,
     proposals and the stopping rule (``cfg`` is a :class:`sweeps.law.config.LawSearchConfig`)."""
 
-    narrow = 0  # defaults for a design pickled by an older version (a resumed experiment)
+    # defaults of a fresh design, and of one pickled by an older version (a resumed experiment)
+    narrow = 0
+    """Consecutive refits whose interval was narrow enough."""
     _fit_on: tuple[int, ...] = ()
     _noise = NoiseComponents(1e-4, 0.0, 0)
+    """Noise variance in ln L from the last refit: a trial's own, and the part common to its group
+    (WSD stable run, else parent)."""
     _load: np.ndarray | None = None
 
     def _widen(self) -> tuple[float, str]:
@@ -184,13 +188,7 @@ class LawDesign:
         self.history: list[dict[str, Any]] = []
         self.estimate: Estimate | None = None
         self._ensemble: np.ndarray | None = None
-        self._noise = NoiseComponents(1e-4, 0.0, 0)
-        """Noise variance in ln L from the last refit: a trial's own, and the part common to
-        its group (WSD stable run, else parent)."""
         self._gidx = self._group_index()
-        self._fit_on: list[int] = []
-        self.narrow = 0
-        """Consecutive refits whose interval was narrow enough."""
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -257,19 +255,17 @@ class LawDesign:
         (a parent or stable run already paid for makes its other trials cheap), from the
         cheapest: spread out without buying the box's most expensive corner or opening a parent
         or stable run per seed trial."""
-        U = self._unit()
-        led = Ledger()
-        avail = list(range(len(self.candidates)))
-        first = min(avail, key=lambda i: led.marginal(self.candidates[i]))
-        chosen = [first]
-        led.add(self.candidates[first])
-        avail.remove(first)
+        U, led = self._unit(), Ledger()
+        avail, chosen = list(range(len(self.candidates))), []
         while len(chosen) < min(self.seed_size, len(self.candidates)):
             cost = np.array([led.marginal(self.candidates[i]) for i in avail])
-            pool = [i for i, c in zip(avail, cost) if c <= np.quantile(cost, SEED_QUANTILE)]
-            d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
-                       axis=1)
-            pick = int(pool[int(np.argmax(d))])
+            if not chosen:  # nothing to spread from: the cheapest
+                pick = avail[int(np.argmin(cost))]
+            else:
+                pool = [i for i, c in zip(avail, cost) if c <= np.quantile(cost, SEED_QUANTILE)]
+                d = np.min(np.linalg.norm(U[pool][:, None, :] - U[chosen][None, :, :], axis=2),
+                           axis=1)
+                pick = int(pool[int(np.argmax(d))])
             chosen.append(pick)
             led.add(self.candidates[pick])
             avail.remove(pick)
@@ -376,10 +372,10 @@ class LawDesign:
             return []
         Z = self._ensemble
         led = Ledger(set(self.ledger.parents), dict(self.ledger.stable))
+        out: list[int] = []
         if Z is None or len(Z) < 10:
             # too few finite targets for covariances: the least-known losses per FLOP
             var = np.ones(len(self.candidates)) if Z is None or len(Z) < 2 else Z[:, 1:].var(0)
-            out = []
             for _ in range(room):
                 costs = np.array([led.marginal(self.candidates[i]) for i in avail])
                 pick = avail.pop(int(np.argmax(var[avail] / np.maximum(costs, 1e-30))))
@@ -387,7 +383,6 @@ class LawDesign:
                 out.append(pick)
             return out
         C = self._augmented(np.cov(Z, rowvar=False))
-        out: list[int] = []
         while len(out) < room and avail:
             for pick in self._best_package(C, avail, led)[:room - len(out)]:
                 avail.remove(pick)
@@ -457,7 +452,7 @@ class LawDesign:
         """(Cov(state, y_i), Var y_i) for an observation y_i = ln L̂_i + a_i·z + e of candidate
         ``i`` (a_i: its row of :meth:`_loadings`)."""
         c, n = i + 1, len(self.candidates) + 1
-        load = getattr(self, "_load", None)
+        load = self._load
         if load is None or C.shape[0] == n:  # no shared noise modelled
             return C[:, c], C[c, c] + self._noise.own
         a = load[i]
@@ -472,16 +467,11 @@ class LawDesign:
 
     def _best_package(self, C: np.ndarray, avail: list[int], led: Ledger) -> list[int]:
         """The candidates to issue next, head first: the package with the largest expected
-        reduction of Var(target) per FLOP.
-
-        A candidate's marginal cost can be mostly fixed cost that it shares (its parent, the
-        stable run up to its decay start): once paid, every member of its WSD branch group (or of
-        its parent, without branches) with a smaller stable part costs only its own decay. Scoring
-        candidates one at a time charges that fixed cost to the first and so never opens a group
-        whose value lies in its branches. Here each candidate ``h`` heads a package: ``h`` plus the
-        available members that its fixed cost serves, added in order of gain per own cost while
-        the package's total gain per total FLOP rises (gains conditioned on the members already
-        in, as in a batch)."""
+        reduction of Var(target) per FLOP (docs/law-search.md: scored one at a time, a group's
+        fixed cost would fall on its first member and no group would open for its branches).
+        Each candidate ``h`` heads a package: ``h`` plus the available members its fixed cost
+        serves (:meth:`_serves`), added in order of gain per own cost while the package's gain
+        per FLOP rises (gains conditioned on the members already in, as in a batch)."""
         best, best_score = [avail[0]], -math.inf
         decay = {i: self.candidates[i].own_flops for i in avail}
         for h in avail:

@@ -1,9 +1,7 @@
-"""Bounds on what a spec's ``law:`` block may ask for, checked before anything is planned.
-
-Caps keep planning and refits bounded in time and memory (:data:`MAX_LAW_CANDIDATES`,
-:data:`MAX_BOOTSTRAP`); the values a law search computes with must make sense (positive
-token counts and law parameters, known parameter names, finite bounds). Each refusal is one
-line naming the ``law.`` key, the value and the cap or the fix.
+"""Bounds on what a spec's ``law:`` block may ask for, checked before anything is planned: caps
+that keep planning and refits bounded in time and memory, and values a law search can compute
+with (positive, known, finite). Each refusal is one line naming the ``law.`` key, the value and
+the cap or the fix.
 """
 
 from __future__ import annotations

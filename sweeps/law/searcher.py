@@ -1,10 +1,7 @@
-"""``algorithm: law`` as a Ray Tune ``Searcher`` (the law package's only Ray import).
-
-Ray Tune does not carry a searcher's state through ``Tuner.restore`` reliably
-(ray-project/ray#30861): :meth:`LawSearcher.save` / :meth:`restore` write and read the whole
-design (observations, pending trials, the queue, the RNG), and the searcher also keeps the state
-in ``law_search.json`` next to the results after every change, which a ``--resume`` reads
-first.
+"""``algorithm: law`` as a Ray Tune ``Searcher`` (the law package's only Ray import). Ray Tune does
+not carry a searcher's state through ``Tuner.restore`` reliably (ray-project/ray#30861): besides
+``save`` / ``restore`` of the whole design, the searcher writes it to ``law_search.json`` next to
+the results after every change, which a ``--resume`` reads first (docs/law-search.md).
 """
 
 from __future__ import annotations
@@ -38,8 +35,8 @@ class LawSearcher(Searcher):
         self.trials: dict[str, int] = {}
         # a local folder or object storage (``sweeps.store.storage``): the state is one small JSON
         self.state_dir = Location.of(state_dir).signed() if state_dir else None  # S3: signed
-        if self.state_dir is not None and (self.state_dir / STATE_FILE).exists():
-            self.set_state(json.loads((self.state_dir / STATE_FILE).read_text()))
+        if self.state_dir is not None and (state := read_law_state(self.state_dir)) is not None:
+            self.set_state(state)
         self._shown = len(self.design.history)
         """Refits already announced (one progress line each)."""
 
@@ -52,13 +49,12 @@ class LawSearcher(Searcher):
         if trial_id in self.trials:  # asked again for a trial it already placed
             return dict(self.design.candidates[self.trials[trial_id]].point)
         i = self.design.take()
-        self._announce()
+        if i is not None:
+            self.trials[trial_id] = i
+        self.flush()
         if i is None:
-            self._persist()
             return Searcher.FINISHED if self.design.finished and not self.design.pending \
                 else None
-        self.trials[trial_id] = i
-        self._persist()
         return dict(self.design.candidates[i].point)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,

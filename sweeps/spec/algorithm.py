@@ -20,10 +20,8 @@ SchedulerName = Literal["fifo", "asha"]
 SEARCHERS: Mapping[str, str] = {
     "grid": "sweeps.spec.searchers:Grid", "random": "sweeps.spec.searchers:Random",
     "optuna": "sweeps.spec.searchers:TPE", "law": "sweeps.law.algorithm:LawSearch"}
-"""``algorithm:`` name → ``module:class`` of its plug-in."""
 SCHEDULERS: Mapping[str, str] = {
     "fifo": "sweeps.spec.searchers:FIFO", "asha": "sweeps.spec.searchers:ASHA"}
-"""``scheduler:`` name → ``module:class`` of its plug-in."""
 
 
 class Algorithm:

@@ -20,8 +20,6 @@ from typing import Any, ClassVar
 from moe_core.configio import coerce_number, unknown_key
 from moe_core.errors import SearchSpaceError, shown
 
-DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "int", "expr")
-"""The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
 _err = SearchSpaceError  # the one-line refusals below
 
 
@@ -180,26 +178,26 @@ class Expr(Distribution):
 
 KINDS: dict[str, type[Distribution]] = {
     c.kind: c for c in (Grid, Choice, Uniform, LogUniform, IntRange, Expr)}
-"""YAML name → distribution class."""
+DISTRIBUTIONS = tuple(KINDS)
+"""The YAML name of each distribution (``search: {KEY: {grid: [...]}}``)."""
 
 
 def _parse_when(key: str, when_raw: Any, known: type) -> tuple:
     if not isinstance(when_raw, dict):
         raise _err(f"search.{key}.when must map config keys to allowed values")
+    when = []
     for wk, wv in when_raw.items():
         problem = unknown_key(known, wk) if isinstance(wk, str) and all(wk.split(".")) \
             else f"{shown(wk, 100)} is not a dotted key"
         if problem is not None:
             raise _err(f"search.{key}.when: {problem}; a condition names a key of the trial "
                        "config (or another knob)")
-        if not all(x is None or isinstance(x, (str, int, float))
-                   for x in (wv if isinstance(wv, list) else [wv])):
+        allowed = wv if isinstance(wv, list) else [wv]
+        if not all(x is None or isinstance(x, (str, int, float)) for x in allowed):
             raise _err(f"search.{key}.when.{wk}={shown(wv, 100)} must be a value or a list of "
                        "values (numbers, strings, true/false, null)")
-    return tuple(
-        (wk, tuple(coerce_number(x, wk) for x in (wv if isinstance(wv, list) else [wv])))
-        for wk, wv in when_raw.items()
-    )
+        when.append((wk, tuple(coerce_number(x, wk) for x in allowed)))
+    return tuple(when)
 
 
 def parse_param(key: Any, raw: Any, known: type) -> Distribution:
@@ -211,12 +209,10 @@ def parse_param(key: Any, raw: Any, known: type) -> Distribution:
     problem = unknown_key(known, key)
     if problem is not None:
         raise _err(f"search.{key}: {problem}")
+    if isinstance(raw, list):  # shorthand: a list is a grid
+        raw = {"grid": raw}
     if not isinstance(raw, dict):
-        # shorthand: a list is a grid
-        if isinstance(raw, list):
-            raw = {"grid": raw}
-        else:
-            raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
+        raise _err(f"search.{key} must be a mapping like {{grid: [...]}} or a list")
     kinds = [k for k in raw if k in DISTRIBUTIONS]
     unknown = [k for k in raw if k not in DISTRIBUTIONS and k != "when"]
     if unknown:
@@ -372,8 +368,6 @@ def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
         return a ** b
 
     def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return number(node.value, "a constant")
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -397,7 +391,7 @@ def eval_expr(expr: str, config: dict[str, Any], key: str) -> Any:
         raise _err(f"{where}: only arithmetic on numbers and config keys")
 
     try:
-        return ev(tree)
+        return ev(tree.body)  # mode="eval": an ast.Expression
     except (ArithmeticError, TypeError, ValueError, RecursionError) as e:
         if isinstance(e, SearchSpaceError):
             raise

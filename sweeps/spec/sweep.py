@@ -43,8 +43,6 @@ MAX_GPUS = 64.0
 """GPUs one trial rank may reserve (a node has at most 16; fractions share one)."""
 MAX_RANKS = 4096
 EXPORTS = ("hf",)
-"""``export: hf``: each trial writes its final model as a Hugging Face checkpoint
-(``moe_core.hf.save_moe``) under ``<results>/<sweep>/export/<trial_id>/``."""
 _err = SearchSpaceError  # the one-line refusals below
 
 
@@ -67,24 +65,22 @@ class AshaConfig:
 
     def __post_init__(self) -> None:
         if self.rung_metric not in (None, "predicted_final"):
-            raise SearchSpaceError(
-                f"scheduler.rung_metric={self.rung_metric!r} is not known; use predicted_final "
-                "(or leave it out to compare trials on the spec's metric)")
+            raise _err(f"scheduler.rung_metric={self.rung_metric!r} is not known; use "
+                       "predicted_final (or leave it out to compare trials on the spec's metric)")
         if self.predictor not in PREDICTORS:
-            raise SearchSpaceError(f"scheduler.predictor={self.predictor!r} is not known; use "
-                                   f"one of {', '.join(PREDICTORS)}")
+            raise _err(f"scheduler.predictor={self.predictor!r} is not known; use one of "
+                       f"{', '.join(PREDICTORS)}")
         if self.rung_metric == "predicted_final" and not self.calibration:
-            raise SearchSpaceError(
-                "scheduler.rung_metric=predicted_final needs scheduler.calibration: the results "
-                "of finished WSD runs (e.g. results/upcycle_lr) to fit the predictor on")
+            raise _err("scheduler.rung_metric=predicted_final needs scheduler.calibration: the "
+                       "results of finished WSD runs (e.g. results/upcycle_lr) to fit the "
+                       "predictor on")
         if self.grace_period < 1:
-            raise SearchSpaceError(f"scheduler.grace_period={self.grace_period} must be >= 1")
+            raise _err(f"scheduler.grace_period={self.grace_period} must be >= 1")
         if not self.reduction_factor > 1:
-            raise SearchSpaceError(
-                f"scheduler.reduction_factor={self.reduction_factor} must be > 1 (ASHA keeps "
-                "1/reduction_factor of the trials at each rung)")
+            raise _err(f"scheduler.reduction_factor={self.reduction_factor} must be > 1 (ASHA "
+                       "keeps 1/reduction_factor of the trials at each rung)")
         if self.max_t is not None and self.max_t < 1:
-            raise SearchSpaceError(f"scheduler.max_t={self.max_t} must be >= 1, or null")
+            raise _err(f"scheduler.max_t={self.max_t} must be >= 1, or null")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +90,7 @@ class FailureConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_failures, int) or self.max_failures < 0:
-            raise SearchSpaceError(
-                f"failure.max_failures={self.max_failures!r} must be an integer >= 0")
+            raise _err(f"failure.max_failures={self.max_failures!r} must be an integer >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +162,16 @@ class CheckpointSpec:
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.preemption_poll_s <= 600:  # NaN too
-            raise SearchSpaceError(f"checkpoint.preemption_poll_s={self.preemption_poll_s!r} "
-                                   "must lie in [0.05, 600] seconds")
+            raise _err(f"checkpoint.preemption_poll_s={self.preemption_poll_s!r} must lie in "
+                       "[0.05, 600] seconds")
         if self.every_evals is not None and (not isinstance(self.every_evals, int) or
                                              self.every_evals < 1):
-            raise SearchSpaceError(
-                f"checkpoint.every_evals={self.every_evals!r} must be an integer >= 1 or null")
+            raise _err(f"checkpoint.every_evals={self.every_evals!r} must be an integer >= 1 or "
+                       "null")
         if self.every_minutes is not None and not self.every_minutes > 0:
-            raise SearchSpaceError(
-                f"checkpoint.every_minutes={self.every_minutes!r} must be > 0 or null")
+            raise _err(f"checkpoint.every_minutes={self.every_minutes!r} must be > 0 or null")
         if not isinstance(self.keep, int) or self.keep < 1:
-            raise SearchSpaceError(f"checkpoint.keep={self.keep!r} must be an integer >= 1")
+            raise _err(f"checkpoint.keep={self.keep!r} must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +187,7 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         if not self.flush_s >= 0:
-            raise SearchSpaceError(f"storage.flush_s={self.flush_s} must be >= 0")
+            raise _err(f"storage.flush_s={self.flush_s} must be >= 0")
         if self.parent_cache is not None:
             check_uri(self.parent_cache, "storage.parent_cache")
 
@@ -213,8 +207,7 @@ class WandbConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in ("offline", "online", "disabled"):
-            raise SearchSpaceError(f"logging.wandb.mode={self.mode!r} must be offline, online or "
-                                   "disabled")
+            raise _err(f"logging.wandb.mode={self.mode!r} must be offline, online or disabled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +299,6 @@ class SweepSpec:
 
     @property
     def space(self) -> SearchSpace:
-        """The knobs and seeds as a :class:`sweeps.spec.space.SearchSpace`."""
         return SearchSpace(self.search, self.seeds)
 
     def grid_params(self) -> list[Distribution]:
@@ -445,12 +437,8 @@ def parse_spec(raw: dict[str, Any], *, path: str = "") -> SweepSpec:
 
 
 def _check(spec: SweepSpec) -> None:
-    """The rules across keys: each knob once, the trial cap, the algorithm's and the
-    scheduler's own checks, the base config, the metric."""
-    keys = [p.key for p in spec.search]
-    dup = {k for k in keys if keys.count(k) > 1}
-    if dup:
-        raise _err(f"search.{sorted(dup)[0]} appears twice")
+    """The rules across keys: the trial cap, the algorithm's and the scheduler's own checks,
+    the base config, the metric (each knob is a key of the ``search:`` mapping: once)."""
     _check_counts(spec)
     for algorithm in algorithm_plugins.plugins(spec):
         algorithm.validate(spec)
@@ -490,10 +478,7 @@ def _search_override(raw: dict[str, Any], key: str, value: str) -> None:
     if not isinstance(raw["search"][knob], dict):
         raw["search"][knob] = {"grid": raw["search"][knob]}
     dist = {k: v for k, v in raw["search"][knob].items() if k == "when"}
-    try:
-        dist[parts[-1]] = parse_override_value(key, value)
-    except ConfigError as e:
-        raise _err(str(e)) from None
+    dist[parts[-1]] = parse_override_value(key, value)
     raw["search"][knob] = dist
 
 
@@ -501,17 +486,14 @@ def load_spec(path: str, overrides: list[str] = (), results: str | None = None) 
     """Read, override (``--set key.path=value``, e.g. ``base.optim.lr=1e-3``) and validate."""
     raw = load_yaml(path)
     plain = []
-    for item in overrides:
-        key, _, value = item.partition("=")
-        try:
+    try:  # the overrides' errors (ConfigError) as the spec's
+        for item in overrides:
+            key, _, value = item.partition("=")
             parts = override_key(key)
-        except ConfigError as e:
-            raise _err(str(e)) from None
-        if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
-            _search_override(raw, key, value)
-        else:
-            plain.append(item)
-    try:
+            if parts[0] == "search" and len(parts) >= 3 and parts[-1] in DISTRIBUTIONS + ("when",):
+                _search_override(raw, key, value)
+            else:
+                plain.append(item)
         raw = apply_overrides(raw, plain)
     except ConfigError as e:
         raise _err(str(e)) from None

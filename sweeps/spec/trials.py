@@ -45,15 +45,13 @@ def knob_values(spec: SweepSpec, point: dict[str, Any],
 
 def trial_dict(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
     """The base config with a search point applied (conditions and expr knobs resolved)."""
-    cfg = copy.deepcopy(spec.base)
+    cfg, merged = copy.deepcopy(spec.base), copy.deepcopy(spec.base)
     for k, v in point.items():
-        if k == "seed":
-            cfg["seed"] = v
-            continue
+        set_dotted(merged, k, v)  # what a knob's ``when`` reads: the base and every knob's value
+    for k, v in point.items():
         param = spec.space.param(k)
-        if param is not None and not param.applies(_merged(cfg, point)):
-            continue
-        set_dotted(cfg, k, v)
+        if k == "seed" or param is None or param.applies(merged):
+            set_dotted(cfg, k, v)
     for p in spec.space.exprs():
         if p.applies(cfg):
             val = eval_expr(p.expr, cfg, p.key)
@@ -61,13 +59,6 @@ def trial_dict(spec: SweepSpec, point: dict[str, Any]) -> dict[str, Any]:
                 val = int(val)
             set_dotted(cfg, p.key, val)
     return cfg
-
-
-def _merged(cfg: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
-    m = copy.deepcopy(cfg)
-    for k, v in point.items():
-        set_dotted(m, k, v)
-    return m
 
 
 def trial_config(spec: SweepSpec, point: dict[str, Any]) -> TrainConfig:

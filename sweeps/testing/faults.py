@@ -81,14 +81,10 @@ class FailOnceReport:
     """``report`` (``tune.report``; in a multi-rank trial rank 0's ``ray.train.report``, which
     takes the whole worker group down) that raises once per trial after ``after`` reports."""
 
-    def __init__(self, after: int, marker_dir: str | Path, report: Any = None,
-                 trial_id: Callable[[], str] | None = None):
-        self.after, self.marker_dir = after, Path(marker_dir)
-        from ray import tune
-
-        self.report = report or tune.report
-        self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
-        self.counts: dict[str, int] = {}
+    def __init__(self, after: int, marker_dir: str | Path, report: Any,
+                 trial_id: Callable[[], str]):
+        self.after, self.marker_dir, self.report = after, Path(marker_dir), report
+        self.trial_id, self.counts = trial_id, {}
 
     def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
         self.report(metrics, checkpoint=checkpoint)
@@ -113,12 +109,9 @@ class HoldReport:
     drained) with nothing trained after that report."""
 
     def __init__(self, step: int, marker_dir: str | Path, report: Any,
-                 trial_id: Callable[[], str] | None = None, timeout_s: float = 300.0):
-        from ray import tune
-
-        self.step, self.marker_dir, self.report, self.timeout_s = step, Path(marker_dir), \
-            report, timeout_s
-        self.trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
+                 trial_id: Callable[[], str], timeout_s: float = 300.0):
+        self.step, self.marker_dir, self.report = step, Path(marker_dir), report
+        self.trial_id, self.timeout_s = trial_id, timeout_s
 
     def __call__(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
         self.report(metrics, checkpoint=checkpoint)
@@ -141,6 +134,7 @@ def report_function(marker_dir: str | Path, report: Any = None,
     from ray import tune
 
     report = report or tune.report
+    trial_id = trial_id or (lambda: tune.get_context().get_trial_id())
     if os.environ.get(COST_ENV):
         report = CostedReport(float(os.environ[COST_ENV]), report)
     if os.environ.get(HOLD_ENV):

@@ -1,18 +1,13 @@
 """A simulated trainable: a trial's final loss drawn from a known law plus noise of a stated size,
-without training — for honest, fast tests and benchmarks of the law-driven searcher.
+without training — for honest, fast tests and benchmarks of the law-driven searcher
+(docs/law-search.md).
 
-The truth is 000 Table 2 at one dense size N1: the upcycled law (Eq. 12) at fixed N1 is Eq. 8
-with E' = B·N1^−β + E, and the from-scratch MoE law (Eq. 3 fitted against N1) is
-A·D^−α + E'' with E'' = B·N1^−β + E of its own row. A trial at (D1, D2) reports
-L = L_true(D1, D2)·exp(σ·ε + σ_g·η), ε ~ N(0, 1) drawn from the study's seed and the trial's
-point: multiplicative noise of σ in ln L (σ = 0.01 is 1 % of the loss). η ~ N(0, 1) is drawn
-once per *group* (``group=``, e.g. the WSD stable run or the parent a trial shares with others):
-trials that branch off one stable run share its data order and initialisation, so their errors
-are correlated, and σ_g (``sigma_group``, default 0: independent trials) says how much. With
-``group_length`` ℓ the shared part is a smooth function of log2 D2 instead of one number: a
-stationary Gaussian process with correlation exp(−d²/2ℓ²) between budgets d octaves apart
-(findings §10 measured a parent's effect fading so; drawn by random Fourier features fixed by
-the study's seed and the group, so any budget can be asked for in any order).
+The truth is 000 Table 2 at one dense size N1 (:func:`table2_at`). A trial at (D1, D2) reports
+L = L_true(D1, D2)·exp(σ·ε + σ_g·η): ε ~ N(0, 1) its own (σ = 0.01 is 1 % of the loss), η ~ N(0, 1)
+shared by its *group* (``group=``: the WSD stable run or the parent it shares with others, whose
+data order and initialisation correlate their errors). With ``group_length`` ℓ, η is a Gaussian
+process over log2 D2 with correlation exp(−d²/2ℓ²) (findings §10 measured a parent's effect
+fading so; :func:`_smooth` draws it, so any budget can be asked for in any order).
 """
 
 from __future__ import annotations
