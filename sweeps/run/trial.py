@@ -231,13 +231,6 @@ def export_hf(state: Any, cfg: Any, out: Path) -> str:
     return save_moe(state, cfg, out)  # which leaves the marker inside
 
 
-def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
-    """``export: hf``: :func:`export_hf`, with the tokenizer the trial's run used."""
-    export_hf(state, model_config, out)
-    p = t.config.parent
-    save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)
-
-
 def free_accelerator_memory() -> None:
     """Hand the CUDA caching allocator's blocks back once a trial's objects are gone: a reused
     Tune actor (or a trial sharing the GPU) must not find them still reserved. On the host, the
@@ -274,17 +267,6 @@ def _restored_checkpoint(work: Path) -> Path | None:
     with ck.as_directory() as d:
         shutil.copytree(d, dest)
     return dest
-
-
-def extend_stable_in(t: TrialPlan, parent: ParentState | None, out_dir: str,
-                     starts: Mapping[int, int]) -> StableRun | None:
-    """``extend_stable`` in ``out_dir`` (a local folder, or on object storage: this node's
-    staging copy of it, fetched first and published after)."""
-    remote, local = cache_paths(out_dir)
-    fetch(remote, local, MANIFEST)
-    st = extend_stable(t, parent, local, starts)
-    publish(remote, local, MANIFEST)
-    return st
 
 
 @dataclass(frozen=True)
@@ -347,7 +329,11 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
         on_demand = stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # trained on demand: what the stable run lacks
             starts = {**plan.branch_starts(t), **(ctx.stable_starts or {}).get(t.stable_key, {})}
-            st = extend_stable_in(t, parent, join_uri(stable_dir, t.stable_key), starts)
+            # on object storage: this node's staging copy, fetched first and published after
+            remote, local = cache_paths(join_uri(stable_dir, t.stable_key))
+            fetch(remote, local, MANIFEST)
+            st = extend_stable(t, parent, local, starts)
+            publish(remote, local, MANIFEST)
         pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
         reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,
                                  extra=compile_stats.snapshot)
@@ -472,7 +458,10 @@ def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
         if rank == 0:
             with publishing(join_uri(run.export_dir, run.static["trial_id"]),
                             "config.json") as dest:
-                export_model(state, trainer.model.config, t, dest)
+                export_hf(state, trainer.model.config, dest)  # with the run's tokenizer
+                p = t.config.parent
+                save_run_tokenizer(dest, t.config.data,
+                                   parent_dir=p.from_pretrained if p else None)
 
 
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------
