@@ -106,8 +106,7 @@ def scheduler(spec: SweepSpec) -> Any:
 def cluster_nodes(address: str) -> list[dict[str, float]]:
     """Each alive node's resources of the running cluster at ``address`` (``--dry-run
     --address`` checks them, ``sweeps.plan.preflight.check_cluster``): connects, reads,
-    disconnects."""
-    check_address(address)
+    disconnects. The caller (``sweeps.run.cli``) has probed ``address`` (``check_address``)."""
     ray.init(address=address, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
@@ -144,17 +143,10 @@ def archive_previous(results_dir: Results) -> Results | None:
     return prev
 
 
-def quiet_ray(verbose: bool) -> None:
-    """Without ``--verbose`` the console shows the sweep's own lines: Ray's Python warnings and
-    Tune's status output are silenced (they stay in Ray's session logs and Tune's folder)."""
-    if verbose:
-        return
-    logging.getLogger("ray").setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with Tune's verbose=0: no tables
-
-
 def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
-    quiet_ray(verbose)
+    if not verbose:  # the sweep's own lines: Ray's warnings stay in its session logs
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with Tune's verbose=0: no tables
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
