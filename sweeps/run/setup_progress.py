@@ -1,12 +1,7 @@
-"""A trial's set-up as the driver's console shows it, before the trial's first eval.
-
-Set-up (parent, data, model, DeepSpeed engine, knob audit, the first eval that compiles) can take
-minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
-:class:`SetupBoard`, kept in a hidden node-local JSON file
-(``<parent cache>/.setup/<sweep>/<trial_id>.json``) and, for a driver on another node, in Ray's
-GCS internal key-value store (key ``<sweep>/<trial_id>``); the driver's line for a trial with no
-eval yet reads both (:func:`lines_for`), with an ETA from the sweep's earlier set-ups
-(:func:`eta_s`). Advisory: nothing of it reaches ``results.parquet``.
+"""A trial's set-up as the driver's console shows it, before the trial's first eval
+(docs/preflight-and-cost.md, "Set-up progress"): set-up can take minutes on a real model. Each
+stage goes to a :class:`SetupBoard`, a node-local JSON file and, for a driver on another node,
+an entry of Ray's GCS internal key-value store. Advisory: nothing of it reaches the results.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from moe_core.train.callbacks import Callback
 
 SUFFIX = ".json"
 KV_NAMESPACE = "upcycle_sweeps_setup"
-"""The GCS internal KV namespace of the set-up boards."""
 KV_TIMEOUT_S = 2.0
 """Longest wait for one GCS call of a board's write or the driver's read."""
 
