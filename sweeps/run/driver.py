@@ -1,12 +1,7 @@
-"""The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
-
-Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared by Ray tasks (``sweeps.run.parents``: each trial starts as soon as its
-own parent is ready where there are no stable runs, else every one first; or the trials train
-them on demand, where the search algorithm says so), and Ray Tune runs the trials
-(``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
-What differs between search algorithms and schedulers is asked of the spec's two plug-ins
-(``sweeps.spec.algorithm``); this module has no branch on either.
+"""The sweep driver: Ray start-up, shared parents and stable runs (``sweeps.run.parents``), the
+Tuner running the trials (``sweeps.run.trial``), results, summary. What differs between search
+algorithms and schedulers is asked of the spec's two plug-ins (``sweeps.spec.algorithm``); this
+module has no branch on either.
 """
 
 from __future__ import annotations
@@ -193,10 +188,8 @@ def wandb_on(spec: SweepSpec) -> bool:
 
 
 def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:
-    """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
-    knob, static column and effective value) is the run's config, so W&B filters and groups by
-    any key, and the per-eval metrics (per-layer health by layer) are its history; the config
-    also holds the provenance record (``sweeps.run.wandb_logging``)."""
+    """One W&B run per trial, grouped by sweep, with the trial's columns as its config
+    (``sweeps.run.wandb_logging``)."""
     from sweeps.run.wandb_logging import ProvenanceWandbLogger  # imports wandb
 
     cb = ProvenanceWandbLogger(
@@ -252,8 +245,7 @@ def _env_default(key: str, value: str) -> Iterator[None]:
 @contextlib.contextmanager
 def tune_settings(conc: int, trials: int) -> Iterator[None]:
     """Tune's settings read from the environment when ``fit`` starts (a value the user set is
-    kept): as many pending trials as may run at once (:func:`pending_trials`), and the
-    experiment-state save period scaled to the sweep (:func:`state_save_period`)."""
+    kept): :func:`pending_trials` and :func:`state_save_period`."""
     with _env_default("TUNE_GLOBAL_CHECKPOINT_S", f"{state_save_period(trials):g}"), \
             pending_trials(conc):
         yield

@@ -1,9 +1,5 @@
-"""One run per results folder, a resume that runs what it says, and checks before anything moves.
-
-:func:`held` locks the results folder for the run's life (a second run is refused in one line
-naming the holder; a dead holder's lock is taken over with a message); :func:`check_resume_spec`
-refuses a ``--resume`` whose spec differs from the recorded ``spec.json``; :func:`preflight`
-checks what it can before previous results move to ``previous/``.
+"""One run per results folder (:func:`held`), a resume that runs what it says
+(:func:`check_resume_spec`), and checks before anything moves (:func:`preflight`).
 """
 
 from __future__ import annotations

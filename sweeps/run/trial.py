@@ -283,7 +283,6 @@ class TrialContext:
     stables: dict[str, StableRun] | None = None
     """Branch-group key → its trained WSD stable run (grid sweeps with branches)."""
     report: Callable[..., None] = tune.report
-    """How rows reach Tune."""
     export_dir: str | None = None
     """Spec ``export: hf``: the final model is written here, in ``<trial_id>/``."""
     predictor: tuple[str, Calibration] | None = None
