@@ -301,8 +301,6 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     run on demand (``ctx.stable_dir``) counts that run's seconds in its ``wall_s``, as a grid
     branch's does."""
     spec, plan, parents, cache_dir = ctx.spec, ctx.plan, ctx.parents, ctx.cache_dir
-    stables, report, predictor = ctx.stables, ctx.report, ctx.predictor
-    export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
     import_frozen(*TRAINING_STACK)
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
@@ -316,25 +314,26 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     try:
         parent = _start(t, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
-        TrialReporter(static_columns(spec, t, None, trial_id), report, tune.Checkpoint
+        TrialReporter(static_columns(spec, t, None, trial_id), ctx.report, tune.Checkpoint
                       ).diverged(e, t.config.tokens_per_step, 0.0)
         return
     static = static_columns(spec, t, parent, trial_id)
     work = Path(tempfile.mkdtemp(prefix="trial-"))
     try:
         resume_from = _restored_checkpoint(work)
-        group = plan.branch_of(t) if stables else None
-        st = stables.get(group.key) if group is not None else None
-        on_demand = stable_dir is not None and extends_stable(spec, t)
+        group = plan.branch_of(t) if ctx.stables else None
+        st = ctx.stables.get(group.key) if group is not None else None
+        on_demand = ctx.stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # trained on demand: what the stable run lacks
             starts = {**plan.branch_starts(t), **(ctx.stable_starts or {}).get(t.stable_key, {})}
             # on object storage: this node's staging copy, fetched first and published after
-            remote, local = cache_paths(join_uri(stable_dir, t.stable_key))
+            remote, local = cache_paths(join_uri(ctx.stable_dir, t.stable_key))
             fetch(remote, local, MANIFEST)
             st = extend_stable(t, parent, local, starts)
             publish(remote, local, MANIFEST)
-        pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
-        reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,
+        pred = None if ctx.predictor is None else \
+            PostDecayPredictor.for_trial(*ctx.predictor, t, parent)
+        reporter = TrialReporter(static, ctx.report, tune.Checkpoint, predictor=pred,
                                  extra=compile_stats.snapshot)
         if st is not None or (on_demand and resume_from is not None):
             # a WSD decay branch of the group's shared stable run
@@ -345,8 +344,8 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
                         reporter.report(reporter.row(m))
                 fetch_stable(st)  # on object storage: this node's copy
                 resume_from = Path(st.checkpoints[t.config.tokens])
-        run = RankRun(trial=t, static=static, checkpoint=spec.checkpoint, predictor=predictor,
-                      export_dir=export_dir, parents=parents, cache_dir=cache_dir,
+        run = RankRun(trial=t, static=static, checkpoint=spec.checkpoint, predictor=ctx.predictor,
+                      export_dir=ctx.export_dir, parents=parents, cache_dir=cache_dir,
                       resume=str(resume_from) if resume_from else None, stable=st)
         if spec.resources.ranks > 1:
             run_multi_rank(spec, run)
