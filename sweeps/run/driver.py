@@ -358,10 +358,9 @@ def tensorboard_without_torch() -> None:
     if "torch" in sys.modules or "tensorboardX" in sys.modules:
         return
     sys.modules["torch"] = None  # type: ignore[assignment]  # ``import torch`` raises ImportError
-    try:
-        import tensorboardX  # noqa: F401
-    except ImportError:  # not installed: Tune then warns and writes no event files, as before
-        pass
+    try:  # tensorboardX not installed: Tune then warns and writes no event files, as before
+        with contextlib.suppress(ImportError):
+            import tensorboardX  # noqa: F401
     finally:
         del sys.modules["torch"]
 

@@ -6,6 +6,7 @@ fail every retry alike. Multi-rank trials: ``sweeps.run.trial._train_worker``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -24,10 +25,8 @@ def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any
     failed with the error's one line."""
     row = dict(last) if last else {"step": 0, "tokens": 0}
     if not last:
-        try:
+        with contextlib.suppress(Exception):  # the row goes out even if the config cannot load
             row.update(fallback())
-        except Exception:  # noqa: BLE001 - the row must go out even if the config cannot load
-            pass
     row.update(status="failed", reason=f"not retried: {type(error).__name__}: "
                f"{one_line(error, 400)}", val_loss=None, train_loss=None)
     return row
