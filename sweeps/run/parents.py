@@ -72,12 +72,8 @@ MANIFEST = "stable.json"
 def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:
     """What goes into the object store: numpy arrays + small metadata, and the AdamW state
     only when a trial replicates experts from it (003 §3)."""
-    return {
-        "model_state": state.model_state, "model_config": state.model_config,
-        "peak_lr": state.peak_lr, "final_lr": state.final_lr, "tokens": state.tokens,
-        "optimizer_state": state.optimizer_state if with_optimizer else None,
-        "val_loss": state.val_loss, "seed": state.seed, "tokens_per_step": state.tokens_per_step,
-    }
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    return {**fields, "optimizer_state": state.optimizer_state if with_optimizer else None}
 
 
 def cache_paths(cache_dir: str | Path) -> tuple[Location | None, Path]:
