@@ -142,7 +142,6 @@ def activate(ledger: Ledger, say: Callable[[str], None]) -> None:
 
 
 def stopped_by() -> str | None:
-    """The limit that stopped this sweep, if one did."""
     return _active[0][0].stopped if _active else None
 
 
