@@ -194,7 +194,6 @@ def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool 
             "parent", steps)))
         if trained and (local / key / "meta.json").exists():  # the GPU Ray lent it; when
             resources.stamp_placement(local / key, started=t0)
-        if trained:
             publish(remote and remote / key, local / key, "meta.json")
     except DivergenceError as e:  # the trials of this parent each report it as diverged
         return {"diverged": str(e), "step": e.step}
