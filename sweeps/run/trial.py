@@ -189,15 +189,13 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
         lp = parent.val_loss if math.isfinite(parent.val_loss) else None
         src = FINAL_EVAL if lp is not None else (
             STEP0_EVAL if cfg.parent is not None and cfg.parent.from_pretrained else None)
-    row = {
+    return {
         "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
         "N_total": pc.non_embedding_total, "D1": d1, "reason": None,
         "ranks": spec.resources.ranks, "parent_val_loss": lp, "parent_loss_source": src,
+        **config_columns(cfg.to_dict()), **knob_columns(t.knobs),
     }
-    row.update(config_columns(cfg.to_dict()))
-    row.update(knob_columns(t.knobs))
-    return row
 
 
 class CheckpointCadence:
