@@ -29,7 +29,6 @@ def install() -> None:
 
 
 def received() -> int | None:
-    """The first stop signal received, if any."""
     return _received[0] if _received else None
 
 

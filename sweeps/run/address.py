@@ -15,7 +15,6 @@ import socket
 from moe_core.errors import UpcycleError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-"""The HTTP/2 client connection preface followed by an empty SETTINGS frame (RFC 9113 §3.4)."""
 SETTINGS = 0x04
 TIMEOUT_S = 5.0
 
@@ -46,9 +45,8 @@ def speaks_http2(sock: socket.socket) -> bool:
 
 
 def check_address(address: str | None, timeout_s: float | None = None) -> None:
-    """Fail within ``timeout_s`` when a cluster address (``HOST:PORT`` or ``ray://HOST:PORT``)
-    does not answer, or answers but does not speak gRPC (not a Ray head), instead of Ray's
-    minutes of retries. ``auto`` and ``None`` are not network addresses: nothing to probe."""
+    """Fail within ``timeout_s`` when ``address`` does not answer or does not speak gRPC (not a
+    Ray head). ``auto`` and ``None`` are not network addresses: nothing to probe."""
     if address is None or address == "auto":
         return
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s

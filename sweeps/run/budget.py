@@ -114,9 +114,8 @@ def open_ledger(results_dir: Any, resume: bool, limits: BudgetConfig | None) -> 
     """The sweep's ledger (``results_dir``: a Path or a ``Location``); on ``--resume`` it
     carries what the earlier runs spent (their ``summary.json``) and refuses, before Ray
     starts, a limit already reached."""
-    prior = None
-    if resume and (results_dir / "summary.json").exists():
-        prior = (results_dir / "summary.json").read_text()
+    summary = results_dir / "summary.json"
+    prior = summary.read_text() if resume and summary.exists() else None
     ledger = Ledger(limits, carried=carried_over(prior))
     refuse_spent(ledger)
     return ledger
@@ -142,7 +141,6 @@ def activate(ledger: Ledger, say: Callable[[str], None]) -> None:
 
 
 def stopped_by() -> str | None:
-    """The limit that stopped this sweep, if one did."""
     return _active[0][0].stopped if _active else None
 
 

@@ -148,19 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         seen, plan, gpu=gpu, concurrent=args.max_concurrent, nodes=nodes,
         local=args.address is None and not types,
         hosts=sum(t.max_workers for t in types) if types else None)  # nodes: counted in them
+    lines: list[str] = []
     if types:
         problems, lines = check_launcher(seen, plan, types, args.cluster)
         checks += problems
-    checked = guard.preflight(spec, plan)  # before anything starts or moves
+    lines += guard.preflight(spec, plan)  # before anything starts or moves
     if args.dry_run:
         console.print_plan(spec, plan)
         print(preflight.memory_line(seen, plan, concurrent=args.max_concurrent), flush=True)
         console.print_forecast(seen, plan, gpu=gpu, price=args.price,
                                max_concurrent=args.max_concurrent,
                                cluster_gpus=_gpus(types, nodes))
-        for line in lines if types else []:
-            console.progress(line)
-        for line in checked:
+        for line in lines:
             console.progress(line)
     preflight.enforce(checks, console.progress)
     if args.dry_run:

@@ -1,14 +1,11 @@
-"""Per-trial ``torch.compile`` state: a clean start, and what compilation did, for the row.
+"""Per-trial ``torch.compile`` state: a clean start, and what compilation did, for the row
+(docs/gpu.md, "Compilation, per trial").
 
 A reused Tune actor runs trial after trial in one process, and dynamo's cache is per code object
 (``Block.forward``, ``MoELayer.forward`` and their resume functions), so it is shared by all of
 them: after a few differently shaped trials a frame reaches ``recompile_limit`` and runs eager
 from then on, while ``model.compiled`` still says true (measured on CPU: the 5th trial of
-E/K/seq/micro-batch variants). :func:`start_trial` resets dynamo and its counters at each
-trial's start (and restart); :func:`snapshot` is the ``compile.*`` columns the trial's rows
-carry (docs/gpu.md, "Compilation, per trial"). Dynamo itself is imported only where something
-compiled: in a process that never loaded ``torch._dynamo`` nothing was compiled, so there is
-nothing to reset and every count is 0.
+E/K/seq/micro-batch variants). A process that never loaded ``torch._dynamo`` compiled nothing.
 """
 
 from __future__ import annotations

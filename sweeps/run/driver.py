@@ -1,12 +1,7 @@
-"""The sweep driver: Ray start-up, shared parents and stable runs, the Tuner, results, summary.
-
-Every trial comes from the ``SweepPlan`` built once before Ray starts; the parents and WSD
-stable runs are prepared by Ray tasks (``sweeps.run.parents``: each trial starts as soon as its
-own parent is ready where there are no stable runs, else every one first; or the trials train
-them on demand, where the search algorithm says so), and Ray Tune runs the trials
-(``sweeps.run.trial``) and ``ResultsCallback`` keeps ``results.parquet`` (``sweeps.store.results``).
-What differs between search algorithms and schedulers is asked of the spec's two plug-ins
-(``sweeps.spec.algorithm``); this module has no branch on either.
+"""The sweep driver: Ray start-up, shared parents and stable runs (``sweeps.run.parents``), the
+Tuner running the trials (``sweeps.run.trial``), results, summary. What differs between search
+algorithms and schedulers is asked of the spec's two plug-ins (``sweeps.spec.algorithm``); this
+module has no branch on either.
 """
 
 from __future__ import annotations
@@ -106,8 +101,7 @@ def scheduler(spec: SweepSpec) -> Any:
 def cluster_nodes(address: str) -> list[dict[str, float]]:
     """Each alive node's resources of the running cluster at ``address`` (``--dry-run
     --address`` checks them, ``sweeps.plan.preflight.check_cluster``): connects, reads,
-    disconnects."""
-    check_address(address)
+    disconnects. The caller (``sweeps.run.cli``) has probed ``address`` (``check_address``)."""
     ray.init(address=address, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
@@ -144,17 +138,10 @@ def archive_previous(results_dir: Results) -> Results | None:
     return prev
 
 
-def quiet_ray(verbose: bool) -> None:
-    """Without ``--verbose`` the console shows the sweep's own lines: Ray's Python warnings and
-    Tune's status output are silenced (they stay in Ray's session logs and Tune's folder)."""
-    if verbose:
-        return
-    logging.getLogger("ray").setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with Tune's verbose=0: no tables
-
-
 def _start_ray(spec: SweepSpec, address: str | None, verbose: bool) -> None:
-    quiet_ray(verbose)
+    if not verbose:  # the sweep's own lines: Ray's warnings stay in its session logs
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with Tune's verbose=0: no tables
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus))))
     env.update(resources.WORKER_ENV)  # a task or actor given no GPU sees none
@@ -201,10 +188,8 @@ def wandb_on(spec: SweepSpec) -> bool:
 
 
 def wandb_callback(spec: SweepSpec, plan: SweepPlan, results_dir: Results) -> Any:
-    """One W&B run per trial, grouped by sweep; the whole trial config (every config column,
-    knob, static column and effective value) is the run's config, so W&B filters and groups by
-    any key, and the per-eval metrics (per-layer health by layer) are its history; the config
-    also holds the provenance record (``sweeps.run.wandb_logging``)."""
+    """One W&B run per trial, grouped by sweep, with the trial's columns as its config
+    (``sweeps.run.wandb_logging``)."""
     from sweeps.run.wandb_logging import ProvenanceWandbLogger  # imports wandb
 
     cb = ProvenanceWandbLogger(
@@ -260,8 +245,7 @@ def _env_default(key: str, value: str) -> Iterator[None]:
 @contextlib.contextmanager
 def tune_settings(conc: int, trials: int) -> Iterator[None]:
     """Tune's settings read from the environment when ``fit`` starts (a value the user set is
-    kept): as many pending trials as may run at once (:func:`pending_trials`), and the
-    experiment-state save period scaled to the sweep (:func:`state_save_period`)."""
+    kept): :func:`pending_trials` and :func:`state_save_period`."""
     with _env_default("TUNE_GLOBAL_CHECKPOINT_S", f"{state_save_period(trials):g}"), \
             pending_trials(conc):
         yield
@@ -374,10 +358,9 @@ def tensorboard_without_torch() -> None:
     if "torch" in sys.modules or "tensorboardX" in sys.modules:
         return
     sys.modules["torch"] = None  # type: ignore[assignment]  # ``import torch`` raises ImportError
-    try:
-        import tensorboardX  # noqa: F401
-    except ImportError:  # not installed: Tune then warns and writes no event files, as before
-        pass
+    try:  # tensorboardX not installed: Tune then warns and writes no event files, as before
+        with contextlib.suppress(ImportError):
+            import tensorboardX  # noqa: F401
     finally:
         del sys.modules["torch"]
 

@@ -1,9 +1,5 @@
-"""One run per results folder, a resume that runs what it says, and checks before anything moves.
-
-:func:`held` locks the results folder for the run's life (a second run is refused in one line
-naming the holder; a dead holder's lock is taken over with a message); :func:`check_resume_spec`
-refuses a ``--resume`` whose spec differs from the recorded ``spec.json``; :func:`preflight`
-checks what it can before previous results move to ``previous/``.
+"""One run per results folder (:func:`held`), a resume that runs what it says
+(:func:`check_resume_spec`), and checks before anything moves (:func:`preflight`).
 """
 
 from __future__ import annotations
@@ -112,8 +108,7 @@ def run_lock(folder: str | Path) -> RunLock:
 
 @contextlib.contextmanager
 def held(folder: str | Path, say: Callable[[str], None] = print) -> Iterator[RunLock]:
-    """``with held(folder, say): ...``: :func:`run_lock` acquired (its takeover message passed
-    to ``say``) and released at the end."""
+    """:func:`run_lock` held for the block (its takeover message passed to ``say``)."""
     lock = run_lock(folder)
     msg = lock.acquire()
     if msg:
@@ -219,10 +214,6 @@ STATE_NAMES = ("tune", "rows", "results.parquet", "summary.json")
 """What a run leaves in its results folder: with any of them there, there is a run to resume."""
 
 
-def _has_state(results_dir: Any) -> bool:
-    return any((Location.of(results_dir) / n).exists() for n in STATE_NAMES)
-
-
 def _recorded(path: Any) -> dict[str, Any] | None:
     """The recorded spec, None when absent; a file that is no record is refused in one line."""
     if not path.exists():
@@ -255,7 +246,7 @@ def check_resume_spec(spec: Any, results_dir: str | Path, force: bool,
             raise
         old = None
     if old is None:
-        if _has_state(results_dir) and not force:
+        if any((Location.of(results_dir) / n).exists() for n in STATE_NAMES) and not force:
             raise SearchSpaceError(
                 f"--resume: {path} is missing, so what the run started with is unknown (a run "
                 "of an older version, or a deleted file); start afresh without --resume (the "

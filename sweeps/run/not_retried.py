@@ -1,14 +1,12 @@
-"""Deterministic configuration errors inside a trial fail it once, in one line, without retries.
-
-Tune retries every exception a trainable raises (``FailureConfig(max_failures)``), and Ray 2.60
-has no per-exception opt-out. A ``ConfigError`` would fail every retry the same way, after the
-same minutes, so it becomes the trial's last row, ``status="failed"``, and the trial ends
-without raising; anything else is retried as before (docs/preflight-and-cost.md, "Configuration
-errors inside a trial are not retried"). Multi-rank trials: ``sweeps.run.trial._train_worker``.
+"""Deterministic configuration errors inside a trial fail it once, in one line, without retries
+(docs/preflight-and-cost.md, "Configuration errors inside a trial are not retried"): Tune
+retries every exception (Ray 2.60 has no per-exception opt-out), and a ``ConfigError`` would
+fail every retry alike. Multi-rank trials: ``sweeps.run.trial._train_worker``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -27,21 +25,17 @@ def failed_row(last: dict[str, Any] | None, fallback: Callable[[], dict[str, Any
     failed with the error's one line."""
     row = dict(last) if last else {"step": 0, "tokens": 0}
     if not last:
-        try:
+        with contextlib.suppress(Exception):  # the row goes out even if the config cannot load
             row.update(fallback())
-        except Exception:  # noqa: BLE001 - the row must go out even if the config cannot load
-            pass
     row.update(status="failed", reason=f"not retried: {type(error).__name__}: "
                f"{one_line(error, 400)}", val_loss=None, train_loss=None)
     return row
 
 
 def fail_once(static: Callable[..., dict[str, Any]]) -> Callable[..., Callable[..., None]]:
-    """Decorate a Tune function trainable ``fn(config, ctx)``, ``ctx`` a frozen dataclass with
-    ``spec``, ``plan`` and ``report`` (``sweeps.run.trial.TrialContext``): a ``DETERMINISTIC``
-    error becomes a final failed row sent through ``ctx.report`` instead of an exception Tune
-    would retry. ``static(spec, trial_plan, parent, trial_id)`` gives the row's columns when
-    the trial reported nothing yet."""
+    """Decorate a Tune function trainable ``fn(config, ctx)`` (``sweeps.run.trial.TrialContext``):
+    a ``DETERMINISTIC`` error becomes a final failed row sent through ``ctx.report``;
+    ``static(spec, trial_plan, parent, trial_id)`` gives its columns if nothing was reported."""
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(fn)

@@ -40,6 +40,7 @@ from sweeps.plan.cost import parent_rank_counts
 from sweeps.plan.devices import check_reserved_device
 from sweeps.run import console
 from sweeps.run.ranks import rank_trainer
+from sweeps.run.setup_progress import secs
 from sweeps.spec.sweep import SweepSpec
 from sweeps.store.storage import Location, is_url, join_uri, staging_dir
 from sweeps.testing import faults
@@ -71,12 +72,8 @@ MANIFEST = "stable.json"
 def parent_payload(state: ParentState, with_optimizer: bool = False) -> dict[str, Any]:
     """What goes into the object store: numpy arrays + small metadata, and the AdamW state
     only when a trial replicates experts from it (003 §3)."""
-    return {
-        "model_state": state.model_state, "model_config": state.model_config,
-        "peak_lr": state.peak_lr, "final_lr": state.final_lr, "tokens": state.tokens,
-        "optimizer_state": state.optimizer_state if with_optimizer else None,
-        "val_loss": state.val_loss, "seed": state.seed, "tokens_per_step": state.tokens_per_step,
-    }
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    return {**fields, "optimizer_state": state.optimizer_state if with_optimizer else None}
 
 
 def cache_paths(cache_dir: str | Path) -> tuple[Location | None, Path]:
@@ -197,7 +194,6 @@ def _train_parent_task(child: TrainConfig, cache_dir: str, with_optimizer: bool 
             "parent", steps)))
         if trained and (local / key / "meta.json").exists():  # the GPU Ray lent it; when
             resources.stamp_placement(local / key, started=t0)
-        if trained:
             publish(remote and remote / key, local / key, "meta.json")
     except DivergenceError as e:  # the trials of this parent each report it as diverged
         return {"diverged": str(e), "step": e.step}
@@ -334,8 +330,7 @@ def stage_eta(p: dict[str, Any], now: float) -> str:
         left = (now - float(p["started"])) / p["step"] * (p["steps"] - p["step"])
     else:
         return ""
-    left = max(0.0, left)
-    return f", ETA ~{left / 60:.1f} min" if left >= 90 else f", ETA ~{left:.0f} s"
+    return f", ETA ~{secs(max(0.0, left))}"
 
 
 def progress_part(key: str, p: dict[str, Any], now: float) -> str:
@@ -434,12 +429,10 @@ def start_parents(spec: SweepSpec, plan: SweepPlan, cache_dir: str | Path,
     refs = launch_parents(spec, plan, cache_dir, board)
     deadline = time.time() + grace_s
     try:
-        while refs and time.time() < deadline:
+        while time.time() < deadline:  # refs: one per parent, and the plan has some (driver)
             if ray.get(board.count.remote()) >= len(refs):
                 return refs, True
             ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
-        if not refs:
-            return refs, True
         console.progress(f"not every parent task started within {grace_s:g} s: training "
                          "every parent before the trials")
         return settle_parents(refs, cache_dir), False
@@ -465,29 +458,31 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
             "diverged_at": m.get("diverged_at")}
 
 
+def _stable_run(m: Mapping[str, Any], every_steps: int) -> StableRun:
+    return StableRun({int(k): v for k, v in m["checkpoints"].items()},
+                     stable_curve(m["curve"], every_steps), m["peak"])
+
+
 def train_stable_group(group: BranchGroup, parent: ParentState | None,
                        out_dir: Path, callbacks: tuple[Callback, ...] = ()) -> StableRun:
     """Train the group's stable run once (or reuse it from ``out_dir`` when it holds every
     budget's checkpoint)."""
-    m = read_manifest(out_dir)
+    m, every = read_manifest(out_dir), group.representative.config.eval.every_steps
     if m["peak"] is not None and {str(t) for t in group.starts} <= set(m["checkpoints"]) and \
             all(Path(p).exists() for p in m["checkpoints"].values()):
         load_checkpoint(next(iter(m["checkpoints"].values())))  # checksum check
-        return StableRun({int(k): v for k, v in m["checkpoints"].items()},
-                         stable_curve(m["curve"], group.representative.config.eval.every_steps),
-                         m["peak"])
+        return _stable_run(m, every)
     progress = ProgressFile(out_dir / "progress.json", group.steps[-1])
     try:
         res = train_stable(group.representative.config, out_dir, group.steps, parent=parent,
                            callbacks=(progress, *callbacks))
     finally:
         progress.path.unlink(missing_ok=True)
-    ck = {t: res.checkpoints[s] for t, s in group.starts.items()}
-    curve = stable_curve(res.curve, group.representative.config.eval.every_steps)
-    atomic_write_text(out_dir / MANIFEST, json.dumps({
-        "checkpoints": ck, "steps": {s: res.checkpoints[s] for s in group.steps},
-        "curve": curve, "peak": res.peak_lr, "diverged_at": None}))
-    return StableRun(ck, curve, res.peak_lr)
+    m = {"checkpoints": {t: res.checkpoints[s] for t, s in group.starts.items()},
+         "steps": {s: res.checkpoints[s] for s in group.steps},
+         "curve": stable_curve(res.curve, every), "peak": res.peak_lr, "diverged_at": None}
+    atomic_write_text(out_dir / MANIFEST, json.dumps(m))
+    return _stable_run(m, every)
 
 
 class _ManifestRecorder(Callback):
@@ -543,8 +538,7 @@ def extend_stable(t: TrialPlan, parent: ParentState | None, out_dir: Path,
         elif m["checkpoints"].get(str(t.config.tokens)) != have[target]:
             m["checkpoints"][str(t.config.tokens)] = have[target]
             atomic_write_text(out_dir / MANIFEST, json.dumps(m))
-    return StableRun({int(k): v for k, v in m["checkpoints"].items()},
-                     stable_curve(m["curve"], every), m["peak"])
+    return _stable_run(m, every)
 
 
 @ray.remote(max_calls=1)

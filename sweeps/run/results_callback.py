@@ -60,7 +60,7 @@ class ResultsCallback(tune.Callback):
         for table in self.sink.tables():  # one part at a time: memory bounded at any size
             if self.spec.metric in table.column_names:
                 for m in table[self.spec.metric].to_pylist():
-                    self._track_best({self.spec.metric: m})
+                    self._track_best(m)
         if self.health is not None:  # unfinished and pruned trials' streaks over a threshold
             for t, rows in self.sink.rows_by_trial(
                     self.sink.trial_ids() - self.sink.trial_ids("ok")):
@@ -75,8 +75,7 @@ class ResultsCallback(tune.Callback):
         real restore in ``tests/sweeps/test_reliability.py``)."""
         self._ensure_loaded()
 
-    def _track_best(self, row: dict[str, Any]) -> None:
-        m = row.get(self.spec.metric)
+    def _track_best(self, m: Any) -> None:
         if isinstance(m, (int, float)) and m == m:
             self.best = min(self.best, m) if self.spec.mode == "min" else max(self.best, m)
 
@@ -88,7 +87,7 @@ class ResultsCallback(tune.Callback):
         if verdict is not None:  # Tune asked the stopper first: this row is where it fired
             row.update(verdict.columns())
         self.sink.add(row)
-        self._track_best(row)
+        self._track_best(row.get(self.spec.metric))
         if row.get("status") == "failed":  # sweeps.run.not_retried: a configuration error
             console.progress(f"trial {trial.trial_id} failed: {row.get('reason')}")
         self._ticker().reported(trial.trial_id)
@@ -121,11 +120,8 @@ class ResultsCallback(tune.Callback):
         verdict = self.health.verdict(trial.trial_id) if self.health is not None else None
         pruned = verdict.columns() if verdict is not None else (
             recorded_prune(self.sink.rows_of(trial.trial_id)) or self._scheduler_stop(trial))
-        if pruned is not None:
-            self.sink.mark(trial.trial_id, "pruned", pruned["reason"],
-                           placeholder=self._placeholder(trial))
-        else:
-            self.sink.mark(trial.trial_id, "ok", placeholder=self._placeholder(trial))
+        status, reason = ("ok", None) if pruned is None else ("pruned", pruned["reason"])
+        self.sink.mark(trial.trial_id, status, reason, placeholder=self._placeholder(trial))
         self.done.add(trial.trial_id)
         self.sink.flush()
         self._progress(trials, trial)

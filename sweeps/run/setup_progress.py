@@ -1,12 +1,7 @@
-"""A trial's set-up as the driver's console shows it, before the trial's first eval.
-
-Set-up (parent, data, model, DeepSpeed engine, knob audit, the first eval that compiles) can take
-minutes on a real model. Each stage is announced (``Callback.on_stage``) to a
-:class:`SetupBoard`, kept in a hidden node-local JSON file
-(``<parent cache>/.setup/<sweep>/<trial_id>.json``) and, for a driver on another node, in Ray's
-GCS internal key-value store (key ``<sweep>/<trial_id>``); the driver's line for a trial with no
-eval yet reads both (:func:`lines_for`), with an ETA from the sweep's earlier set-ups
-(:func:`eta_s`). Advisory: nothing of it reaches ``results.parquet``.
+"""A trial's set-up as the driver's console shows it, before the trial's first eval
+(docs/preflight-and-cost.md, "Set-up progress"): set-up can take minutes on a real model. Each
+stage goes to a :class:`SetupBoard`, a node-local JSON file and, for a driver on another node,
+an entry of Ray's GCS internal key-value store. Advisory: nothing of it reaches the results.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from moe_core.train.callbacks import Callback
 
 SUFFIX = ".json"
 KV_NAMESPACE = "upcycle_sweeps_setup"
-"""The GCS internal KV namespace of the set-up boards."""
 KV_TIMEOUT_S = 2.0
 """Longest wait for one GCS call of a board's write or the driver's read."""
 
@@ -39,11 +33,6 @@ def gcs() -> Any | None:
     return internal_kv.internal_kv_get_gcs_client()
 
 
-def kv_key(path: Path) -> str:
-    """A board's KV key: ``<sweep>/<trial_id>`` (its file's folder and stem, :func:`board_dir`)."""
-    return f"{path.parent.name}/{path.stem}"
-
-
 def _kv(method: str, *args: Any) -> Any:
     """``method`` of this process's GCS client in :data:`KV_NAMESPACE`, or None: without Ray, or
     when the call fails or takes over :data:`KV_TIMEOUT_S` (the boards are advisory: a slow or
@@ -55,11 +44,6 @@ def _kv(method: str, *args: Any) -> Any:
         return getattr(client, method)(*args, KV_NAMESPACE.encode(), timeout=KV_TIMEOUT_S)
     except Exception:  # noqa: BLE001 -- advisory, as above
         return None
-
-
-def kv_put(path: Path, text: str) -> None:
-    """The board's JSON into the GCS KV under :func:`kv_key`."""
-    _kv("internal_kv_put", kv_key(path).encode(), text.encode(), True)
 
 
 def kv_boards(sweep: str) -> dict[str, str]:
@@ -100,7 +84,9 @@ class SetupBoard(Callback):
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, text)
-        kv_put(self.path, text)  # for a driver on another node
+        # for a driver on another node, under ``<sweep>/<trial_id>`` (as the file, board_dir)
+        _kv("internal_kv_put", f"{self.path.parent.name}/{self.path.stem}".encode(),
+            text.encode(), True)
 
     def on_stage(self, text: str) -> None:
         if self.state["done"] is None:
@@ -145,7 +131,8 @@ def eta_s(board: Mapping[str, Any], earlier: list[Mapping[str, Any]], now: float
     return max(0.0, statistics.median(done) - (now - float(board["started"]))), len(done)
 
 
-def _secs(s: float) -> str:
+def secs(s: float) -> str:
+    """Seconds as the progress lines say them (minutes from 90 s)."""
     return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
 
 
@@ -158,10 +145,10 @@ def setup_line(trial_id: str, board: Mapping[str, Any] | None,
     text, since = stages[-1]
     of = max(int(board.get("of") or 0), len(stages))
     left, n = eta_s(board, earlier, now)
-    eta = (f"ETA ~{_secs(left)} (from {n} earlier set-up{'s' if n > 1 else ''}, scaled by "
+    eta = (f"ETA ~{secs(left)} (from {n} earlier set-up{'s' if n > 1 else ''}, scaled by "
            f"size)" if left is not None else "ETA unknown until a first trial has set up")
-    return (f"trial {trial_id}: set-up {len(stages)}/{of} {text} ({_secs(now - float(since))}"
-            f" in this stage, {_secs(now - float(board['started']))} in set-up; {eta})")
+    return (f"trial {trial_id}: set-up {len(stages)}/{of} {text} ({secs(now - float(since))}"
+            f" in this stage, {secs(now - float(board['started']))} in set-up; {eta})")
 
 
 def lines_for(folder: str | Path, trial_ids: list[str], now: float | None = None

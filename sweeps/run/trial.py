@@ -189,15 +189,13 @@ def static_columns(spec: SweepSpec, t: TrialPlan, parent: ParentState | None,
         lp = parent.val_loss if math.isfinite(parent.val_loss) else None
         src = FINAL_EVAL if lp is not None else (
             STEP0_EVAL if cfg.parent is not None and cfg.parent.from_pretrained else None)
-    row = {
+    return {
         "sweep": spec.name, "trial_id": trial_id, "parent_key": t.parent_key or "",
         "kind": kind, "seed": cfg.seed, "N1": n1, "N2": pc.non_embedding_active,
         "N_total": pc.non_embedding_total, "D1": d1, "reason": None,
         "ranks": spec.resources.ranks, "parent_val_loss": lp, "parent_loss_source": src,
+        **config_columns(cfg.to_dict()), **knob_columns(t.knobs),
     }
-    row.update(config_columns(cfg.to_dict()))
-    row.update(knob_columns(t.knobs))
-    return row
 
 
 class CheckpointCadence:
@@ -229,13 +227,6 @@ def export_hf(state: Any, cfg: Any, out: Path) -> str:
     appears atomically with its marker inside."""
     claim_out_dir(out, what="export folder")
     return save_moe(state, cfg, out)  # which leaves the marker inside
-
-
-def export_model(state: dict[str, Any], model_config: Any, t: TrialPlan, out: Path) -> None:
-    """``export: hf``: :func:`export_hf`, with the tokenizer the trial's run used."""
-    export_hf(state, model_config, out)
-    p = t.config.parent
-    save_run_tokenizer(out, t.config.data, parent_dir=p.from_pretrained if p else None)
 
 
 def free_accelerator_memory() -> None:
@@ -276,17 +267,6 @@ def _restored_checkpoint(work: Path) -> Path | None:
     return dest
 
 
-def extend_stable_in(t: TrialPlan, parent: ParentState | None, out_dir: str,
-                     starts: Mapping[int, int]) -> StableRun | None:
-    """``extend_stable`` in ``out_dir`` (a local folder, or on object storage: this node's
-    staging copy of it, fetched first and published after)."""
-    remote, local = cache_paths(out_dir)
-    fetch(remote, local, MANIFEST)
-    st = extend_stable(t, parent, local, starts)
-    publish(remote, local, MANIFEST)
-    return st
-
-
 @dataclass(frozen=True)
 class TrialContext:
     """What every trial of a sweep shares, built once by the driver and handed to
@@ -301,7 +281,6 @@ class TrialContext:
     stables: dict[str, StableRun] | None = None
     """Branch-group key → its trained WSD stable run (grid sweeps with branches)."""
     report: Callable[..., None] = tune.report
-    """How rows reach Tune."""
     export_dir: str | None = None
     """Spec ``export: hf``: the final model is written here, in ``<trial_id>/``."""
     predictor: tuple[str, Calibration] | None = None
@@ -320,8 +299,6 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     run on demand (``ctx.stable_dir``) counts that run's seconds in its ``wall_s``, as a grid
     branch's does."""
     spec, plan, parents, cache_dir = ctx.spec, ctx.plan, ctx.parents, ctx.cache_dir
-    stables, report, predictor = ctx.stables, ctx.report, ctx.predictor
-    export_dir, stable_dir = ctx.export_dir, ctx.stable_dir
     import_frozen(*TRAINING_STACK)
     t = plan.trial(spec, config)
     trial_id = tune.get_context().get_trial_id()
@@ -335,21 +312,26 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     try:
         parent = _start(t, parents, cache_dir)
     except DivergenceError as e:  # its parent diverged: a row that says so, not a crash
-        TrialReporter(static_columns(spec, t, None, trial_id), report, tune.Checkpoint
+        TrialReporter(static_columns(spec, t, None, trial_id), ctx.report, tune.Checkpoint
                       ).diverged(e, t.config.tokens_per_step, 0.0)
         return
     static = static_columns(spec, t, parent, trial_id)
     work = Path(tempfile.mkdtemp(prefix="trial-"))
     try:
         resume_from = _restored_checkpoint(work)
-        group = plan.branch_of(t) if stables else None
-        st = stables.get(group.key) if group is not None else None
-        on_demand = stable_dir is not None and extends_stable(spec, t)
+        group = plan.branch_of(t) if ctx.stables else None
+        st = ctx.stables.get(group.key) if group is not None else None
+        on_demand = ctx.stable_dir is not None and extends_stable(spec, t)
         if on_demand and resume_from is None:  # trained on demand: what the stable run lacks
             starts = {**plan.branch_starts(t), **(ctx.stable_starts or {}).get(t.stable_key, {})}
-            st = extend_stable_in(t, parent, join_uri(stable_dir, t.stable_key), starts)
-        pred = None if predictor is None else PostDecayPredictor.for_trial(*predictor, t, parent)
-        reporter = TrialReporter(static, report, tune.Checkpoint, predictor=pred,
+            # on object storage: this node's staging copy, fetched first and published after
+            remote, local = cache_paths(join_uri(ctx.stable_dir, t.stable_key))
+            fetch(remote, local, MANIFEST)
+            st = extend_stable(t, parent, local, starts)
+            publish(remote, local, MANIFEST)
+        pred = None if ctx.predictor is None else \
+            PostDecayPredictor.for_trial(*ctx.predictor, t, parent)
+        reporter = TrialReporter(static, ctx.report, tune.Checkpoint, predictor=pred,
                                  extra=compile_stats.snapshot)
         if st is not None or (on_demand and resume_from is not None):
             # a WSD decay branch of the group's shared stable run
@@ -360,8 +342,8 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
                         reporter.report(reporter.row(m))
                 fetch_stable(st)  # on object storage: this node's copy
                 resume_from = Path(st.checkpoints[t.config.tokens])
-        run = RankRun(trial=t, static=static, checkpoint=spec.checkpoint, predictor=predictor,
-                      export_dir=export_dir, parents=parents, cache_dir=cache_dir,
+        run = RankRun(trial=t, static=static, checkpoint=spec.checkpoint, predictor=ctx.predictor,
+                      export_dir=ctx.export_dir, parents=parents, cache_dir=cache_dir,
                       resume=str(resume_from) if resume_from else None, stable=st)
         if spec.resources.ranks > 1:
             run_multi_rank(spec, run)
@@ -472,7 +454,10 @@ def fit_rank(run: RankRun, parent: ParentState | None, resume_from: Path | None,
         if rank == 0:
             with publishing(join_uri(run.export_dir, run.static["trial_id"]),
                             "config.json") as dest:
-                export_model(state, trainer.model.config, t, dest)
+                export_hf(state, trainer.model.config, dest)  # with the run's tokenizer
+                p = t.config.parent
+                save_run_tokenizer(dest, t.config.data,
+                                   parent_dir=p.from_pretrained if p else None)
 
 
 # ---- multi-rank trials: a Ray Train TorchTrainer inside the Tune trial ---------------------------

@@ -76,9 +76,7 @@ class Verdict:
                 f"(recorded {self.recorded!r}, now {self.now!r}){judged}")
 
     def ok(self, rtol: float | None) -> bool:
-        if self.skipped:
-            return True
-        return not self.missing and self.max_rel <= (rtol or 0.0)
+        return bool(self.skipped) or (not self.missing and self.max_rel <= (rtol or 0.0))
 
 
 def trial_config(row: Mapping[str, Any]) -> TrainConfig:
@@ -116,9 +114,7 @@ def retrain(row: Mapping[str, Any], cache_dir: str) -> dict[int, float]:
 def compare(trial_id: str, recorded: Mapping[int, float], now: Mapping[int, float]) -> Verdict:
     v = Verdict(trial_id, evals=len(recorded))
     v.missing = sorted(s for s in recorded if s not in now)
-    for s in sorted(recorded):
-        if s not in now:
-            continue
+    for s in sorted(recorded.keys() & now.keys()):
         a, b = recorded[s], now[s]
         rel = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b), 1e-300) \
             if math.isfinite(a) and math.isfinite(b) else math.inf

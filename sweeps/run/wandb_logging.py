@@ -9,6 +9,7 @@ Imported only where W&B logs (it imports wandb)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from typing import Any
 
@@ -92,10 +93,8 @@ class ProvenanceWandbLogger(WandbLoggerCallback):
                       *(getattr(q, "actor", None) for q in self._trial_queues.values())]:
             if actor is None or not ray.is_initialized():
                 continue
-            try:
+            with contextlib.suppress(Exception):  # already dead: nothing to let go
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead: nothing to let go
-                pass
         self._trial_logging_actors, self._trial_logging_futures = {}, {}
         self._logging_future_to_trial, self._trial_queues = {}, {}
 
