@@ -331,7 +331,7 @@ class LawDesign:
         ok = self.cfg.ci_width is not None and len(pts) >= self.min_trials and \
             est.rel_width <= self.cfg.ci_width
         self.narrow = self.narrow + 1 if ok else 0
-        self._fit_on = sorted(self.observed)
+        self._fit_on = tuple(sorted(self.observed))
         return est
 
     def _proposal_targets(self, samples: list[dict[str, float]], T: np.ndarray,
