@@ -3,12 +3,13 @@
 - A test that leaves a Ray session connected in the pytest process (Ray's auto-connect, a test
   failing before its ``ray.shutdown()``) must not leak it into the next test, whose own
   ``ray.init`` would then fail ("ray.init twice").
-- ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). The
-  tests marked ``distributed`` (they start Ray, gloo ranks or a cluster of processes: about two
-  thirds of the suite's time in about 40 tests) are dealt into one ``xdist_group`` per worker,
-  ``distributed-0`` and ``distributed-1``. pytest-xdist hands out the largest groups first and
+- ``make test`` runs the suite on three pytest-xdist workers (``-n 3 --dist loadgroup``; the
+  machine has two cores, and the third keeps them busy while a test waits). The tests marked
+  ``distributed`` (they start Ray, gloo ranks or a cluster of processes: about two thirds of the
+  suite's time in about 40 tests) are dealt into one ``xdist_group`` per worker,
+  ``distributed-0`` to ``distributed-2``. pytest-xdist hands out the largest groups first and
   each group runs on one worker, so each worker starts on its share of them and the short
-  ungrouped tests fill in after: at most two such tests run at once, one per worker. Before,
+  ungrouped tests fill in after: at most one such test runs at once per worker. Before,
   they all were one group on one worker, whose 13 min alone outlasted the other worker's whole
   share by minutes.
 - They are dealt by module (a module's tests stay on one worker, so a module-scoped fixture,

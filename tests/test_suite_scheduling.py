@@ -1,7 +1,7 @@
-"""``make test`` runs the suite on two pytest-xdist workers with ``--dist loadgroup``; the
+"""``make test`` runs the suite on three pytest-xdist workers with ``--dist loadgroup``; the
 suite's conftest deals the tests marked ``distributed`` into one ``xdist_group`` per worker, so
-each worker runs its half of them one test after another (never two Ray sessions in one worker)
-and the ungrouped tests fill in.
+each worker runs its share of them one test after another (never two Ray sessions in one worker)
+and the ungrouped tests fill in; a test that starts Ray, ranks or a sweep must be so marked.
 Checked on a generated suite run under the same options, with the suite's own conftest; the
 workers see the terminal size of the process that started the run (none here)."""
 
@@ -105,3 +105,55 @@ def test_every_estimate_names_a_test_of_the_suite():
     for nodeid in estimates:
         path, name = nodeid.split("::")
         assert f"def {name.split('[')[0]}(" in (root / path).read_text(), nodeid
+
+
+REFUSED_BEFORE_RAY = {
+    "tests/sweeps/test_bucket_check.py::test_the_run_stops_before_ray_on_a_stalled_endpoint",
+    "tests/sweeps/test_hostile_inputs.py::test_hostile_spec_that_hung_is_refused_quickly",
+}
+"""Tests that run a sweep which must be refused before Ray starts (what they check)."""
+
+
+def _starts_processes(fn) -> bool:
+    """Whether a test function's own body starts Ray, gloo ranks or a sweep: it calls
+    ``ray.init``, ``start_ranks`` or ``local_cluster``, or runs ``-m sweeps.run`` without
+    ``--dry-run``. (What a helper it calls starts is not seen.)"""
+    import ast
+
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if name in ("start_ranks", "local_cluster") or (
+                name == "init" and getattr(f.value, "id", "") == "ray"):
+            return True
+        words = {c.value for a in node.args if isinstance(a, ast.List)
+                 for c in a.elts if isinstance(c, ast.Constant)}
+        if "sweeps.run" in words and "--dry-run" not in words:
+            return True
+    return False
+
+
+def test_tests_that_start_ray_ranks_or_a_sweep_are_marked_distributed():
+    """Unmarked, such a test is not dealt to a worker's group: it runs beside two that are
+    (three sweeps on two cores) and in ``make test-fast``. A test inserted between a test and
+    its decorators once took them (``test_hf_sweep``: a whole sweep, unmarked, for months)."""
+    import ast
+
+    unmarked = []
+    for path in sorted(CONFTEST.parent.rglob("test_*.py")):
+        src = path.read_text()
+        tree = ast.parse(src)
+        module_marks = " ".join(ast.get_source_segment(src, n) or "" for n in tree.body
+                                if isinstance(n, ast.Assign)
+                                and any(getattr(t, "id", "") == "pytestmark" for t in n.targets))
+        for fn in tree.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+                continue
+            marks = " ".join(ast.get_source_segment(src, d) or "" for d in fn.decorator_list)
+            nodeid = f"{path.relative_to(CONFTEST.parent.parent)}::{fn.name}"
+            if ("distributed" not in marks + module_marks and _starts_processes(fn)
+                    and nodeid not in REFUSED_BEFORE_RAY):
+                unmarked.append(nodeid)
+    assert not unmarked, unmarked

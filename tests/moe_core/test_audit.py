@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from moe_core.errors import ConfigError
 from moe_core.schedules import Phase
@@ -28,6 +27,7 @@ from moe_core.train import audit as A
 from moe_core.train import init as init_mod
 from moe_core.train.runner import load_pretrained_parent, parent_phase
 from tests.hf_util import tiny_dense
+from tests.ranks import start_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "audit.md"
@@ -284,8 +284,7 @@ def _rank(rank: int, world: int, port: int, tmp: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo multiprocess test on Linux")
 def test_two_expert_ranks_train_with_what_they_asked_for(tmp_path):
-    mp.start_processes(_rank, args=(2, _port(), str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    start_ranks(_rank, args=(2, _port(), str(tmp_path)), nprocs=2)
     for r in (0, 1):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["local"] == 2  # the experts really are split over the 2 ranks

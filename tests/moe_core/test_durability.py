@@ -3,7 +3,6 @@ the data on disk, errors that cross process boundaries."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 import time
 
@@ -14,6 +13,7 @@ from moe_core.data import DataConfig, data_fingerprint
 from moe_core.errors import DivergenceError
 from moe_core.fsio import atomic_write_text, publish_dir
 from moe_core.train.checkpoint import load_checkpoint, save_checkpoint
+from tests.ranks import pool
 
 
 def test_divergence_error_pickles():
@@ -37,8 +37,8 @@ def _save_many(args):
 @pytest.mark.slow
 def test_concurrent_checkpoint_saves_to_one_path_never_collide(tmp_path):
     path = tmp_path / "ck"
-    with mp.get_context("spawn").Pool(4) as pool:
-        errors = pool.map(_save_many, [(path, s, 20) for s in range(4)])
+    with pool(4) as workers:
+        errors = workers.map(_save_many, [(path, s, 20) for s in range(4)])
     assert errors == [0, 0, 0, 0]
     ck = load_checkpoint(path)  # whole and verified: one writer's last save
     w = ck.model_state()["w"]

@@ -6,7 +6,8 @@ import socket
 import sys
 
 import pytest
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 CFG = {
     "name": "ep", "seed": 0, "model": {"preset": "debug"},
@@ -46,8 +47,8 @@ def _worker(rank: int, world: int, port: int, cache: str, ep: int, out: str,
 
 def _run(world: int, ep: int, d, zero: int = 0) -> list:
     out = d / f"w{world}-ep{ep}-z{zero}.json"
-    mp.start_processes(_worker, args=(world, _port(), str(d / "cache"), ep, str(out), zero),
-                       nprocs=world, start_method="spawn")
+    start_ranks(_worker, args=(world, _port(), str(d / "cache"), ep, str(out), zero),
+                       nprocs=world)
     data = json.loads(out.read_text())
     assert data["experts"] == [ep, 4 // ep]  # experts really are sharded
     return data["curve"]
@@ -160,9 +161,9 @@ def tau_parent(tmp_path_factory):
 
 def _run_tau(world: int, d) -> dict:
     out = d / f"w{world}.json"
-    mp.start_processes(_tau_worker, args=(world, _port(), str(d / "cache"),
+    start_ranks(_tau_worker, args=(world, _port(), str(d / "cache"),
                                           str(d / "parent.pkl"), str(out)),
-                       nprocs=world, start_method="spawn")
+                       nprocs=world)
     return json.loads(out.read_text())
 
 
@@ -233,10 +234,10 @@ def _resume_worker(rank: int, world: int, port: int, cache: str, resume: str | N
 
 def _resume_run(world: int, d, resume=None, tag="", ep=0) -> list:
     out = d / f"resume-w{world}{tag}.json"
-    mp.start_processes(_resume_worker, args=(world, _port(), str(d / "cache"),
+    start_ranks(_resume_worker, args=(world, _port(), str(d / "cache"),
                                              None if resume is None else str(resume),
                                              str(d / f"ck-w{world}{tag}"), str(out), ep),
-                       nprocs=world, start_method="spawn")
+                       nprocs=world)
     return json.loads(out.read_text())
 
 

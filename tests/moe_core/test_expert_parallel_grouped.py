@@ -7,7 +7,8 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 E, K, D, F_ = 4, 2, 16, 24
 
@@ -68,7 +69,7 @@ def _worker(rank: int, port: int, grouped: bool, out: str) -> None:
 @pytest.mark.parametrize("grouped", [True, False])
 def test_expert_parallel_matches_one_rank(tmp_path, grouped):
     out = str(tmp_path / "checks")
-    mp.start_processes(_worker, args=(_port(), grouped, out), nprocs=2, start_method="spawn")
+    start_ranks(_worker, args=(_port(), grouped, out), nprocs=2)
     for rank in (0, 1):
         checks = torch.load(f"{out}.{rank}")
         assert all(checks.values()), (rank, checks)

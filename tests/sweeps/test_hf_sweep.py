@@ -88,8 +88,6 @@ def test_a_pretrained_parent_may_state_its_d1(tmp_path):
     assert cfg.parent.tokens == 2_000_000 and cfg.parent.from_pretrained
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
 def test_an_export_keeps_the_checkpoints_positions(tmp_path):
     """The model is built with the run's 16 positions; the export says the checkpoint's 64
     (RoPE does not depend on the table's length), unless model.max_seq_len asked for a length
@@ -107,6 +105,8 @@ def test_an_export_keeps_the_checkpoints_positions(tmp_path):
     assert exported_config(cfg, built).max_seq_len == 16
 
 
+@pytest.mark.slow
+@pytest.mark.distributed  # a sweep on a Ray of its own
 def test_pretrained_sweep_end_to_end_exports_hf(tmp_path):
     path = tiny_dense("llama", tmp_path / "llama")
     sets = [f"base.parent.from_pretrained={path}", "base.data.source=synthetic",

@@ -13,7 +13,8 @@ import sys
 import time
 
 import pytest
-import torch.multiprocessing as mp
+
+from tests.ranks import start_ranks
 
 NOTICE_AT = 12
 """Rank 1's node is drained once rank 1 has trained this many steps."""
@@ -89,8 +90,7 @@ def _rank(rank: int, port: int, d: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo multiprocess test on Linux")
 def test_a_notice_on_one_ranks_node_checkpoints_every_rank_at_one_step(tmp_path):
-    ctx = mp.start_processes(_rank, args=(_port(), str(tmp_path)), nprocs=2,
-                             start_method="spawn", join=False)
+    ctx = start_ranks(_rank, args=(_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + LIMIT_S
     while not ctx.join(timeout=1.0):  # ranks that disagree would wait in a collective forever
         if time.monotonic() > deadline:
