@@ -28,9 +28,13 @@ def _context() -> Any:
     return multiprocessing.get_context("forkserver")
 
 
-def _in_env(rank: int, fn: Callable[..., Any], env: Mapping[str, str], *args: Any) -> Any:
+def _take_env(env: Mapping[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
+
+
+def _in_env(rank: int, fn: Callable[..., Any], env: Mapping[str, str], *args: Any) -> Any:
+    _take_env(env)
     return fn(rank, *args)
 
 
@@ -41,11 +45,6 @@ def start_ranks(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1,
     _context()
     return tmp.start_processes(_in_env, args=(fn, dict(os.environ), *args), nprocs=nprocs,
                                join=join, start_method="forkserver")
-
-
-def _take_env(env: Mapping[str, str]) -> None:
-    os.environ.clear()
-    os.environ.update(env)
 
 
 def pool(processes: int) -> Pool:

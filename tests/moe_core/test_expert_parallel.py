@@ -48,7 +48,7 @@ def _worker(rank: int, world: int, port: int, cache: str, ep: int, out: str,
 def _run(world: int, ep: int, d, zero: int = 0) -> list:
     out = d / f"w{world}-ep{ep}-z{zero}.json"
     start_ranks(_worker, args=(world, _port(), str(d / "cache"), ep, str(out), zero),
-                       nprocs=world)
+                nprocs=world)
     data = json.loads(out.read_text())
     assert data["experts"] == [ep, 4 // ep]  # experts really are sharded
     return data["curve"]
@@ -162,8 +162,8 @@ def tau_parent(tmp_path_factory):
 def _run_tau(world: int, d) -> dict:
     out = d / f"w{world}.json"
     start_ranks(_tau_worker, args=(world, _port(), str(d / "cache"),
-                                          str(d / "parent.pkl"), str(out)),
-                       nprocs=world)
+                                   str(d / "parent.pkl"), str(out)),
+                nprocs=world)
     return json.loads(out.read_text())
 
 
@@ -235,9 +235,9 @@ def _resume_worker(rank: int, world: int, port: int, cache: str, resume: str | N
 def _resume_run(world: int, d, resume=None, tag="", ep=0) -> list:
     out = d / f"resume-w{world}{tag}.json"
     start_ranks(_resume_worker, args=(world, _port(), str(d / "cache"),
-                                             None if resume is None else str(resume),
-                                             str(d / f"ck-w{world}{tag}"), str(out), ep),
-                       nprocs=world)
+                                      None if resume is None else str(resume),
+                                      str(d / f"ck-w{world}{tag}"), str(out), ep),
+                nprocs=world)
     return json.loads(out.read_text())
 
 
