@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from sweeps.cluster.local import free_port
 
 FAKE_SECRET = "FAKEsecretDoNotLeak0123456789abcdefXYZ"
 """The AWS_SECRET_ACCESS_KEY the tests hand to clients (moto accepts any)."""
@@ -78,12 +79,6 @@ class S3Server:
         return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _moto_server_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("moto_server")
     if exe.exists():
@@ -100,7 +95,7 @@ def s3_server(timeout_s: float = 60.0, auth_after: int | None = None) -> Iterato
     exit. ``auth_after=N``: the server checks credentials and IAM policies after its first N
     requests (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``), for access-denied cases."""
     pytest.importorskip("moto", reason="moto[server] (the dev extra) is not installed")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([*_moto_server_cmd(), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

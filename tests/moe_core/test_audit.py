@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from moe_core.train import Trainer, train_config_from_dict
 from moe_core.train import audit as A
 from moe_core.train import init as init_mod
 from moe_core.train.runner import load_pretrained_parent, parent_phase
+from sweeps.cluster.local import free_port
 from tests.hf_util import tiny_dense
 from tests.ranks import start_ranks
 
@@ -264,12 +264,6 @@ EP_KEYS = frozenset(k for k, c in A.READ.items() if k not in ELSEWHERE and
                     c.requested(_cfg(Path("/nonexistent"), **EP_CFG), None) is not A.NA)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
@@ -284,7 +278,7 @@ def _rank(rank: int, world: int, port: int, tmp: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo multiprocess test on Linux")
 def test_two_expert_ranks_train_with_what_they_asked_for(tmp_path):
-    start_ranks(_rank, args=(2, _port(), str(tmp_path)), nprocs=2)
+    start_ranks(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for r in (0, 1):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got["local"] == 2  # the experts really are split over the 2 ranks

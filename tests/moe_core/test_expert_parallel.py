@@ -2,11 +2,11 @@
 
 import json
 import os
-import socket
 import sys
 
 import pytest
 
+from sweeps.cluster.local import free_port
 from tests.ranks import start_ranks
 
 CFG = {
@@ -20,12 +20,6 @@ CFG = {
     "eval": {"every_steps": 1, "batches": 2},
     "tokens": 6 * 8 * 32,
 }
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, cache: str, ep: int, out: str,
@@ -47,7 +41,7 @@ def _worker(rank: int, world: int, port: int, cache: str, ep: int, out: str,
 
 def _run(world: int, ep: int, d, zero: int = 0) -> list:
     out = d / f"w{world}-ep{ep}-z{zero}.json"
-    start_ranks(_worker, args=(world, _port(), str(d / "cache"), ep, str(out), zero),
+    start_ranks(_worker, args=(world, free_port(), str(d / "cache"), ep, str(out), zero),
                 nprocs=world)
     data = json.loads(out.read_text())
     assert data["experts"] == [ep, 4 // ep]  # experts really are sharded
@@ -161,7 +155,7 @@ def tau_parent(tmp_path_factory):
 
 def _run_tau(world: int, d) -> dict:
     out = d / f"w{world}.json"
-    start_ranks(_tau_worker, args=(world, _port(), str(d / "cache"),
+    start_ranks(_tau_worker, args=(world, free_port(), str(d / "cache"),
                                    str(d / "parent.pkl"), str(out)),
                 nprocs=world)
     return json.loads(out.read_text())
@@ -234,7 +228,7 @@ def _resume_worker(rank: int, world: int, port: int, cache: str, resume: str | N
 
 def _resume_run(world: int, d, resume=None, tag="", ep=0) -> list:
     out = d / f"resume-w{world}{tag}.json"
-    start_ranks(_resume_worker, args=(world, _port(), str(d / "cache"),
+    start_ranks(_resume_worker, args=(world, free_port(), str(d / "cache"),
                                       None if resume is None else str(resume),
                                       str(d / f"ck-w{world}{tag}"), str(out), ep),
                 nprocs=world)

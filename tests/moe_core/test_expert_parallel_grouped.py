@@ -2,21 +2,15 @@
 CUDA runs) and with the per-expert loop, gives each rank the output and gradients of the whole
 layer on one rank."""
 
-import socket
 import sys
 
 import pytest
 import torch
 
+from sweeps.cluster.local import free_port
 from tests.ranks import start_ranks
 
 E, K, D, F_ = 4, 2, 16, 24
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _layer():
@@ -69,7 +63,7 @@ def _worker(rank: int, port: int, grouped: bool, out: str) -> None:
 @pytest.mark.parametrize("grouped", [True, False])
 def test_expert_parallel_matches_one_rank(tmp_path, grouped):
     out = str(tmp_path / "checks")
-    start_ranks(_worker, args=(_port(), grouped, out), nprocs=2)
+    start_ranks(_worker, args=(free_port(), grouped, out), nprocs=2)
     for rank in (0, 1):
         checks = torch.load(f"{out}.{rank}")
         assert all(checks.values()), (rank, checks)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 
 import pytest
 
+from sweeps.cluster.local import free_port
 from tests.ranks import start_ranks
 
 NOTICE_AT = 12
@@ -31,12 +31,6 @@ CFG = {
     "eval": {"every_steps": 1000, "batches": 1},
     "tokens": 400 * 8 * 32,  # 400 steps: the notice stops the run long before
 }
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, d: str) -> None:
@@ -90,7 +84,7 @@ def _rank(rank: int, port: int, d: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo multiprocess test on Linux")
 def test_a_notice_on_one_ranks_node_checkpoints_every_rank_at_one_step(tmp_path):
-    ctx = start_ranks(_rank, args=(_port(), str(tmp_path)), nprocs=2, join=False)
+    ctx = start_ranks(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + LIMIT_S
     while not ctx.join(timeout=1.0):  # ranks that disagree would wait in a collective forever
         if time.monotonic() > deadline:
